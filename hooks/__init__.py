@@ -1,0 +1,1 @@
+"""Steps that run before a profile's measurements (the storage-profile switch)."""

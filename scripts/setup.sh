@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Idempotent set-up: system tools (fio, chromium) when missing and we may install them,
+# then a project venv in .venv with torch first (a local CPU build on our machines).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v fio >/dev/null || missing+=(fio)
+command -v chromium >/dev/null || missing+=(chromium)
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${missing[*]} with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "setup: warning: ${missing[*]} not installed (install with your package manager)" >&2
+  fi
+fi
+
+stamp=.venv/.installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch first: 2.13.0 is a local CPU build here; a later unpinned resolve would pull CUDA.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[sandbox,report,test]"
+  touch "$stamp"
+fi
