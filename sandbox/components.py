@@ -1,0 +1,149 @@
+"""Versioned components in a Polyaxon server's component hub, and the hubRef twin of a pipeline.
+
+``components/<name>/<version>.yaml`` is registered as ``OWNER/<name>:<version>`` (Polyaxon
+keeps component versions in a project called ``<name>``). The pipeline in git references
+components by ``pathRef`` so CI can check it offline; :func:`hub_twin` rewrites those refs to
+``hubRef`` for a server, so there is one source of truth and no hand-kept copy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sandbox.errors import ConfigError, SandboxError
+
+
+class RegisterError(SandboxError):
+    """The server refused a component version."""
+
+    exit_code = 5
+
+
+@dataclass(frozen=True)
+class ComponentFile:
+    """One ``components/<name>/<version>.yaml``."""
+
+    path: Path
+    name: str
+    version: str
+
+    def hub_ref(self, owner: str) -> str:
+        return f"{owner}/{self.name}:{self.version}"
+
+
+def find_components(components_dir: Path) -> list[ComponentFile]:
+    """Every ``<name>/<version>.yaml`` under ``components_dir`` (``latest.yaml`` included)."""
+    if not components_dir.is_dir():
+        raise ConfigError(f"no components directory at {components_dir}")
+    found = [
+        ComponentFile(path=p, name=p.parent.name, version=p.stem)
+        for p in sorted(components_dir.glob("*/*.yaml"))
+    ]
+    if not found:
+        raise ConfigError(f"no components/<name>/<version>.yaml files under {components_dir}")
+    return found
+
+
+def polyaxon_cli(
+    args: list[str], host: str | None, home: Path | None
+) -> subprocess.CompletedProcess:
+    """Run the ``polyaxon`` CLI of this venv against ``host`` (or its configured one)."""
+    env = dict(os.environ)
+    if host:
+        env["POLYAXON_HOST"] = host
+    if home:
+        home.mkdir(parents=True, exist_ok=True)
+        env["HOME"] = str(home)
+    exe = Path(sys.executable).with_name("polyaxon")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "polyaxon"]
+    return subprocess.run(cmd + args, env=env, capture_output=True, text=True, check=False)
+
+
+def ensure_project(owner: str, name: str, host: str | None, home: Path | None) -> None:
+    """Create ``owner/name`` unless it exists."""
+    got = polyaxon_cli(["project", "get", "-p", f"{owner}/{name}"], host, home)
+    if got.returncode == 0 and "404" not in got.stdout + got.stderr:
+        return
+    made = polyaxon_cli(["project", "create", "--name", f"{owner}/{name}"], host, home)
+    if made.returncode != 0 or "created successfully" not in made.stdout + made.stderr:
+        out = (made.stdout + made.stderr).strip()
+        if "already" not in out:
+            raise RegisterError(f"cannot create project {owner}/{name}: {out[-500:]}")
+
+
+def register(
+    components: list[ComponentFile], owner: str, host: str | None = None, home: Path | None = None
+) -> list[str]:
+    """Register each component file as ``owner/<name>:<version>``; returns the refs.
+
+    A version that already exists is overwritten (``--force``): the file in git is the
+    source of truth for that version, so re-running is safe.
+    """
+    refs = []
+    for comp in components:
+        ensure_project(owner, comp.name, host, home)
+        done = polyaxon_cli(
+            ["components", "register", "-f", str(comp.path), "-p", f"{owner}/{comp.name}"]
+            + ["-ver", comp.version, "--force"],
+            host,
+            home,
+        )
+        out = (done.stdout + done.stderr).strip()
+        if done.returncode != 0 or "created successfully" not in out:
+            raise RegisterError(f"cannot register {comp.hub_ref(owner)}: {out[-800:]}")
+        refs.append(comp.hub_ref(owner))
+    return refs
+
+
+def _rewrite_refs(node: Any, owner: str | None, source: Path) -> Any:
+    if isinstance(node, dict):
+        node = {k: _rewrite_refs(v, owner, source) for k, v in node.items()}
+        if "pathRef" in node:
+            ref = Path(str(node["pathRef"]))
+            if owner is None:
+                # The twin lives elsewhere: keep the same file, by absolute path.
+                node["pathRef"] = str((source.parent / ref).resolve())
+                return node
+            if ref.suffix not in (".yaml", ".yml") or not ref.parent.name:
+                raise ConfigError(f"{source}: pathRef {ref} is not <name>/<version>.yaml")
+            del node["pathRef"]
+            node["hubRef"] = f"{owner}/{ref.parent.name}:{ref.stem}"
+        return node
+    if isinstance(node, list):
+        return [_rewrite_refs(v, owner, source) for v in node]
+    return node
+
+
+def pipeline_twin(pipeline: Path, out: Path, hub_owner: str | None) -> Path:
+    """Write the submitted twin of ``pipeline``: the same spec, generated, never hand-kept.
+
+    With ``hub_owner`` every ``pathRef: .../<name>/<version>.yaml`` becomes
+    ``hubRef: <hub_owner>/<name>:<version>``; without, pathRefs become absolute. Every DAG op
+    also gets ``cache: {disable: true}``: an identical re-run would otherwise be a cache hit
+    that leaves the pipeline running forever.
+
+    Raises:
+        ConfigError: The file is unreadable, or a pathRef is not ``<name>/<version>.yaml``.
+    """
+    try:
+        spec = yaml.safe_load(pipeline.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read pipeline {pipeline}: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{pipeline} is not a polyaxonfile")
+    spec = _rewrite_refs(spec, hub_owner, pipeline.resolve())
+    for op in (spec.get("run") or {}).get("operations") or []:
+        op["cache"] = {**(op.get("cache") or {}), "disable": True}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        f"# Generated from {pipeline} by python -m sandbox: do not edit.\n"
+        + yaml.safe_dump(spec, sort_keys=False)
+    )
+    return out

@@ -1,0 +1,237 @@
+"""Start, watch and stop the sandbox's two processes: the Polyaxon CE server and the agent.
+
+Each runs in its own session (process group) with its pid in ``.sandbox/*.pid``, so ``stop``
+can end the whole group, children included, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from sandbox.api import Api
+from sandbox.config import DEFAULT_HOST, REPO_ROOT, AgentSettings, SandboxPaths
+from sandbox.errors import PortInUseError, ServerStartError, ServerUnavailableError
+
+# Seconds, as data: how long the server may take to answer /healthz, and how long a process
+# group gets between SIGTERM and SIGKILL.
+SERVER_START_TIMEOUT = 90.0
+STOP_GRACE = 10.0
+LOG_TAIL_LINES = 40
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A port the OS considers free now (for tests and ``--port 0``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a text file ('' when it does not exist)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def read_pid(path: Path) -> int | None:
+    """The pid in ``path`` if that process is still alive (zombies count as dead)."""
+    try:
+        pid = int(path.read_text().strip())
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return pid
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def stop_group(pid: int, grace: float = STOP_GRACE) -> None:
+    """SIGTERM the process group led by ``pid``, SIGKILL what is left after ``grace``."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    _, alive = psutil.wait_procs(members, timeout=grace)
+    if alive:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        psutil.wait_procs(alive, timeout=grace)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _spawn(args: Sequence[str], env: dict[str, str], log: Path, cwd: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(args),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() ends it and its children
+        )
+    return proc.pid
+
+
+def server_env(paths: SandboxPaths, agent: AgentSettings) -> dict[str, str]:
+    """The server's environment (see docs/sandbox.md for why each variable is needed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+    env.update(
+        HOME=str(paths.server_home),  # haupt writes ~/.polyaxon/.home
+        POLYAXON_UI_IN_SANDBOX="true",  # else /static/* is a 404 with one worker
+        POLYAXON_UI_OFFLINE="true",  # else the UI loads React/Plotly from public CDNs
+        POLYAXON_DB_OPTIONS=json.dumps({"timeout": 30, "transaction_mode": "IMMEDIATE"}),
+        POLYAXON_ARCHIVES_ROOT=str(paths.archives),
+        **agent.server_env(),
+    )
+    return env
+
+
+@dataclass
+class Sandbox:
+    """One sandbox: its paths, agent settings, and where its server listens."""
+
+    paths: SandboxPaths
+    agent: AgentSettings
+    host: str = DEFAULT_HOST
+    port: int = 8000
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def api(self) -> Api:
+        return Api(self.url)
+
+    def server_pid(self) -> int | None:
+        return read_pid(self.paths.server_pid)
+
+    def agent_pid(self) -> int | None:
+        return read_pid(self.paths.agent_pid)
+
+    def start_server(self, timeout: float = SERVER_START_TIMEOUT) -> None:
+        """Start the server unless this sandbox's server is already up; wait until healthy.
+
+        Raises:
+            PortInUseError: Something else listens on the port.
+            ServerStartError: The server exited or did not become healthy (log tail inside).
+        """
+        if self.server_pid() and self.api.healthy():
+            return
+        if not port_free(self.host, self.port):
+            raise PortInUseError(
+                f"port {self.port} on {self.host} is already in use; "
+                f"pick another with --port (or stop what listens there)"
+            )
+        for d in (self.paths.server_data, self.paths.server_home, self.paths.archives):
+            d.mkdir(parents=True, exist_ok=True)
+        self.paths.server_log.write_text("")
+        haupt = Path(sys.executable).with_name("haupt")
+        cmd = [str(haupt)] if haupt.exists() else [sys.executable, "-m", "haupt"]
+        cmd += ["sandbox", "start", "--host", self.host, "--port", str(self.port)]
+        cmd += ["--workers", "1", "--path", str(self.paths.server_data)]
+        pid = _spawn(
+            cmd, server_env(self.paths, self.agent), self.paths.server_log, self.paths.state
+        )
+        self.paths.server_pid.write_text(str(pid))
+        self.paths.info.write_text(json.dumps({"host": self.host, "port": self.port}))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not read_pid(self.paths.server_pid):
+                raise ServerStartError(
+                    f"the server exited while starting; last lines of "
+                    f"{self.paths.server_log}:\n{tail(self.paths.server_log)}"
+                )
+            if self.api.healthy():
+                return
+            time.sleep(0.5)
+        stop_group(pid)
+        raise ServerStartError(
+            f"the server did not answer {self.url}/healthz within {timeout:.0f}s; last lines "
+            f"of {self.paths.server_log}:\n{tail(self.paths.server_log)}"
+        )
+
+    def start_agent(self, poll: float = 1.0) -> None:
+        """Start the local agent (``python -m sandbox agent``) unless it already runs."""
+        if self.agent_pid():
+            return
+        if not self.api.healthy():
+            raise ServerUnavailableError(f"no server answers at {self.url}; start it first")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        cmd = [sys.executable, "-m", "sandbox", "agent", "--root", str(self.paths.root)]
+        cmd += ["--host", self.host, "--port", str(self.port), "--poll", str(poll)]
+        if self.agent.profiles_file:
+            cmd += ["--profiles-file", str(self.agent.profiles_file)]
+        self.paths.agent_log.parent.mkdir(parents=True, exist_ok=True)
+        pid = _spawn(cmd, env, self.paths.agent_log, REPO_ROOT)
+        self.paths.agent_pid.write_text(str(pid))
+        time.sleep(0.5)
+        if not read_pid(self.paths.agent_pid):
+            raise ServerStartError(
+                f"the agent exited at start; last lines of {self.paths.agent_log}:\n"
+                f"{tail(self.paths.agent_log)}"
+            )
+
+    def stop(self) -> list[str]:
+        """Stop the agent (and its runs), then the server. Returns what was stopped."""
+        stopped = []
+        for name, pid_file in (("agent", self.paths.agent_pid), ("server", self.paths.server_pid)):
+            pid = read_pid(pid_file)
+            if pid:
+                stop_group(pid)
+                stopped.append(f"{name} (pid {pid})")
+            pid_file.unlink(missing_ok=True)
+        return stopped
+
+    def status(self) -> dict[str, object]:
+        """Pids, health and URL of this sandbox."""
+        return {
+            "url": self.url,
+            "server_pid": self.server_pid(),
+            "server_healthy": self.api.healthy(),
+            "agent_pid": self.agent_pid(),
+            "root": str(self.paths.root),
+            "server_log": str(self.paths.server_log),
+            "agent_log": str(self.paths.agent_log),
+        }
