@@ -324,6 +324,8 @@ def print_comparison(sb: Sandbox, project: str, pipeline: str, ops: list[dict]) 
 @click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds.")
 def demo(root, host, port, agent_file, profiles_file, project, polyaxonfile, params, timeout):
     """Start everything, run the storage-profile pipeline, print the comparison."""
+    from sandbox.pipeline import runs_table_url
+
     sb = _run(_sandbox, root, host, port, agent_file, profiles_file)
     _run(start_all, sb, DEFAULT_OWNER, project)
     values = dict(DEMO_PARAMS)
@@ -334,5 +336,5 @@ def demo(root, host, port, agent_file, profiles_file, project, polyaxonfile, par
     click.echo("")
     _run(print_comparison, sb, project, uuid, ops)
     click.echo("")
-    click.echo(f"runs table: {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs")
+    click.echo(f"runs table: {runs_table_url(sb.url, DEFAULT_OWNER, project, uuid)}")
     click.echo(f"the server keeps running; stop it with: {_stop_hint(sb)}")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,3 +144,28 @@ def comparison(ops: list[dict[str, Any]]) -> str:
     if not rows:
         return "no training run with checkpoint outputs in this pipeline"
     return "\n".join("\n".join(r) for r in rows)
+
+
+# The runs-table columns that compare profiles side by side (the UI names inputs ``in.X``
+# and outputs ``out.X``).
+TABLE_COLUMNS = (
+    "name",
+    "in.storage_profile",
+    "out.ckpt_pause_s_total",
+    "out.ckpt_pause_s_median",
+    "out.ckpt_write_s_median",
+    "out.ckpt_fsync_s_median",
+    "out.runtime_s",
+    "out.final_loss",
+)
+
+
+def runs_table_url(
+    host: str, owner: str, project: str, pipeline: str | None = None, columns=TABLE_COLUMNS
+) -> str:
+    """The UI's runs table with the comparison columns chosen (and the pipeline's ops only)."""
+    search: dict[str, str] = {"columns": ",".join(columns)}
+    if pipeline:
+        search["query"] = f"pipeline.uuid:{pipeline}"
+    token = base64.b64encode(json.dumps(search).encode()).decode()
+    return f"{host}/ui/{owner}/{project}/runs?" + urllib.parse.urlencode({"search": token})
