@@ -125,9 +125,9 @@ def pipeline_twin(pipeline: Path, out: Path, hub_owner: str | None) -> Path:
     """Write the submitted twin of ``pipeline``: the same spec, generated, never hand-kept.
 
     With ``hub_owner`` every ``pathRef: .../<name>/<version>.yaml`` becomes
-    ``hubRef: <hub_owner>/<name>:<version>``; without, pathRefs become absolute. Every DAG op
-    also gets ``cache: {disable: true}``: an identical re-run would otherwise be a cache hit
-    that leaves the pipeline running forever.
+    ``hubRef: <hub_owner>/<name>:<version>``; without, pathRefs become absolute. The file
+    and every DAG op get ``cache: {disable: true}``: an identical re-run would otherwise be a
+    cache hit that leaves the pipeline running forever.
 
     Raises:
         ConfigError: The file is unreadable, or a pathRef is not ``<name>/<version>.yaml``.
@@ -139,6 +139,7 @@ def pipeline_twin(pipeline: Path, out: Path, hub_owner: str | None) -> Path:
     if not isinstance(spec, dict):
         raise ConfigError(f"{pipeline} is not a polyaxonfile")
     spec = _rewrite_refs(spec, hub_owner, pipeline.resolve())
+    spec["cache"] = {**(spec.get("cache") or {}), "disable": True}
     for op in (spec.get("run") or {}).get("operations") or []:
         op["cache"] = {**(op.get("cache") or {}), "disable": True}
     out.parent.mkdir(parents=True, exist_ok=True)

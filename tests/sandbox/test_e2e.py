@@ -1,0 +1,270 @@
+"""End to end: a real Polyaxon CE server and the local agent on a free loopback port.
+
+One sandbox serves the whole module (starting it costs ~5 s). The tests submit small DAGs
+whose ops run real processes that track to the server, check the results through the REST
+API and a headless Chromium, and the teardown proves nothing is left running.
+
+The runs-table screenshot is kept at ``artifacts/sandbox/runs-table.png`` (or under
+``$SANDBOX_TEST_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandbox.cli import start_all, submit_and_follow
+from sandbox.components import polyaxon_cli
+from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
+from sandbox.errors import RunFailedError
+from sandbox.pipeline import runs_table_url, submit
+from sandbox.server import Sandbox, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+HERE = Path(__file__).parent
+FILES = HERE / "polyaxonfiles"
+COMPONENTS = FILES / "components"
+PROJECT = "e2e"
+ARTIFACTS = Path(os.environ.get("SANDBOX_TEST_ARTIFACTS") or REPO_ROOT / "artifacts" / "sandbox")
+
+
+def _sandbox_processes(root: Path) -> list[psutil.Process]:
+    """Every process whose command line or cwd mentions the sandbox root."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd", "environ"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
+            env = proc.info["environ"] or {}
+            if str(root) in text or str(root) in env.get("HOME", ""):
+                found.append(proc)
+        except (psutil.Error, TypeError):
+            continue
+    return [p for p in found if p.pid != os.getpid()]
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    root = Path(tempfile.mkdtemp(prefix="sandbox-e2e-"))
+    shm_base = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
+    shm = shm_base / f"sandbox-e2e-{uuid.uuid4().hex[:8]}"
+    import yaml
+
+    profiles = root / "profiles.yaml"
+    profiles.write_text(
+        yaml.safe_dump(
+            {
+                "claim": "training-checkpoints",
+                "namespace": "sandbox",
+                "claimPath": ".sandbox/claims/training-checkpoints",
+                "profiles": {
+                    "checkpoint-baseline": {"path": ".sandbox/media/disk"},
+                    "checkpoint-throughput": {"path": str(shm / "media")},
+                },
+            }
+        )
+    )
+    sb = Sandbox(
+        paths=SandboxPaths(root),
+        agent=load_agent_settings(root, profiles_file=profiles),
+        port=free_port(),
+    )
+    try:
+        start_all(sb, DEFAULT_OWNER, PROJECT, echo=print)
+        yield sb
+    finally:
+        stopped = sb.stop()
+        print("stopped:", stopped)
+        deadline = time.monotonic() + 20
+        while _sandbox_processes(root) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _sandbox_processes(root)
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
+        assert stopped, "the sandbox was not running at teardown"
+
+
+@pytest.fixture(scope="module")
+def mini_pipeline(sandbox):
+    """The mini pipeline, run once through the component hub (hubRef twin)."""
+    uuid_, ops = submit_and_follow(
+        sandbox, FILES / "mini-pipeline.yaml", {}, PROJECT, True, 240, COMPONENTS, echo=print
+    )
+    return uuid_, ops
+
+
+def test_every_op_succeeds_in_dag_order(sandbox, mini_pipeline):
+    uuid_, _ = mini_pipeline
+    api = sandbox.api
+    assert api.run(DEFAULT_OWNER, PROJECT, uuid_)["status"] == "succeeded"
+    ops = {op["name"]: api.run(DEFAULT_OWNER, PROJECT, op["uuid"]) for op in
+           api.pipeline_runs(DEFAULT_OWNER, PROJECT, uuid_)}  # fmt: skip
+    assert set(ops) == {"prepare", "train-a", "train-b"}
+    assert all(op["status"] == "succeeded" for op in ops.values())
+    order = sorted(ops.values(), key=lambda op: op["started_at"])
+    assert [op["name"] for op in order] == ["prepare", "train-a", "train-b"]
+    for before, after in zip(order, order[1:], strict=False):
+        assert before["finished_at"] <= after["started_at"]
+
+
+def test_training_runs_carry_inputs_stage_outputs_and_logs(sandbox, mini_pipeline):
+    uuid_, _ = mini_pipeline
+    api = sandbox.api
+    claim = sandbox.agent.local_mounts["/checkpoints"]
+    for op in api.pipeline_runs(DEFAULT_OWNER, PROJECT, uuid_):
+        if not op["name"].startswith("train-"):
+            continue
+        run = api.run(DEFAULT_OWNER, PROJECT, op["uuid"])
+        profile = {"train-a": "baseline", "train-b": "throughput"}[op["name"]]
+        assert run["inputs"]["storage_profile"] == profile
+        # /checkpoints was mapped to the sandbox claim path in the command's args.
+        assert run["inputs"]["checkpoint_dir"] == str(claim / f"{profile}-run")
+        assert (claim / f"{profile}-run" / "step-3.bin").stat().st_size == 1 << 20
+        for key in ("ckpt_pause_s_total", "ckpt_write_s_median", "runtime_s", "final_loss"):
+            assert isinstance(run["outputs"][key], float), key
+        assert run["outputs"]["ckpt_pause_s_total"] > 0
+        # Each run had its own HOME under the sandbox; its log's last line says so.
+        home = sandbox.paths.runs / op["uuid"] / "home"
+        logs = _wait_for_log(api, op["uuid"], f"done, HOME={home}")
+        assert any(f"checkpoint 3 written to {claim}" in line for line in logs), logs[-5:]
+        # Metric events landed in the artifacts store, where the UI reads them.
+        events = sandbox.paths.server_data / op["uuid"] / "events" / "metric"
+        assert (events / "ckpt_pause_s.plx").exists()
+
+
+def test_hub_ref_pipeline_checks_against_the_server(sandbox, mini_pipeline):
+    twin = sandbox.paths.generated / "mini-pipeline.yaml"
+    assert "hubRef: default/fake-train:v1.0" in twin.read_text()
+    done = polyaxon_cli(["check", "-f", str(twin)], sandbox.url, sandbox.paths.cli_home)
+    assert done.returncode == 0 and "valid" in done.stdout, done.stdout + done.stderr
+    # An unregistered version does not resolve: the check really asks the hub.
+    bad = twin.with_name("bad.yaml")
+    bad.write_text(twin.read_text().replace("fake-train:v1.0", "fake-train:v9.9"))
+    done = polyaxon_cli(["check", "-f", str(bad)], sandbox.url, sandbox.paths.cli_home)
+    assert "not valid" in done.stdout + done.stderr
+
+
+def test_a_failing_op_fails_the_pipeline_and_the_agent_keeps_serving(sandbox):
+    # train-b's checkpoint dir lies under a medium directory that does not exist.
+    with pytest.raises(RunFailedError) as err:
+        submit_and_follow(
+            sandbox, FILES / "mini-pipeline.yaml", {"profile_b": "missing-medium/x"},
+            PROJECT, False, 240, echo=print,
+        )  # fmt: skip
+    report = str(err.value)
+    assert "ended failed" in report
+    assert "op train-b failed: exit code 3" in report
+    assert "missing-medium is missing" in report  # the reason, from the run's own log
+    # The next run is served as usual.
+    uuid_, _ = submit_and_follow(sandbox, FILES / "echo-job.yaml", {}, PROJECT, False, 120)
+    assert sandbox.api.run(DEFAULT_OWNER, PROJECT, uuid_)["status"] == "succeeded"
+    _wait_for_log(sandbox.api, uuid_, "still serving")
+
+
+def test_a_stop_request_ends_the_run_process(sandbox):
+    from sandbox.components import pipeline_twin
+
+    twin = pipeline_twin(FILES / "slow-job.yaml", sandbox.paths.generated / "slow.yaml", None)
+    run_uuid = submit(twin, DEFAULT_OWNER, PROJECT, sandbox.url, {}, sandbox.paths.cli_home)
+    api = sandbox.api
+    deadline = time.monotonic() + 60
+    while api.run(DEFAULT_OWNER, PROJECT, run_uuid)["status"] != "running":
+        assert time.monotonic() < deadline, "the slow job never started"
+        time.sleep(0.5)
+    home = str(sandbox.paths.runs / run_uuid / "home")
+    assert _procs_with_home(home), "no local process for the running run"
+    done = polyaxon_cli(
+        ["ops", "stop", "-p", f"{DEFAULT_OWNER}/{PROJECT}", "-uid", run_uuid, "--yes"],
+        sandbox.url, sandbox.paths.cli_home,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    deadline = time.monotonic() + 60
+    while api.run(DEFAULT_OWNER, PROJECT, run_uuid)["status"] != "stopped":
+        assert time.monotonic() < deadline, "the run was not reported stopped"
+        time.sleep(0.5)
+    assert not _procs_with_home(home)
+
+
+def _wait_for_log(api, run_uuid: str, needle: str, timeout: float = 60) -> list[str]:
+    """The run's log once it has ``needle``: a run marks itself succeeded when its tracking
+    ends, a moment before its process exits and the agent uploads the last lines."""
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = api.logs(DEFAULT_OWNER, PROJECT, run_uuid)
+        if any(needle in line for line in logs) or time.monotonic() > deadline:
+            assert any(needle in line for line in logs), logs[-5:]
+            return logs
+        time.sleep(1)
+
+
+def _procs_with_home(home: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["environ"]):
+        try:
+            if (proc.info["environ"] or {}).get("HOME") == home:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="Debian package chromium is not installed")
+def test_browser_renders_the_runs_table_with_profiles_and_stage_outputs(sandbox, mini_pipeline):
+    uuid_, _ = mini_pipeline
+    url = runs_table_url(sandbox.url, DEFAULT_OWNER, PROJECT, uuid_)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "runs-table.png"
+    dom = _render(url, "--dump-dom")
+    _render(url, f"--screenshot={shot}")
+    print(f"runs-table screenshot: {shot}")
+    assert shot.stat().st_size > 10_000
+    rows: dict[str, dict[str, str]] = {}
+    cell = re.compile(
+        r'data-gridcell-column-id="([^"]+)"[^>]*data-gridcell-row-index="(\d+)"[^>]*>(.*?)</div>'
+    )
+    for column, row, content in cell.findall(dom):
+        text = re.sub(r"<[^>]+>", " ", content).strip()
+        rows.setdefault(row, {})[column] = re.sub(r"\s+", " ", text)
+    by_name = {r.get("name"): r for r in rows.values()}
+    assert {"train-a", "train-b", "prepare"} <= set(by_name), by_name
+    assert by_name["train-a"]["in.storage_profile"] == "baseline"
+    assert by_name["train-b"]["in.storage_profile"] == "throughput"
+    for name in ("train-a", "train-b"):
+        assert float(by_name[name]["out.ckpt_pause_s_total"]) > 0
+
+
+def _render(url: str, mode: str) -> str:
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run(
+            [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={profile}", "--window-size=1600,1000",
+             "--virtual-time-budget=15000", mode, url],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_cli_stop_command_is_printed(sandbox):
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox", "status", "--root", str(sandbox.paths.root)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sandbox.url in done.stdout
