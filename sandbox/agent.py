@@ -104,6 +104,8 @@ def localize(
         HOME=str(home),
         POLYAXON_CONTEXT_ROOT=str(context_root),
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p),
+        # `python` inside a shell command (sh -c "... python -m x") is the venv's too.
+        PATH=os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p),
         PYTHONUNBUFFERED="1",
     )
     return LocalCommand(argv=argv, env=env, cwd=REPO_ROOT)

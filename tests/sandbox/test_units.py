@@ -80,6 +80,7 @@ def test_localize_uses_venv_python_own_home_and_mapped_env(tmp_path):
     assert "POLYAXON_RUN_UUID" not in cmd.env  # the agent's own POLYAXON_* never leak
     assert cmd.env["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)
     assert cmd.cwd == REPO_ROOT
+    assert cmd.env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
 
 
 def test_localize_refuses_an_empty_command(tmp_path):
@@ -91,8 +92,8 @@ def test_hub_twin_rewrites_path_refs_and_disables_cache(tmp_path):
     out = pipeline_twin(MINI, tmp_path / "twin.yaml", hub_owner="acme")
     spec = yaml.safe_load(out.read_text())
     ops = {op["name"]: op for op in spec["run"]["operations"]}
-    assert ops["prepare"]["hubRef"] == "acme/echo:v1.0"
-    assert ops["train-a"]["hubRef"] == ops["train-b"]["hubRef"] == "acme/fake-train:v1.0"
+    assert ops["prepare"]["hubRef"] == "acme/mkdirs:v1.0"
+    assert ops["train-a"]["hubRef"] == ops["train-b"]["hubRef"] == "acme/train:v1.0"
     assert all("pathRef" not in op and op["cache"] == {"disable": True} for op in ops.values())
     assert "Generated from" in out.read_text().splitlines()[0]
 
@@ -116,7 +117,7 @@ def test_hub_twin_rejects_an_unversioned_path_ref(tmp_path):
 
 def test_find_components_lists_name_and_version():
     comps = find_components(HERE / "polyaxonfiles" / "components")
-    assert {(c.name, c.version) for c in comps} == {("echo", "v1.0"), ("fake-train", "v1.0")}
+    assert {(c.name, c.version) for c in comps} == {("mkdirs", "v1.0"), ("train", "v1.0")}
     assert comps[0].hub_ref("acme") == f"acme/{comps[0].name}:v1.0"
 
 
