@@ -78,12 +78,3 @@ class Api:
         """The run's captured log lines, as the UI shows them."""
         data = self.get(f"streams/v1/sandbox/{owner}/{project}/runs/{uuid}/logs", force="true")
         return [entry.get("value") or "" for entry in data.get("logs") or []]
-
-    def project_exists(self, owner: str, project: str) -> bool:
-        try:
-            self.get(f"api/v1/{owner}/{project}")
-            return True
-        except ServerUnavailableError as exc:
-            if "HTTP 404" in str(exc):
-                return False
-            raise

@@ -27,15 +27,35 @@ from sandbox.config import (
 from sandbox.errors import SandboxError
 from sandbox.server import Sandbox
 
-# Small enough for a 2-core laptop to finish the whole pipeline in a few minutes.
+DEFAULT_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-pipeline.yaml"
+# Small enough for a 2-core laptop to finish the whole pipeline in a few minutes. Only the
+# ones the pipeline declares as inputs are passed.
 DEMO_PARAMS = {
     "backend": "local",
-    "size_scale": "0.05",
-    "runtime": "2",
-    "model_size": "8MiB",
+    "size_scale": "0.02",
+    "fio_runtime": "2",
+    "model_size": "4MiB",
     "steps": "40",
     "checkpoint_every": "10",
+    "device": "cpu",
 }
+
+
+def demo_params(sb: Sandbox, pipeline: Path, overrides: dict[str, str]) -> dict[str, str]:
+    """The demo's pipeline inputs: small sizes, the local hook backend, this sandbox's API."""
+    import yaml
+
+    declared = {
+        i.get("name") for i in (yaml.safe_load(pipeline.read_text()) or {}).get("inputs") or []
+    }
+    values = dict(DEMO_PARAMS, api_host=sb.url)
+    if sb.agent.profiles_file:
+        values["profiles_file"] = str(sb.agent.profiles_file)
+    if sb.agent.profiles and sb.agent.profiles.get("namespace"):
+        values["namespace"] = sb.agent.profiles["namespace"]
+    values = {k: v for k, v in values.items() if k in declared}
+    values.update(overrides)
+    return values
 
 
 def _sandbox(root: Path | None, host: str, port: int | None, agent_file, profiles_file) -> Sandbox:
@@ -94,10 +114,9 @@ def _stop_hint(sb: Sandbox) -> str:
 
 
 def _ensure_project(sb: Sandbox, owner: str, project: str) -> None:
-    from sandbox.components import ensure_project
+    from sandbox.components import api_client, ensure_project
 
-    if not sb.api.project_exists(owner, project):
-        ensure_project(owner, project, sb.url, sb.paths.cli_home)
+    ensure_project(owner, project, api_client(sb.url))
 
 
 def start_all(sb: Sandbox, owner: str, project: str, echo=click.echo) -> None:
@@ -188,22 +207,29 @@ def agent(root, host, port, agent_file, profiles_file, poll, max_parallel) -> No
 @click.option("--owner", default=DEFAULT_OWNER, show_default=True, help="Hub owner (org).")
 @click.option(
     "--api-host",
-    help="A Polyaxon server URL (e.g. a cluster's); its auth comes from your polyaxon config. "
-    "Default: this sandbox.",
+    help="Another Polyaxon server's URL (e.g. a cluster's). Default: this sandbox.",
+)
+@click.option(
+    "--cluster",
+    is_flag=True,
+    help="Use the host and token of your polyaxon CLI config (polyaxon config set --host=...; "
+    "polyaxon login): registers on a cluster's Polyaxon.",
 )
 def register_components(
-    root, host, port, agent_file, profiles_file, components_dir, owner, api_host
+    root, host, port, agent_file, profiles_file, components_dir, owner, api_host, cluster
 ) -> None:
-    """Register every components/<name>/<version>.yaml as OWNER/<name>:<version>."""
+    """Register every components/<name>/<version>.yaml as OWNER/<name>:<version>.
+
+    A registered version is overwritten by the file (the file in git is its source of truth).
+    """
     from sandbox.components import find_components, register
 
     comps = _run(find_components, components_dir)
-    if api_host:
-        refs = _run(register, comps, owner, api_host, None)
-    else:
-        sb = _run(_sandbox, root, host, port, agent_file, profiles_file)
-        refs = _run(register, comps, owner, sb.url, sb.paths.cli_home)
-    for ref in refs:
+    if cluster:
+        api_host = None
+    elif not api_host:
+        api_host = _run(_sandbox, root, host, port, agent_file, profiles_file).url
+    for ref in _run(register, comps, owner, api_host):
         click.echo(f"registered {ref}")
 
 
@@ -217,6 +243,33 @@ def _parse_params(values: tuple[str, ...]) -> dict[str, str]:
     return params
 
 
+def submit_pipeline(
+    sb: Sandbox,
+    polyaxonfile: Path,
+    params: dict[str, str],
+    project: str,
+    hub: bool,
+    components_dir: Path = REPO_ROOT / "components",
+    echo=click.echo,
+) -> str:
+    """Register the components and submit the hubRef twin (with ``hub``, else the pathRef
+    twin); returns the run's uuid."""
+    from sandbox.components import find_components, pipeline_twin, register
+    from sandbox.pipeline import submit
+
+    if hub:
+        comps = find_components(components_dir)
+        for ref in register(comps, DEFAULT_OWNER, sb.url):
+            echo(f"sandbox: registered {ref}")
+    twin = pipeline_twin(
+        polyaxonfile, sb.paths.generated / polyaxonfile.name, DEFAULT_OWNER if hub else None
+    )
+    echo(f"sandbox: submitting {twin} (generated from {polyaxonfile})")
+    uuid = submit(twin, DEFAULT_OWNER, project, sb.url, params, sb.paths.cli_home)
+    echo(f"sandbox: pipeline {uuid} submitted; {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs/{uuid}")
+    return uuid
+
+
 def submit_and_follow(
     sb: Sandbox,
     polyaxonfile: Path,
@@ -227,22 +280,11 @@ def submit_and_follow(
     components_dir: Path = REPO_ROOT / "components",
     echo=click.echo,
 ) -> tuple[str, list[dict]]:
-    """Register components and write the hubRef twin (with ``hub``), submit, follow."""
-    from sandbox.components import find_components, pipeline_twin, register
-    from sandbox.pipeline import follow, submit
+    """:func:`submit_pipeline`, then follow it to its end (RunFailedError if it fails)."""
+    from sandbox.pipeline import follow
 
-    if hub:
-        comps = find_components(components_dir)
-        for ref in register(comps, DEFAULT_OWNER, sb.url, sb.paths.cli_home):
-            echo(f"sandbox: registered {ref}")
-    twin = pipeline_twin(
-        polyaxonfile, sb.paths.generated / polyaxonfile.name, DEFAULT_OWNER if hub else None
-    )
-    echo(f"sandbox: submitting {twin} (generated from {polyaxonfile})")
-    uuid = submit(twin, DEFAULT_OWNER, project, sb.url, params, sb.paths.cli_home)
-    echo(f"sandbox: pipeline {uuid} submitted; {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs/{uuid}")
-    ops = follow(sb.api, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
-    return uuid, ops
+    uuid = submit_pipeline(sb, polyaxonfile, params, project, hub, components_dir, echo)
+    return uuid, follow(sb.api, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
 
 
 @main.command()
@@ -317,24 +359,33 @@ def print_comparison(sb: Sandbox, project: str, pipeline: str, ops: list[dict]) 
     "--file",
     "polyaxonfile",
     type=click.Path(exists=True, path_type=Path),
-    default=REPO_ROOT / "polyaxonfiles" / "pipeline.yaml",
+    default=DEFAULT_PIPELINE,
     show_default=True,
 )
 @click.option("-P", "--param", "params", multiple=True, help="Override a pipeline input.")
 @click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds.")
 def demo(root, host, port, agent_file, profiles_file, project, polyaxonfile, params, timeout):
-    """Start everything, run the storage-profile pipeline, print the comparison."""
-    from sandbox.pipeline import runs_table_url
+    """Start everything, run the storage-profile pipeline, print the comparison.
+
+    Re-running reuses the running server, project and hub (versions are re-registered from
+    the files) and submits a fresh pipeline with caching disabled.
+    """
+    from sandbox.pipeline import follow, runs_table_url
 
     sb = _run(_sandbox, root, host, port, agent_file, profiles_file)
     _run(start_all, sb, DEFAULT_OWNER, project)
-    values = dict(DEMO_PARAMS)
-    if sb.agent.profiles_file:
-        values["profiles_file"] = str(sb.agent.profiles_file)
-    values.update(_parse_params(params))
-    uuid, ops = _run(submit_and_follow, sb, polyaxonfile, values, project, True, timeout)
-    click.echo("")
-    _run(print_comparison, sb, project, uuid, ops)
+    values = _run(demo_params, sb, polyaxonfile, _parse_params(params))
+    uuid = _run(submit_pipeline, sb, polyaxonfile, values, project, True)
+    try:
+        ops = follow(sb.api, DEFAULT_OWNER, project, uuid, timeout)
+        click.echo("")
+        print_comparison(sb, project, uuid, ops)
+        failed = None
+    except SandboxError as exc:
+        failed = exc
+        click.echo(f"sandbox: error: {exc}", err=True)
     click.echo("")
     click.echo(f"runs table: {runs_table_url(sb.url, DEFAULT_OWNER, project, uuid)}")
     click.echo(f"the server keeps running; stop it with: {_stop_hint(sb)}")
+    if failed:
+        sys.exit(failed.exit_code)

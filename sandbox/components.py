@@ -8,9 +8,12 @@ components by ``pathRef`` so CI can check it offline; :func:`hub_twin` rewrites 
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,7 @@ def polyaxon_cli(
     args: list[str], host: str | None, home: Path | None
 ) -> subprocess.CompletedProcess:
     """Run the ``polyaxon`` CLI of this venv against ``host`` (or its configured one)."""
-    env = dict(os.environ)
+    env = dict(os.environ, COLUMNS="400", TERM="dumb")  # no wrapped lines to parse
     if host:
         env["POLYAXON_HOST"] = host
     if home:
@@ -66,40 +69,93 @@ def polyaxon_cli(
     return subprocess.run(cmd + args, env=env, capture_output=True, text=True, check=False)
 
 
-def ensure_project(owner: str, name: str, host: str | None, home: Path | None) -> None:
+def api_client(host: str | None) -> Any:
+    """A Polyaxon SDK client for ``host``; ``None`` means the user's configured server.
+
+    Either way the token comes from the user's polyaxon config when there is one (a
+    cluster); the sandbox needs none.
+    """
+    from polyaxon._schemas.client import ClientConfig
+    from polyaxon.client import PolyaxonClient
+
+    if host is None:
+        return PolyaxonClient()
+    return PolyaxonClient(config=ClientConfig(host=host, verify_ssl=False))
+
+
+@contextmanager
+def _quiet_404s() -> Iterator[None]:
+    # Polyaxon's client logs every 404 as an error, yet "no such project/version yet" is the
+    # normal first-registration path here; real failures still raise.
+    logger = logging.getLogger("polyaxon.cli")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def ensure_project(owner: str, name: str, client: Any) -> None:
     """Create ``owner/name`` unless it exists."""
-    got = polyaxon_cli(["project", "get", "-p", f"{owner}/{name}"], host, home)
-    if got.returncode == 0 and "404" not in got.stdout + got.stderr:
+    with _quiet_404s():
+        _ensure_project(owner, name, client)
+
+
+def _ensure_project(owner: str, name: str, client: Any) -> None:
+    from polyaxon.client import ProjectClient
+    from polyaxon.exceptions import ApiException
+
+    project = ProjectClient(
+        owner=owner, project=name, client=client, manual_exceptions_handling=True
+    )
+    try:
+        project.refresh_data()
         return
-    made = polyaxon_cli(["project", "create", "--name", f"{owner}/{name}"], host, home)
-    if made.returncode != 0 or "created successfully" not in made.stdout + made.stderr:
-        out = (made.stdout + made.stderr).strip()
-        if "already" not in out:
-            raise RegisterError(f"cannot create project {owner}/{name}: {out[-500:]}")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise RegisterError(f"cannot read project {owner}/{name}: {exc}") from exc
+    try:
+        project.create({"name": name})
+    except ApiException as exc:
+        raise RegisterError(f"cannot create project {owner}/{name}: {exc}") from exc
 
 
-def register(
-    components: list[ComponentFile], owner: str, host: str | None = None, home: Path | None = None
-) -> list[str]:
+def register(components: list[ComponentFile], owner: str, host: str | None = None) -> list[str]:
     """Register each component file as ``owner/<name>:<version>``; returns the refs.
 
-    A version that already exists is overwritten (``--force``): the file in git is the
-    source of truth for that version, so re-running is safe.
+    Does what ``polyaxon components register -f FILE -p OWNER/<name> -ver <version>
+    --force`` does (validate, inline pathRefs, register), in one process. An existing
+    version is overwritten: the file in git is the source of truth for that version, so
+    re-running is safe.
     """
-    refs = []
-    for comp in components:
-        ensure_project(owner, comp.name, host, home)
-        done = polyaxon_cli(
-            ["components", "register", "-f", str(comp.path), "-p", f"{owner}/{comp.name}"]
-            + ["-ver", comp.version, "--force"],
-            host,
-            home,
+    client = api_client(host)
+    with _quiet_404s():
+        return [_register_one(comp, owner, client) for comp in components]
+
+
+def _register_one(comp: ComponentFile, owner: str, client: Any) -> str:
+    from polyaxon.client import ProjectClient
+    from polyaxon.exceptions import ApiException, PolyaxonClientException
+    from polyaxon.polyaxonfile import check_polyaxonfile
+
+    try:
+        spec = check_polyaxonfile(
+            polyaxonfile=str(comp.path), is_cli=False, to_op=False, verbose=False
         )
-        out = (done.stdout + done.stderr).strip()
-        if done.returncode != 0 or "created successfully" not in out:
-            raise RegisterError(f"cannot register {comp.hub_ref(owner)}: {out[-800:]}")
-        refs.append(comp.hub_ref(owner))
-    return refs
+    except Exception as exc:  # noqa: BLE001 - polyaxon raises several schema errors
+        raise ConfigError(f"{comp.path} is not a valid component: {exc}") from exc
+    _ensure_project(owner, comp.name, client)
+    project = ProjectClient(
+        owner=owner, project=comp.name, client=client, manual_exceptions_handling=True
+    )
+    try:
+        project.register_component_version(
+            version=comp.version, content=spec.to_source_json(), force=True
+        )
+    except (ApiException, PolyaxonClientException) as exc:
+        raise RegisterError(f"cannot register {comp.hub_ref(owner)}: {exc}") from exc
+    return comp.hub_ref(owner)
 
 
 def _rewrite_refs(node: Any, owner: str | None, source: Path) -> Any:

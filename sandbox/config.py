@@ -147,6 +147,7 @@ def load_profiles(path: Path, root: Path) -> dict[str, Any]:
         raise ConfigError(f"profiles file {path}: needs claim, claimPath and profiles")
     return {
         "claim": data.get("claim"),
+        "namespace": data.get("namespace"),
         "claim_path": _resolve(root, data["claimPath"]),
         "profiles": {
             name: _resolve(root, str((spec or {}).get("path", "")))

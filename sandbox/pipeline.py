@@ -34,7 +34,8 @@ def submit(
         args += ["-P", f"{key}={value}"]
     done = polyaxon_cli(args, host, home)
     out = done.stdout + done.stderr
-    match = RUN_UUID.search(out)
+    # Rich may still wrap a long line in the middle of the uuid.
+    match = RUN_UUID.search(re.sub(r"\s+", "", out))
     if done.returncode != 0 or not match:
         raise SandboxError(f"polyaxon run -f {polyaxonfile} failed:\n{out.strip()[-2000:]}")
     return match.group(1)

@@ -1,6 +1,6 @@
 """End to end: a real Polyaxon CE server and the local agent on a free loopback port.
 
-One sandbox serves the whole module (starting it costs ~5 s). The tests submit small DAGs
+One sandbox (conftest.py) serves the whole session (starting it costs ~5 s). The tests submit small DAGs
 whose ops run real processes that track to the server, check the results through the REST
 API and a headless Chromium, and the teardown proves nothing is left running.
 
@@ -17,18 +17,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 
-from sandbox.cli import start_all, submit_and_follow
+from sandbox.cli import submit_and_follow
 from sandbox.components import polyaxon_cli
-from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
+from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import RunFailedError
 from sandbox.pipeline import runs_table_url, submit
-from sandbox.server import Sandbox, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -37,62 +35,6 @@ FILES = HERE / "polyaxonfiles"
 COMPONENTS = FILES / "components"
 PROJECT = "e2e"
 ARTIFACTS = Path(os.environ.get("SANDBOX_TEST_ARTIFACTS") or REPO_ROOT / "artifacts" / "sandbox")
-
-
-def _sandbox_processes(root: Path) -> list[psutil.Process]:
-    """Every process whose command line or cwd mentions the sandbox root."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "cwd", "environ"]):
-        try:
-            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
-            env = proc.info["environ"] or {}
-            if str(root) in text or str(root) in env.get("HOME", ""):
-                found.append(proc)
-        except (psutil.Error, TypeError):
-            continue
-    return [p for p in found if p.pid != os.getpid()]
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    root = Path(tempfile.mkdtemp(prefix="sandbox-e2e-"))
-    shm_base = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
-    shm = shm_base / f"sandbox-e2e-{uuid.uuid4().hex[:8]}"
-    import yaml
-
-    profiles = root / "profiles.yaml"
-    profiles.write_text(
-        yaml.safe_dump(
-            {
-                "claim": "training-checkpoints",
-                "namespace": "sandbox",
-                "claimPath": ".sandbox/claims/training-checkpoints",
-                "profiles": {
-                    "checkpoint-baseline": {"path": ".sandbox/media/disk"},
-                    "checkpoint-throughput": {"path": str(shm / "media")},
-                },
-            }
-        )
-    )
-    sb = Sandbox(
-        paths=SandboxPaths(root),
-        agent=load_agent_settings(root, profiles_file=profiles),
-        port=free_port(),
-    )
-    try:
-        start_all(sb, DEFAULT_OWNER, PROJECT, echo=print)
-        yield sb
-    finally:
-        stopped = sb.stop()
-        print("stopped:", stopped)
-        deadline = time.monotonic() + 20
-        while _sandbox_processes(root) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _sandbox_processes(root)
-        shutil.rmtree(shm, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
-        assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
-        assert stopped, "the sandbox was not running at teardown"
 
 
 @pytest.fixture(scope="module")

@@ -22,29 +22,10 @@ from sandbox.errors import ConfigError, PortInUseError, ServerStartError
 from sandbox.pipeline import comparison, runs_table_url
 from sandbox.server import Sandbox
 
+from .conftest import write_profiles
+
 HERE = Path(__file__).parent
 MINI = HERE / "polyaxonfiles" / "mini-pipeline.yaml"
-
-
-def write_profiles(root: Path, shm: Path, extra: dict | None = None) -> Path:
-    """A sandbox-profiles.yaml (contracts.md format) for tests."""
-    profiles = {
-        "checkpoint-baseline": {"path": ".sandbox/media/disk", "description": "disk"},
-        "checkpoint-throughput": {"path": str(shm), "description": "tmpfs"},
-        **(extra or {}),
-    }
-    path = root / "profiles.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "claim": "training-checkpoints",
-                "namespace": "sandbox",
-                "claimPath": ".sandbox/claims/training-checkpoints",
-                "profiles": profiles,
-            }
-        )
-    )
-    return path
 
 
 def test_map_mounts_rewrites_whole_path_components_only():
@@ -210,3 +191,24 @@ def test_status_exits_6_when_nothing_runs(tmp_path):
     )  # fmt: skip
     assert done.returncode == 6
     assert json.loads(done.stdout)["server_healthy"] is False
+
+
+def test_demo_params_pass_only_declared_inputs(tmp_path):
+    from sandbox.cli import demo_params
+
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(yaml.safe_dump({"kind": "component", "inputs": [
+        {"name": "backend", "type": "str"}, {"name": "steps", "type": "int"},
+        {"name": "profiles_file", "type": "str"}, {"name": "namespace", "type": "str"},
+        {"name": "api_host", "type": "str"}]}))  # fmt: skip
+    profiles = write_profiles(tmp_path, tmp_path / "shm")
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles),
+                 port=8123)  # fmt: skip
+    values = demo_params(sb, pipeline, {"steps": "7"})
+    assert values == {
+        "backend": "local",
+        "steps": "7",
+        "profiles_file": str(profiles),
+        "namespace": "sandbox",
+        "api_host": "http://127.0.0.1:8123",
+    }

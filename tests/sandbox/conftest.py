@@ -1,0 +1,91 @@
+"""Shared helpers and the session's sandbox (a real CE server and agent on a free port)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from sandbox.cli import start_all
+from sandbox.config import DEFAULT_OWNER, SandboxPaths, load_agent_settings
+from sandbox.server import Sandbox, free_port
+
+
+def write_profiles(root: Path, throughput: Path, extra: dict | None = None) -> Path:
+    """A sandbox-profiles.yaml (the contracts.md format) under ``root``."""
+    profiles = {
+        "checkpoint-baseline": {"path": ".sandbox/media/disk", "description": "disk"},
+        "checkpoint-throughput": {"path": str(throughput), "description": "tmpfs"},
+        **(extra or {}),
+    }
+    path = root / "profiles.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "claim": "training-checkpoints",
+                "namespace": "sandbox",
+                "claimPath": ".sandbox/claims/training-checkpoints",
+                "profiles": profiles,
+            }
+        )
+    )
+    return path
+
+
+def shm_dir(fallback: Path) -> Path:
+    """A fresh directory name on /dev/shm (tmpfs), or under ``fallback`` without one."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else fallback
+    return base / f"sandbox-test-{uuid.uuid4().hex[:8]}"
+
+
+def sandbox_processes(root: Path) -> list[psutil.Process]:
+    """Every process that belongs to the sandbox under ``root`` (by cmdline, cwd or HOME)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd", "environ"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
+            home = (proc.info["environ"] or {}).get("HOME", "")
+            if str(root) in text or str(root) in home:
+                found.append(proc)
+        except (psutil.Error, TypeError):
+            continue
+    return [p for p in found if p.pid != os.getpid()]
+
+
+def wait_gone(root: Path, timeout: float = 20) -> list[psutil.Process]:
+    """Wait until no process of the sandbox under ``root`` is left; return the stragglers."""
+    deadline = time.monotonic() + timeout
+    while sandbox_processes(root) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return sandbox_processes(root)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """A started sandbox (server, project ``e2e``, agent) in a tmp root; stopped at the end,
+    and nothing of it may be left running."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-e2e-"))
+    shm = shm_dir(root)
+    profiles = write_profiles(root, shm / "media")
+    sb = Sandbox(
+        paths=SandboxPaths(root),
+        agent=load_agent_settings(root, profiles_file=profiles),
+        port=free_port(),
+    )
+    try:
+        start_all(sb, DEFAULT_OWNER, "e2e", echo=print)
+        yield sb
+    finally:
+        stopped = sb.stop()
+        left = wait_gone(root)
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
+        assert stopped, "the sandbox was not running at teardown"
