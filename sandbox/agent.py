@@ -40,6 +40,7 @@ log = logging.getLogger("sandbox.agent")
 MAIN_CONTAINER = "polyaxon-main"
 LOG_UPLOAD_EVERY = 3.0  # seconds between log uploads while a run is going
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL of a run's process group
+SHUTDOWN_GRACE = 5.0  # the same when the agent itself stops (sandbox.server gives it 10 s)
 FAILURE_TAIL_LINES = 20
 PYTHON_NAMES = {"python", "python3", f"python3.{sys.version_info.minor}"}
 
@@ -196,12 +197,23 @@ class LocalAgent:
             self._status(owner, project, uuid, "failed", "AgentError", f"sandbox agent: {exc}")
 
     def shutdown(self) -> None:
-        """Stop every run still going and mark it stopped."""
+        """Stop every run still going (they are reported stopped as each one ends).
+
+        All runs get SIGTERM at once and share one grace period, so the agent is done well
+        within the grace ``python -m sandbox stop`` gives it.
+        """
         with self._lock:
             running = list(self._running.items())
-        for uuid, entry in running:
+        for _, entry in running:
             entry.stop_requested = True
-            _stop_process_group(entry.proc)
+            _signal_group(entry.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + SHUTDOWN_GRACE
+        for uuid, entry in running:
+            try:
+                entry.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(entry.proc.pid, signal.SIGKILL)
+                entry.proc.wait()
             log.info("stopped run %s at agent shutdown", uuid)
 
     # -- one run ---------------------------------------------------------------------------
@@ -381,22 +393,22 @@ def _read_lines(proc: subprocess.Popen, log_file: Path, lines: list[Any]) -> Non
                 lines.append(entry)
 
 
-def _kill_group(pgid: int) -> None:
+def _signal_group(pgid: int, sig: int) -> None:
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
+def _kill_group(pgid: int) -> None:
+    _signal_group(pgid, signal.SIGKILL)
+
+
 def _stop_process_group(proc: subprocess.Popen, grace: float = STOP_GRACE) -> None:
+    """SIGTERM the run's process group, SIGKILL it after ``grace`` seconds."""
+    _signal_group(proc.pid, signal.SIGTERM)
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
-    except ProcessLookupError:
-        pass

@@ -213,3 +213,37 @@ def test_cli_stop_command_is_printed(sandbox):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert sandbox.url in done.stdout
+
+
+def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
+    """``stop`` while a run is going: the agent ends the run's process group first, then
+    itself, then the server; nothing of this sandbox is left running."""
+    from sandbox.cli import start_all
+    from sandbox.components import pipeline_twin
+    from sandbox.config import SandboxPaths, load_agent_settings
+    from sandbox.server import Sandbox, free_port
+
+    from .conftest import shm_dir, wait_gone, write_profiles
+
+    shm = shm_dir(tmp_path)
+    profiles = write_profiles(tmp_path, shm / "media")
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles),
+                 port=free_port())  # fmt: skip
+    try:
+        start_all(sb, DEFAULT_OWNER, "stop-test", echo=print)
+        twin = pipeline_twin(FILES / "slow-job.yaml", sb.paths.generated / "slow.yaml", None)
+        run_uuid = submit(twin, DEFAULT_OWNER, "stop-test", sb.url, {}, sb.paths.cli_home)
+        deadline = time.monotonic() + 60
+        while sb.api.run(DEFAULT_OWNER, "stop-test", run_uuid)["status"] != "running":
+            assert time.monotonic() < deadline, "the slow job never started"
+            time.sleep(0.5)
+        home = str(sb.paths.runs / run_uuid / "home")
+        assert _procs_with_home(home)
+    finally:
+        stopped = sb.stop()
+        left = wait_gone(tmp_path)
+        shutil.rmtree(shm, ignore_errors=True)
+    assert len(stopped) == 2, stopped
+    assert not _procs_with_home(home)
+    assert not left, [p.info["cmdline"] for p in left]
+    assert "stopped run" in sb.paths.agent_log.read_text()
