@@ -42,6 +42,20 @@ def signals_raise_interrupted() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+@contextlib.contextmanager
+def keep_std_streams() -> Iterator[None]:
+    """Restore sys.stdout/sys.stderr after the block.
+
+    Polyaxon's ``run.end()`` resets them to ``sys.__stdout__``/``sys.__stderr__``, which
+    would send our later output past any redirection (a test runner's, a wrapper's).
+    """
+    saved = sys.stdout, sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--mount",
@@ -104,7 +118,10 @@ def main(
         with signals_raise_interrupted():
             plan = prepare(config)
             tags = ["fio-sweep", f"spec:{Path(plan.spec.source).stem}"]
-            with tracked_run("fio-sweep", tags=tags, enabled=not no_track) as tracker:
+            with (
+                keep_std_streams(),
+                tracked_run("fio-sweep", tags=tags, enabled=not no_track) as tracker,
+            ):
                 summary = run_sweep(plan, config, tracker)
     except FioSweepError as exc:
         click.echo(f"fio-sweep: error: {exc}", err=True)

@@ -215,6 +215,14 @@ class FioRun:
     stderr: str
 
     @property
+    def message(self) -> str:
+        """fio's last complaint: the last stderr line, else the last note before the JSON."""
+        notes = self.stdout.split("\n{", 1)[0] if not self.stdout.startswith("{") else ""
+        lines = [line.strip() for line in (self.stderr + "\n" + notes).splitlines()]
+        lines = [line for line in lines if line]
+        return lines[-1] if lines else ""
+
+    @property
     def engine_error(self) -> str | None:
         """fio's message when it failed because the I/O engine cannot be used here."""
         if self.returncode == 0:

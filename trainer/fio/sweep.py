@@ -191,7 +191,7 @@ class Runner:
             measures.errors = 1
         if run.returncode != 0:
             measures.error_messages.append(
-                f"fio exited with {run.returncode}: {_last_line(run.stderr) or 'no message'}"
+                f"fio exited with {run.returncode}: {run.message or 'no message'}"
             )
         return CaseResult(case, measures, notes)
 
@@ -356,8 +356,3 @@ def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | Non
     if failed:
         raise FioJobError(f"fio failed for {', '.join(failed)} (details in the summary notes)")
     return summary
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
