@@ -8,38 +8,17 @@ enough free space, 4 fio missing, 5 a fio job failed, 128+N interrupted by signa
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
-from trainer.fio.errors import FioSweepError, Interrupted
+from trainer.fio.errors import FioSweepError
+from trainer.fio.interrupts import signals_raise_interrupted
 from trainer.fio.spec import shipped_specs
 from trainer.fio.sweep import Config, prepare, run_sweep
 from trainer.tracking import tracked_run
-
-
-@contextlib.contextmanager
-def signals_raise_interrupted() -> Iterator[None]:
-    """Turn SIGTERM (how Polyaxon stops a run) and SIGINT into :class:`Interrupted`.
-
-    The exception unwinds through fio's wait (which stops fio) and the scratch directories
-    (which are removed). Later signals are ignored so they cannot cut that cleanup short.
-    """
-
-    def handler(signum: int, _frame: object) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @contextlib.contextmanager

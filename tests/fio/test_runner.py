@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from trainer.fio.errors import NoSpaceError, UnsafeTargetError
+from trainer.fio.errors import Interrupted, NoSpaceError, UnsafeTargetError
+from trainer.fio.interrupts import deferred_signals, signals_raise_interrupted
 from trainer.fio.runner import (
     SPACE_RESERVE,
     Target,
@@ -125,3 +128,23 @@ def test_progress_counts_cases_and_estimates_the_rest():
     lines = stream.getvalue().splitlines()
     assert lines[0].startswith("[fio 2/3] w: rw=write bs=1.00 MiB size=4.00 MiB")
     assert lines[1].startswith("[fio 2/3] w: 0s, sweep") and "ETA ~50s" in lines[1]
+
+
+def test_a_signal_during_cleanup_is_raised_after_it():
+    seen: list[str] = []
+    with pytest.raises(Interrupted, match="SIGTERM"), signals_raise_interrupted():
+        with deferred_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)  # a repeat is ignored: SIGTERM is reported
+            time.sleep(0.05)
+            seen.append("cleanup done")
+        seen.append("not reached")
+    assert seen == ["cleanup done"]
+
+
+def test_a_signal_outside_cleanup_interrupts_at_once():
+    with pytest.raises(Interrupted) as caught, signals_raise_interrupted():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert caught.value.exit_code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

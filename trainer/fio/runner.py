@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.fio.errors import FioMissingError, NoSpaceError, UnsafeTargetError
+from trainer.fio.interrupts import deferred_signals
 from trainer.units import format_bytes
 
 # Space kept free beyond the largest case, so the sweep never fills a claim to the brim.
@@ -154,10 +155,11 @@ def scratch_dir(target: Target) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
-        for folder in created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        with deferred_signals():
+            shutil.rmtree(path, ignore_errors=True)
+            for folder in created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def supports_direct_io(directory: Path) -> bool:

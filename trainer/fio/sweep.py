@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainer.fio.errors import FioJobError
+from trainer.fio.interrupts import deferred_signals
 from trainer.fio.parse import PERCENTILES, FioOutputError, Measures, extract_json, parse_jobs
 from trainer.fio.runner import (
     FioRun,
@@ -204,7 +205,8 @@ class Runner:
         try:
             return run_fio(self._command(case, f"--directory={case_dir}"), self.progress.tick)
         finally:
-            shutil.rmtree(case_dir, ignore_errors=True)
+            with deferred_signals():
+                shutil.rmtree(case_dir, ignore_errors=True)
 
     def _command(self, case: Case, location: str) -> list[str]:
         return [
