@@ -134,19 +134,33 @@ def test_direct_io_unsupported_falls_back_to_buffered(tmp_path: Path, mount: Pat
     assert any("O_DIRECT is not supported" in note for note in case["notes"])
 
 
-def test_unavailable_engine_falls_back_to_psync(tmp_path: Path, mount: Path, monkeypatch):
-    # A fio on PATH that cannot load libaio, as fio reports it, and is real fio otherwise.
+@pytest.mark.parametrize(
+    ("echo", "reason"),
+    [
+        # dlopen failure: fio's messages on stderr.
+        (
+            'echo "fio: engine libaio not loadable" >&2; echo "fio: failed to load engine" >&2',
+            "fio: engine libaio not loadable",
+        ),
+        # io_queue_init failure (aio-max-nr exhausted): fio's td_verror line on stdout.
+        (
+            'echo "fio: pid=9, err=11/file:engines/libaio.c:420, func=io_queue_init, '
+            'error=Resource temporarily unavailable"; echo "{\\"jobs\\": []}"',
+            "func=io_queue_init",
+        ),
+    ],
+)
+def test_unavailable_engine_falls_back_to_psync(
+    tmp_path: Path, mount: Path, monkeypatch, echo: str, reason: str
+):
+    # A fio on PATH that cannot use libaio, as fio reports it, and is real fio otherwise.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "fio"
     fake.write_text(
         "#!/bin/sh\n"
         'for a in "$@"; do\n'
-        '  if [ "$a" = "--ioengine=libaio" ]; then\n'
-        '    echo "fio: engine libaio not loadable" >&2\n'
-        '    echo "fio: failed to load engine" >&2\n'
-        "    exit 1\n"
-        "  fi\n"
+        f'  if [ "$a" = "--ioengine=libaio" ]; then {echo}; exit 1; fi\n'
         "done\n"
         'exec /usr/bin/fio "$@"\n'
     )
@@ -158,9 +172,12 @@ def test_unavailable_engine_falls_back_to_psync(tmp_path: Path, mount: Path, mon
     out = tmp_path / "s.json"
     result = run_cli("--mount", mount, "--spec", spec, "--summary-json", out, "--no-track")
     assert result.exit_code == 0, result.stderr
-    for case in read_summary(out)["cases"]:
+    read, write = read_summary(out)["cases"]
+    for case in (read, write):
         assert case["ioengine"] == "psync" and case["errors"] == 0 and case["bw_bytes"] > 0
-        assert "ioengine libaio unavailable (fio: engine libaio not loadable)" in case["notes"][0]
+        assert case["notes"][0].startswith("ioengine libaio unavailable (")
+        assert reason in case["notes"][0] and "ran with psync" in case["notes"][0]
+    assert "iodepth 8 not reached" in read["notes"][0]
     assert tree(mount) == []
 
 

@@ -30,8 +30,8 @@ SPACE_RESERVE = 64 * 1024**2
 KILL_GRACE_S = 5.0
 # fio's messages when an I/O engine cannot be loaded or set up (libaio, io_uring).
 _ENGINE_UNAVAILABLE = re.compile(
-    r"engine \S+ not loadable|failed to load engine|io_queue_init failed|"
-    r"io_setup|io_uring_(queue_init|setup)",
+    r"engine \S+ not loadable|failed to load engine|io_queue_init|io_setup|"
+    r"io_uring_(queue_init|setup)"
 )
 
 
@@ -217,20 +217,24 @@ class FioRun:
     stderr: str
 
     @property
+    def notes(self) -> list[str]:
+        """fio's messages: stderr, and the lines it prints on stdout before the JSON
+        (``fio: pid=..., err=28/...``)."""
+        preamble = "" if self.stdout.startswith("{") else self.stdout.split("\n{", 1)[0]
+        lines = (line.strip() for line in (self.stderr + "\n" + preamble).splitlines())
+        return [line for line in lines if line]
+
+    @property
     def message(self) -> str:
-        """fio's last complaint: the last stderr line, else the last note before the JSON."""
-        notes = self.stdout.split("\n{", 1)[0] if not self.stdout.startswith("{") else ""
-        lines = [line.strip() for line in (self.stderr + "\n" + notes).splitlines()]
-        lines = [line for line in lines if line]
-        return lines[-1] if lines else ""
+        """fio's last message, for the summary notes."""
+        return self.notes[-1] if self.notes else ""
 
     @property
     def engine_error(self) -> str | None:
         """fio's message when it failed because the I/O engine cannot be used here."""
         if self.returncode == 0:
             return None
-        lines = (line.strip() for line in self.stderr.splitlines())
-        return next((line for line in lines if _ENGINE_UNAVAILABLE.search(line)), None)
+        return next((line for line in self.notes if _ENGINE_UNAVAILABLE.search(line)), None)
 
 
 def run_fio(
