@@ -38,6 +38,7 @@ def test_shipped_sweep_shrunk_with_reference_dir_and_tracking(tmp_path: Path, mo
     assert result.exit_code == 0, result.stderr
     summary = read_summary(out)
     assert summary["schema"] == "fio-sweep/1"
+    assert summary["fio_version"].startswith("fio-3.")
     assert summary["mount"] == str(mount) and summary["target"] == str(mount / "fio-sweep")
     assert [c["name"] for c in summary["cases"]] == ["randread_4k", "seqread_1m", "seqwrite_1m"]
     for case in summary["cases"]:
@@ -259,6 +260,17 @@ def test_missing_fio_binary_exits_4(tmp_path: Path, mount: Path, monkeypatch):
         "fio-sweep: error: fio not found on PATH (install it: apt-get install fio)"
     )
     assert tree(mount) == [] and not offline_root().exists()
+
+
+def test_fio_that_does_not_run_exits_4(tmp_path: Path, mount: Path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "fio").write_text("#!/bin/sh\nexit 127\n")
+    (bin_dir / "fio").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    result = run_cli("--mount", mount, "--size-scale", "0.001")
+    assert result.exit_code == 4 and "does not run" in result.stderr
+    assert tree(mount) == []
 
 
 def test_click_usage_errors_exit_2(mount: Path):

@@ -186,8 +186,8 @@ def device_supports_direct_io(device: Path) -> bool:
     return True
 
 
-def find_fio() -> str:
-    """The fio binary on PATH.
+def find_fio() -> tuple[str, str]:
+    """The fio binary on PATH and its version (e.g. ``fio-3.33``).
 
     Raises:
         FioMissingError: No fio, or it does not run.
@@ -196,16 +196,12 @@ def find_fio() -> str:
     if fio is None:
         raise FioMissingError("fio not found on PATH (install it: apt-get install fio)")
     try:
-        subprocess.run([fio, "--version"], capture_output=True, check=True, timeout=30)
+        done = subprocess.run(
+            [fio, "--version"], capture_output=True, text=True, check=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise FioMissingError(f"{fio} does not run: {exc}") from exc
-    return fio
-
-
-def fio_version(fio: str) -> str:
-    """fio's version string, e.g. ``fio-3.33``."""
-    done = subprocess.run([fio, "--version"], capture_output=True, text=True, timeout=30)
-    return done.stdout.strip()
+    return fio, done.stdout.strip()
 
 
 @dataclass(frozen=True)

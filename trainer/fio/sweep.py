@@ -22,7 +22,6 @@ from trainer.fio.runner import (
     check_space,
     device_supports_direct_io,
     find_fio,
-    fio_version,
     resolve_target,
     run_fio,
     scratch_dir,
@@ -268,6 +267,7 @@ class Plan:
     """Everything checked before fio writes a byte."""
 
     fio: str
+    fio_version: str
     spec: Spec
     target: Target
     reference: Target | None
@@ -284,7 +284,7 @@ def prepare(config: Config) -> Plan:
         check_space(target, max(c.bytes_needed for c in spec.cases))
     if reference is not None:
         check_space(reference, spec.case(spec.overhead_case).bytes_needed)
-    return Plan(find_fio(), spec, target, reference)
+    return Plan(*find_fio(), spec, target, reference)
 
 
 def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | None = None) -> dict:
@@ -303,8 +303,7 @@ def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | Non
         reference_dir=str(config.reference_dir) if config.reference_dir else None,
         case_count=len(spec.cases),
     )
-    version = fio_version(plan.fio)
-    tracker.log_meta(fio_version=version)
+    tracker.log_meta(fio_version=plan.fio_version)
     overhead_case = spec.case(spec.overhead_case)
     runs = list(spec.cases) + ([overhead_case] if plan.reference else [])
     progress = Progress([c.runtime + c.ramp_time for c in runs], stream)
@@ -341,7 +340,7 @@ def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | Non
         "target": str(plan.target.path),
         "raw_device": plan.target.raw_device,
         "spec": spec.source,
-        "fio_version": version,
+        "fio_version": plan.fio_version,
         "size_scale": config.size_scale,
         "runtime_override": config.runtime,
         "cases": [r.to_dict() for r in results],
