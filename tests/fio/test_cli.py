@@ -27,7 +27,10 @@ def offline_run() -> Path:
     return run
 
 
-def test_shipped_sweep_shrunk_with_reference_dir_and_tracking(tmp_path: Path, mount: Path):
+def test_shipped_sweep_shrunk_with_reference_dir_and_tracking(
+    tmp_path: Path, mount: Path, monkeypatch
+):
+    monkeypatch.setenv("STORAGE_PROFILE", "checkpoint-throughput")
     reference = tmp_path / "local-disk"
     reference.mkdir()
     out = tmp_path / "out" / "fio.json"
@@ -83,6 +86,7 @@ def test_shipped_sweep_shrunk_with_reference_dir_and_tracking(tmp_path: Path, mo
     assert record["name"] == "fio-sweep" and record["status"] == "succeeded"
     assert "fio-sweep" in record["tags"]
     assert record["inputs"]["mount"] == str(mount)
+    assert record["inputs"]["storage_profile"] == "checkpoint-throughput"
     for key, value in outputs.items():
         assert record["outputs"][key] == pytest.approx(value)
     metrics = {p.stem for p in (run / "events" / "metric").iterdir()}

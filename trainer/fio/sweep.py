@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import sys
 import time
@@ -302,6 +303,8 @@ def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | Non
         runtime_override=config.runtime,
         reference_dir=str(config.reference_dir) if config.reference_dir else None,
         case_count=len(spec.cases),
+        # Set by the pipeline for each profile's stage, as for the trainer.
+        storage_profile=os.environ.get("STORAGE_PROFILE"),
     )
     tracker.log_meta(fio_version=plan.fio_version)
     overhead_case = spec.case(spec.overhead_case)
