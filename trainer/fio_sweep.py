@@ -7,9 +7,7 @@ enough free space, 4 fio missing, 5 a fio job failed, 128+N interrupted by signa
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -19,20 +17,6 @@ from trainer.fio.interrupts import signals_raise_interrupted
 from trainer.fio.spec import shipped_specs
 from trainer.fio.sweep import Config, prepare, run_sweep
 from trainer.tracking import tracked_run
-
-
-@contextlib.contextmanager
-def keep_std_streams() -> Iterator[None]:
-    """Restore sys.stdout/sys.stderr after the block.
-
-    Polyaxon's ``run.end()`` resets them to ``sys.__stdout__``/``sys.__stderr__``, which
-    would send our later output past any redirection (a test runner's, a wrapper's).
-    """
-    saved = sys.stdout, sys.stderr
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -97,10 +81,7 @@ def main(
         with signals_raise_interrupted():
             plan = prepare(config)
             tags = ["fio-sweep", f"spec:{Path(plan.spec.source).stem}"]
-            with (
-                keep_std_streams(),
-                tracked_run("fio-sweep", tags=tags, enabled=not no_track) as tracker,
-            ):
+            with tracked_run("fio-sweep", tags=tags, enabled=not no_track) as tracker:
                 summary = run_sweep(plan, config, tracker)
     except FioSweepError as exc:
         click.echo(f"fio-sweep: error: {exc}", err=True)
