@@ -127,7 +127,8 @@ class Bench:
         from trainer.fio.parse import extract_json, parse_jobs
         from trainer.fio.runner import run_fio
 
-        size = self.nbytes // numjobs
+        block = parse_size(bs)
+        size = max(block, self.nbytes // numjobs // block * block)
         args = [
             self.fio, "--name=bench", f"--rw={rw}", f"--bs={bs}", f"--size={size}", "--direct=1",
             "--ioengine=libaio", f"--iodepth={iodepth}", f"--numjobs={numjobs}", "--group_reporting=1",
