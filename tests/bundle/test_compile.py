@@ -27,7 +27,7 @@ CLAIM = {"/checkpoints": "training-checkpoints"}
 
 SWITCH = ["python", "-m", "hooks.storage_profile", "switch"]
 CLAIM_ARGS = ["--namespace", "ml-team", "--claim", "training-checkpoints"]
-WAIT_ARGS = ["--timeout", "1800", "--pending-grace", "120", "--settle", "kubernetes"]
+WAIT_ARGS = ["--timeout", "1800", "--pending-grace", "120", "--settle", "provider"]
 SWITCH_TAIL = [*WAIT_ARGS, "--on-infeasible", "fail", "--backend", "kubernetes"]
 
 
@@ -35,9 +35,7 @@ def switch_argv(target: str) -> list[str]:
     return [*SWITCH, *CLAIM_ARGS, "--to", target, *SWITCH_TAIL]
 
 
-def fio_argv(op: str) -> list[str]:
-    target = f"/checkpoints/fio-sweep/{op_uuid(op)}"
-    return ["python", "-m", "trainer.fio_sweep", "--mount", "/checkpoints", "--target", target]
+FIO = ["python", "-m", "trainer.fio_sweep", "--mount", "/checkpoints", "--size-scale", "1.0"]
 
 
 def train_argv(op: str, profile: str) -> list[str]:
@@ -46,7 +44,7 @@ def train_argv(op: str, profile: str) -> list[str]:
         *["python", "-m", "trainer", "--checkpoint-dir", ckpt],
         *["--summary-json", f"{ckpt}/summary.json", "--storage-profile", profile],
         *["--steps", "200", "--checkpoint-every", "50", "--keep", "2", "--model-size", "1GiB"],
-        *["--seed", "0", "--format", "torch", "--durability", "fsync", "--sync"],
+        *["--seed", "0", "--format", "raw", "--durability", "fsync", "--sync"],
         *["--device", "auto", "--batch-size", "8", "--seq-len", "64", "--lr", "0.0003"],
     ]
 
@@ -54,10 +52,10 @@ def train_argv(op: str, profile: str) -> list[str]:
 # What each op of the pipeline runs with the pipeline's defaults: the exact command line.
 PIPELINE_ARGV = {
     "switch-baseline": switch_argv("checkpoint-baseline"),
-    "fio-baseline": [*fio_argv("fio-baseline"), "--size-scale", "1.0"],
+    "fio-baseline": FIO,
     "train-baseline": train_argv("train-baseline", "checkpoint-baseline"),
     "switch-throughput": switch_argv("checkpoint-throughput"),
-    "fio-throughput": [*fio_argv("fio-throughput"), "--size-scale", "1.0"],
+    "fio-throughput": FIO,
     "train-throughput": train_argv("train-throughput", "checkpoint-throughput"),
     "compare": [
         *["python", "-m", "trainer.compare"],
@@ -136,10 +134,10 @@ def test_pipeline_op_compiles_to_the_expected_command(dag, op: str, agent_config
     assert_valid_pod(pod)
 
 
-def test_the_training_env_labels_the_profile_the_switch_applied(dag) -> None:
+def test_the_env_labels_the_profile_the_switch_applied(dag) -> None:
     for profile in ("baseline", "throughput"):
-        pod = dag.compile_op(f"train-{profile}")
-        assert pod.env["STORAGE_PROFILE"] == f"checkpoint-{profile}"
+        for op in (f"fio-{profile}", f"train-{profile}"):
+            assert dag.compile_op(op).env["STORAGE_PROFILE"] == f"checkpoint-{profile}"
 
 
 def test_small_pipeline_inputs_reach_the_ops() -> None:

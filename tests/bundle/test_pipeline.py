@@ -111,13 +111,17 @@ def test_profiles_differ_only_in_their_class(dag) -> None:
         return {k: (p.ref, p.value) for k, p in dag.ops[op].params.items()}
 
     fair = {"model_size", "seed", "checkpoint_format", "durability", "steps", "checkpoint_every"}
-    baseline, throughput = params("train-baseline"), params("train-throughput")
+
+    def without_label(op: str) -> dict:
+        label = params(op).pop("storage_profile")
+        assert label == (f"ops.switch-{op.split('-')[1]}", "outputs.applied_class")
+        return {k: v for k, v in params(op).items() if k != "storage_profile"}
+
+    baseline = params("train-baseline")
     assert fair <= set(baseline)
     assert all(baseline[k][0] == "dag" for k in fair)
-    assert {k: v for k, v in baseline.items() if k != "storage_profile"} == {
-        k: v for k, v in throughput.items() if k != "storage_profile"
-    }
-    assert params("fio-baseline") == params("fio-throughput")
+    assert without_label("train-baseline") == without_label("train-throughput")
+    assert without_label("fio-baseline") == without_label("fio-throughput")
     switch_baseline, switch_throughput = params("switch-baseline"), params("switch-throughput")
     assert switch_baseline.pop("target_class") != switch_throughput.pop("target_class")
     assert switch_baseline == switch_throughput

@@ -107,7 +107,7 @@ def test_polyaxon_check_fails_on_a_broken_pipeline(
 
 def test_polyaxon_check_with_params_cli() -> None:
     result = polyaxon_check(
-        "-f", str(POLYAXONFILES / "switch-throughput.yaml"), "-P", "settle=provider"
+        "-f", str(POLYAXONFILES / "switch-throughput.yaml"), "-P", "settle=kubernetes"
     )
     assert result.returncode == 0, result.stdout + result.stderr
     bad = polyaxon_check("-f", str(POLYAXONFILES / "switch-throughput.yaml"), "-P", "settle=soon")
@@ -138,7 +138,7 @@ REAL_PARAMS: dict[str, list[dict]] = {
         {"target_class": "checkpoint-throughput"},
         {
             "target_class": "checkpoint-baseline",
-            "settle": "provider",
+            "settle": "kubernetes",
             "on_infeasible": "rollback",
             "timeout": 7200,
             "dry_run": True,
@@ -154,7 +154,8 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "runtime": 5,
             "target": "/checkpoints/fio-smoke",
             "reference_dir": "/tmp/fio-reference",
-            "spec": "trainer/fio_specs/checkpoint-matrix.yaml",
+            "spec": "checkpoint-matrix",
+            "storage_profile": "checkpoint-throughput",
             "track": False,
         },
     ],
