@@ -159,7 +159,20 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "track": False,
         },
     ],
-    "checkpoint-compare": [{"pipeline": "0" * 32}, {"pipeline": "0" * 32, "gpu_hourly": 4.5}],
+    "checkpoint-compare": [
+        {"pipeline": "0" * 32},
+        {
+            "pipeline": "0" * 32,
+            "api_host": "http://127.0.0.1:8000",
+            "project": "acme/checkpoint-storage",
+            "pricing": "connections/pricing.yaml",
+            "gpu_hourly": 4.5,
+            "html": "/tmp/verdict.html",
+            "json": "/tmp/verdict.json",
+            "baseline_class": "checkpoint-baseline",
+            "throughput_class": "checkpoint-throughput",
+        },
+    ],
 }
 SMALL_PIPELINE = {
     "backend": "local",
