@@ -39,7 +39,7 @@ FIO = ["python", "-m", "trainer.fio_sweep", "--mount", "/checkpoints", "--size-s
 
 
 def train_argv(op: str, profile: str) -> list[str]:
-    ckpt = f"/checkpoints/{profile}/{op_uuid(op)}"
+    ckpt = f"/checkpoints/{profile}-{op_uuid(op)}"
     return [
         *["python", "-m", "trainer", "--checkpoint-dir", ckpt],
         *["--summary-json", f"{ckpt}/summary.json", "--storage-profile", profile],
@@ -94,7 +94,7 @@ def assert_kind_of_op(pod: Pod, kind: str) -> None:
         profile = pod.env["STORAGE_PROFILE"]
         assert pod.argv[pod.argv.index("--storage-profile") + 1] == profile
         checkpoint_dir = pod.argv[pod.argv.index("--checkpoint-dir") + 1]
-        assert checkpoint_dir.startswith(f"/checkpoints/{profile}/")
+        assert checkpoint_dir.startswith(f"/checkpoints/{profile}-")
     else:
         assert "nvidia.com/gpu" not in limits
         assert pod.env.get("NVIDIA_VISIBLE_DEVICES") == "none"  # Polyaxon hides the GPUs
@@ -160,7 +160,7 @@ def test_small_pipeline_inputs_reach_the_ops() -> None:
     assert train[train.index("--model-size") + 1] == "4MiB"
     assert train[train.index("--steps") + 1] == "6"
     assert train[train.index("--checkpoint-every") + 1] == "2"
-    assert train[train.index("--checkpoint-dir") + 1].startswith("/checkpoints/checkpoint-tmpfs/")
+    assert train[train.index("--checkpoint-dir") + 1].startswith("/checkpoints/checkpoint-tmpfs-")
     fio = small.compile_op("fio-baseline").argv
     assert fio[-2:] == ["0.001", "--runtime=2"]
     for op in ("switch-baseline", "switch-throughput"):
