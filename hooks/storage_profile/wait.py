@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 
 from kubernetes.client.rest import ApiException
@@ -117,14 +118,19 @@ class ClaimWaiter:
                 claim, version = self.kube.list_claim(self.namespace, self.name, self.deadline)
                 if self._judge(claim, target):
                     return claim
-                for kind, obj in self.kube.watch_claim(
-                    self.namespace, self.name, version, self._watch_seconds()
-                ):
-                    if kind == "BOOKMARK":
-                        continue
-                    if self._judge(None if kind == "DELETED" else obj, target):
-                        return obj
-                    attempt = 0
+                seconds = self._watch_seconds()
+                watch_ends = self.clock() + seconds
+                with closing(
+                    self.kube.watch_claim(self.namespace, self.name, version, seconds)
+                ) as events:
+                    for kind, obj in events:
+                        if kind == "BOOKMARK":
+                            continue
+                        if self._judge(None if kind == "DELETED" else obj, target):
+                            return obj
+                        attempt = 0
+                        if self._grace_ends_before(watch_ends):
+                            break  # list again when the grace is over, not at the watch's end
                 # The server ended the stream (its timeout): list again, which also
                 # re-judges a Pending that outlived its grace.
                 continue
@@ -145,6 +151,11 @@ class ClaimWaiter:
             attempt += 1
             log.warning("%s; listing again in %.2fs", error, delay)
             self.deadline.sleep(delay, what, self.kube.sleep)
+
+    def _grace_ends_before(self, moment: float) -> bool:
+        if self._pending_since is None:
+            return False
+        return self._pending_since + self.pending_grace < moment - 0.5
 
     def _watch_seconds(self) -> float:
         seconds = min(self.watch_timeout, self.deadline.remaining())

@@ -81,13 +81,18 @@ class Ec2:
 
 @pytest.fixture
 def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2]:
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     with mock_aws():
         client = boto3.client("ec2", region_name="us-east-1")
-        volume = client.create_volume(AvailabilityZone="us-east-1a", Size=200, VolumeType="gp3",
-                                      Iops=3000, Throughput=125)
+        volume = client.create_volume(
+            AvailabilityZone="us-east-1a", Size=200, VolumeType="gp3", Iops=3000, Throughput=125
+        )
         yield Ec2(client, volume["VolumeId"])
 
 
@@ -116,8 +121,9 @@ def use_ebs(monkeypatch: pytest.MonkeyPatch, ec2: Ec2):
         client = boto3.client("ec2", region_name="us-east-1")
         stepper.attach(client)
         provider = EbsProvider(ec2=client, poll_interval=0.01, **kwargs)
-        monkeypatch.setattr(cli, "PROVIDER_FOR",
-                            lambda driver, pv: provider if driver == provider.driver else None)
+        monkeypatch.setattr(
+            cli, "PROVIDER_FOR", lambda driver, pv: provider if driver == provider.driver else None
+        )
         return provider
 
     return install

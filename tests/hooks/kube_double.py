@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +132,22 @@ class Rbac:
     def from_manifests(cls, path: Path, service_account: str) -> Rbac:
         """Rules bound to ``namespace:name`` service account by the manifests in ``path``."""
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-        roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
-                 for d in docs if d["kind"] in ("Role", "ClusterRole")}
+        roles = {
+            (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+            for d in docs
+            if d["kind"] in ("Role", "ClusterRole")
+        }
         sa_ns, sa_name = service_account.split(":")
         rbac = cls()
         for binding in docs:
             if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
                 continue
-            if not any(s.get("kind") == "ServiceAccount" and s["name"] == sa_name
-                       and s.get("namespace") == sa_ns for s in binding.get("subjects", [])):
+            if not any(
+                s.get("kind") == "ServiceAccount"
+                and s["name"] == sa_name
+                and s.get("namespace") == sa_ns
+                for s in binding.get("subjects", [])
+            ):
                 continue
             ref = binding["roleRef"]
             role_ns = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
@@ -150,12 +158,16 @@ class Rbac:
                 rbac.cluster.extend(rules)
         return rbac
 
-    def allows(self, verb: str, group: str, resource: str, ns: str | None,
-               name: str | None) -> bool:
+    def allows(
+        self, verb: str, group: str, resource: str, ns: str | None, name: str | None
+    ) -> bool:
         rules = self.cluster + (self.namespaced.get(ns, []) if ns else [])
         for rule in rules:
-            if (verb in rule.get("verbs", []) and group in rule.get("apiGroups", [])
-                    and resource in rule.get("resources", [])):
+            if (
+                verb in rule.get("verbs", [])
+                and group in rule.get("apiGroups", [])
+                and resource in rule.get("resources", [])
+            ):
                 names = rule.get("resourceNames")
                 if not names or (name is not None and name in names):
                     return True
@@ -244,8 +256,12 @@ class KubeDouble:
             "kind": "Config",
             "clusters": [{"name": "double", "cluster": {"server": self.url}}],
             "users": [{"name": "hook", "user": {"token": "storage-profile-hook"}}],
-            "contexts": [{"name": "double", "context": {"cluster": "double", "user": "hook",
-                                                        "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "double",
+                    "context": {"cluster": "double", "user": "hook", "namespace": namespace},
+                }
+            ],
             "current-context": "double",
         }
         path.write_text(yaml.safe_dump(config))
@@ -277,8 +293,9 @@ class KubeDouble:
         with self.lock:
             old = self.objects.get(key)
             meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp",
-                            old["metadata"]["creationTimestamp"] if old else now_rfc3339())
+            meta.setdefault(
+                "creationTimestamp", old["metadata"]["creationTimestamp"] if old else now_rfc3339()
+            )
             self.rv += 1
             meta["resourceVersion"] = str(self.rv)
             self.objects[key] = obj
@@ -315,25 +332,34 @@ class KubeDouble:
 
     def add_event(self, involved: dict, type_: str, reason: str, message: str) -> None:
         meta = involved["metadata"]
-        self.put({
-            "kind": "Event",
-            "apiVersion": "v1",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
-                         "namespace": meta.get("namespace", "default")},
-            "involvedObject": {"kind": involved["kind"], "name": meta["name"],
-                               "namespace": meta.get("namespace"), "uid": meta["uid"],
-                               "apiVersion": "v1"},
-            "type": type_,
-            "reason": reason,
-            "message": message,
-            "count": 1,
-            "source": {"component": "external-resizer ebs.csi.aws.com"},
-            "firstTimestamp": now_rfc3339(),
-            "lastTimestamp": now_rfc3339(),
-        })
+        self.put(
+            {
+                "kind": "Event",
+                "apiVersion": "v1",
+                "metadata": {
+                    "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+                    "namespace": meta.get("namespace", "default"),
+                },
+                "involvedObject": {
+                    "kind": involved["kind"],
+                    "name": meta["name"],
+                    "namespace": meta.get("namespace"),
+                    "uid": meta["uid"],
+                    "apiVersion": "v1",
+                },
+                "type": type_,
+                "reason": reason,
+                "message": message,
+                "count": 1,
+                "source": {"component": "external-resizer ebs.csi.aws.com"},
+                "firstTimestamp": now_rfc3339(),
+                "lastTimestamp": now_rfc3339(),
+            }
+        )
 
-    def fail(self, method: str, path_re: str, status: int, times: int = 1,
-             retry_after: str | None = None) -> None:
+    def fail(
+        self, method: str, path_re: str, status: int, times: int = 1, retry_after: str | None = None
+    ) -> None:
         """Answer the next ``times`` matching requests with ``status``."""
         with self.lock:
             self.faults.append(Fault(method, path_re, status, times, retry_after))
@@ -358,91 +384,193 @@ class KubeDouble:
         query = dict(request.query)
         body = await request.read()
         if not match or (match["group"] or "", match["resource"]) not in KINDS:
-            return self._answer(request, query, "unknown", 404, status_body(
-                404, "NotFound", f"the server could not find the requested resource "
-                f"({request.path})"))
+            return self._answer(
+                request,
+                query,
+                "unknown",
+                404,
+                status_body(
+                    404,
+                    "NotFound",
+                    f"the server could not find the requested resource ({request.path})",
+                ),
+            )
         group, resource = match["group"] or "", match["resource"]
         ns, name = match["ns"], match["name"]
         kind = KINDS[(group, resource)]
-        verb = {"GET": "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1")
-                                           else "list"),
-                "PATCH": "patch", "PUT": "update", "POST": "create",
-                "DELETE": "delete"}.get(request.method, request.method.lower())
+        verb = {
+            "GET": "get"
+            if name
+            else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list"),
+            "PATCH": "patch",
+            "PUT": "update",
+            "POST": "create",
+            "DELETE": "delete",
+        }.get(request.method, request.method.lower())
         selector = parse_selector(query.get("fieldSelector"))
         with self.lock:
-            fault = next((f for f in self.faults if f.method == request.method
-                          and re.search(f.path_re, request.path) and f.times > 0), None)
+            fault = next(
+                (
+                    f
+                    for f in self.faults
+                    if f.method == request.method
+                    and re.search(f.path_re, request.path)
+                    and f.times > 0
+                ),
+                None,
+            )
             if fault:
                 fault.times -= 1
         if fault:
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             reason = {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(
-                fault.status, "InternalError")
-            return self._answer(request, query, verb, fault.status,
-                                status_body(fault.status, reason, "injected fault"), headers)
+                fault.status, "InternalError"
+            )
+            return self._answer(
+                request,
+                query,
+                verb,
+                fault.status,
+                status_body(fault.status, reason, "injected fault"),
+                headers,
+            )
         if self.rbac is not None:
             # RBAC authorizes list/watch by name only through a metadata.name selector.
             auth_name = name or dict(selector).get("metadata.name")
             if not self.rbac.allows(verb, group, resource, ns, auth_name):
-                return self._answer(request, query, verb, 403, status_body(
-                    403, "Forbidden", f'{resource} "{auth_name or ""}" is forbidden: User '
-                    f'"system:serviceaccount:storage-profile-hook" cannot {verb} resource '
-                    f'"{resource}" in API group "{group}"'))
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    403,
+                    status_body(
+                        403,
+                        "Forbidden",
+                        f'{resource} "{auth_name or ""}" is forbidden: User '
+                        f'"system:serviceaccount:storage-profile-hook" cannot {verb} resource '
+                        f'"{resource}" in API group "{group}"',
+                    ),
+                )
         if verb == "watch":
             self.requests.append(Recorded(request.method, request.path, query, verb))
             return await self._watch(request, ns, selector, query)
         if verb == "list":
             with self.lock:
-                items = [copy.deepcopy(o) for (k, o_ns, _), o in self.objects.items()
-                         if k == kind and (ns is None or o_ns == ns) and matches(o, selector)]
-                listing = {"kind": f"{kind}List", "apiVersion": "v1",
-                           "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+                items = [
+                    copy.deepcopy(o)
+                    for (k, o_ns, _), o in self.objects.items()
+                    if k == kind and (ns is None or o_ns == ns) and matches(o, selector)
+                ]
+                listing = {
+                    "kind": f"{kind}List",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": items,
+                }
             return self._answer(request, query, verb, 200, listing)
         if verb == "get":
             obj = self.get(kind, name, ns)
             if obj is None:
-                return self._answer(request, query, verb, 404, status_body(
-                    404, "NotFound", f'{resource} "{name}" not found'))
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    404,
+                    status_body(404, "NotFound", f'{resource} "{name}" not found'),
+                )
             return self._answer(request, query, verb, 200, obj)
         if verb == "patch" and kind == "PersistentVolumeClaim":
             return self._patch_claim(request, query, ns, name, body)
-        return self._answer(request, query, verb, 405, status_body(
-            405, "MethodNotAllowed", f"the double does not implement {verb} {resource}"))
+        return self._answer(
+            request,
+            query,
+            verb,
+            405,
+            status_body(
+                405, "MethodNotAllowed", f"the double does not implement {verb} {resource}"
+            ),
+        )
 
-    def _answer(self, request: web.Request, query: dict, verb: str, code: int, payload: dict,
-                headers: dict | None = None, body: Any = None) -> web.Response:
-        self.requests.append(Recorded(request.method, request.path, query, verb,
-                                      request.headers.get("Content-Type"), body, code))
+    def _answer(
+        self,
+        request: web.Request,
+        query: dict,
+        verb: str,
+        code: int,
+        payload: dict,
+        headers: dict | None = None,
+        body: Any = None,
+    ) -> web.Response:
+        self.requests.append(
+            Recorded(
+                request.method,
+                request.path,
+                query,
+                verb,
+                request.headers.get("Content-Type"),
+                body,
+                code,
+            )
+        )
         return web.json_response(payload, status=code, headers=headers)
 
-    def _patch_claim(self, request: web.Request, query: dict, ns: str, name: str,
-                     raw: bytes) -> web.Response:
+    def _patch_claim(
+        self, request: web.Request, query: dict, ns: str, name: str, raw: bytes
+    ) -> web.Response:
         content_type = request.headers.get("Content-Type", "")
         try:
             patch = json.loads(raw)
         except ValueError:
             patch = None
-        if content_type not in ("application/merge-patch+json",
-                                "application/strategic-merge-patch+json") or not isinstance(
-                patch, dict):
-            return self._answer(request, query, "patch", 415, status_body(
-                415, "UnsupportedMediaType", f"the double takes merge patches, not "
-                f"{content_type}"), body=patch)
+        if content_type not in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ) or not isinstance(patch, dict):
+            return self._answer(
+                request,
+                query,
+                "patch",
+                415,
+                status_body(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the double takes merge patches, not {content_type}",
+                ),
+                body=patch,
+            )
         with self.lock:
             old = self.get("PersistentVolumeClaim", name, ns)
             if old is None:
-                return self._answer(request, query, "patch", 404, status_body(
-                    404, "NotFound", f'persistentvolumeclaims "{name}" not found'), body=patch)
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    404,
+                    status_body(404, "NotFound", f'persistentvolumeclaims "{name}" not found'),
+                    body=patch,
+                )
             new = merge_patch(old, patch)
             new["status"] = old.get("status")  # status is a subresource
-            new["metadata"] = merge_patch(old["metadata"], {
-                k: v for k, v in (patch.get("metadata") or {}).items()
-                if k in ("labels", "annotations")})
+            new["metadata"] = merge_patch(
+                old["metadata"],
+                {
+                    k: v
+                    for k, v in (patch.get("metadata") or {}).items()
+                    if k in ("labels", "annotations")
+                },
+            )
             error = self._validate_claim_update(old, new)
             if error:
-                return self._answer(request, query, "patch", 422, status_body(
-                    422, "Invalid", f'PersistentVolumeClaim "{name}" is invalid: {error}'),
-                    body=patch)
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    422,
+                    status_body(
+                        422, "Invalid", f'PersistentVolumeClaim "{name}" is invalid: {error}'
+                    ),
+                    body=patch,
+                )
             stored = old if new == old else self.put(new)
         if new != old:
             self.resizer.on_claim_update(old, stored)
@@ -456,18 +584,25 @@ class KubeDouble:
         for spec in (old_spec, new_spec):
             spec.pop("resources", None)
         vac_changed = old_spec.pop("volumeAttributesClassName", None) != new_spec.pop(
-            "volumeAttributesClassName", None)
+            "volumeAttributesClassName", None
+        )
         bound = (old.get("status") or {}).get("phase") == "Bound"
         if old_spec != new_spec or (vac_changed and not bound):
             return f"spec: Forbidden: {IMMUTABLE_SPEC}"
-        if (vac_changed and new["spec"].get("volumeAttributesClassName") is None
-                and (old.get("status") or {}).get("currentVolumeAttributesClassName")):
-            return ("spec.volumeAttributesClassName: Forbidden: update from non-nil value to "
-                    "nil is forbidden")
+        if (
+            vac_changed
+            and new["spec"].get("volumeAttributesClassName") is None
+            and (old.get("status") or {}).get("currentVolumeAttributesClassName")
+        ):
+            return (
+                "spec.volumeAttributesClassName: Forbidden: update from non-nil value to "
+                "nil is forbidden"
+            )
         return None
 
-    async def _watch(self, request: web.Request, ns: str, selector: list,
-                     query: dict) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, ns: str, selector: list, query: dict
+    ) -> web.StreamResponse:
         fault = self.watch_faults.popleft() if self.watch_faults else None
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
@@ -484,15 +619,26 @@ class KubeDouble:
                 watcher = (queue, ns, tuple(selector))
                 self._watchers.add(watcher)
                 if version == "0":
-                    backlog = [("ADDED", o) for (k, o_ns, _), o in self.objects.items()
-                               if k == "PersistentVolumeClaim" and o_ns == ns
-                               and matches(o, selector)]
+                    backlog = [
+                        ("ADDED", o)
+                        for (k, o_ns, _), o in self.objects.items()
+                        if k == "PersistentVolumeClaim" and o_ns == ns and matches(o, selector)
+                    ]
                 else:
-                    backlog = [(t, o) for rv, t, o in self.history if rv > int(version)
-                               and o["metadata"]["namespace"] == ns and matches(o, selector)]
+                    backlog = [
+                        (t, o)
+                        for rv, t, o in self.history
+                        if rv > int(version)
+                        and o["metadata"]["namespace"] == ns
+                        and matches(o, selector)
+                    ]
         if expired:
-            await send("ERROR", status_body(
-                410, "Expired", f"too old resource version: {version} ({self.compacted_rv})"))
+            await send(
+                "ERROR",
+                status_body(
+                    410, "Expired", f"too old resource version: {version} ({self.compacted_rv})"
+                ),
+            )
             return resp
         try:
             if fault == "drop":
@@ -513,8 +659,14 @@ class KubeDouble:
                     break
                 await send(*item)
             if query.get("allowWatchBookmarks", "").lower() == "true":
-                await send("BOOKMARK", {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
-                                        "metadata": {"resourceVersion": str(self.rv)}})
+                await send(
+                    "BOOKMARK",
+                    {
+                        "kind": "PersistentVolumeClaim",
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(self.rv)},
+                    },
+                )
             await resp.write_eof()
         except (ConnectionResetError, RuntimeError):
             pass
@@ -554,7 +706,8 @@ class FakeResizer:
 
     def on_claim_update(self, old: dict, new: dict) -> None:
         if old["spec"].get("volumeAttributesClassName") == new["spec"].get(
-                "volumeAttributesClassName"):
+            "volumeAttributesClassName"
+        ):
             return
         key = (new["metadata"]["namespace"], new["metadata"]["name"])
         if key in self._tasks:
@@ -573,31 +726,25 @@ class FakeResizer:
         claim = double.get("PersistentVolumeClaim", name, ns)
         target = claim["spec"].get("volumeAttributesClassName")
         pv = double.get("PersistentVolume", claim["spec"].get("volumeName") or "")
-        if target is None or pv is None or (pv["spec"].get("csi") or {}).get(
-                "driver") != self.driver:
-            return
+        driver = (pv or {}).get("spec", {}).get("csi", {}).get("driver")
+        if target is None or driver != self.driver:
+            return  # nothing to modify, or another driver's volume: ignored silently
         vac = double.get("VolumeAttributesClass", target)
         if vac is None:
-            # Target field untouched, Warning event, and no requeue when the class appears.
-            self._set_status(ns, name, lambda s: s.__setitem__(
-                "modifyVolumeStatus", {**(s.get("modifyVolumeStatus") or {}),
-                                       "status": "Pending"}))
-            double.add_event(claim, "Warning", "VolumeModifyFailed",
-                             f'VAC "{target}" does not exist.')
+            # Target field untouched, a Warning event, and no requeue when the class appears.
+            self._set_status(ns, name, partial(_with_status, "Pending", None))
+            double.add_event(
+                claim, "Warning", "VolumeModifyFailed", f'VAC "{target}" does not exist.'
+            )
             return
         while True:
-            def in_progress(status: dict) -> None:
-                status["modifyVolumeStatus"] = {"status": "InProgress",
-                                                "targetVolumeAttributesClassName": target}
-                conds = [c for c in status.get("conditions", [])
-                         if c["type"] != "ModifyingVolume"]
-                status["conditions"] = conds + [{
-                    "type": "ModifyingVolume", "status": "True",
-                    "lastTransitionTime": now_rfc3339()}]
-
-            claim = self._set_status(ns, name, in_progress)
-            double.add_event(claim, "Normal", "VolumeModify",
-                             f"external resizer is modifying volume {name} with vac {target}")
+            claim = self._set_status(ns, name, partial(_in_progress, target))
+            double.add_event(
+                claim,
+                "Normal",
+                "VolumeModify",
+                f"external resizer is modifying volume {name} with vac {target}",
+            )
             await asyncio.sleep(self.driver_delay)
             queue = self.results.get(target) or []
             result = queue.pop(0) if queue else "ok"
@@ -605,82 +752,151 @@ class FakeResizer:
             if result == "ok":
                 if self.on_modify:
                     self.on_modify(pv, vac)
-                double.update("PersistentVolume", pv["metadata"]["name"], None,
-                              lambda p: p["spec"].__setitem__("volumeAttributesClassName",
-                                                              target))
-
-                def settled(status: dict) -> None:
-                    status.pop("modifyVolumeStatus", None)
-                    status["currentVolumeAttributesClassName"] = target
-                    status["conditions"] = [
-                        c for c in status.get("conditions", [])
-                        if c["type"] not in ("ModifyingVolume", "ModifyVolumeError")]
-
-                claim = self._set_status(ns, name, settled)
-                double.add_event(claim, "Normal", "VolumeModifySuccessful",
-                                 f"external resizer modified volume {name} with vac {target} "
-                                 "successfully")
+                double.update(
+                    "PersistentVolume", pv["metadata"]["name"], None, partial(_pv_class, target)
+                )
+                claim = self._set_status(ns, name, partial(_settled, target))
+                double.add_event(
+                    claim,
+                    "Normal",
+                    "VolumeModifySuccessful",
+                    f"external resizer modified volume {name} with vac {target} successfully",
+                )
                 return
             if result.startswith("status:"):
-                self._set_status(ns, name, lambda s: s.__setitem__(
-                    "modifyVolumeStatus", {"status": result.split(":", 1)[1],
-                                           "targetVolumeAttributesClassName": target}))
+                self._set_status(ns, name, partial(_with_status, result.split(":", 1)[1], target))
                 return
-            message = (f"rpc error: code = {result} desc = Could not modify volume "
-                       f'"{pv["spec"]["csi"]["volumeHandle"]}"')
-
-            def failed(status: dict, final: bool = result == "InvalidArgument") -> None:
-                status["modifyVolumeStatus"] = {
-                    "status": "Infeasible" if final else "InProgress",
-                    "targetVolumeAttributesClassName": target}
-                conds = [c for c in status.get("conditions", [])
-                         if c["type"] not in ("ModifyingVolume", "ModifyVolumeError")]
-                status["conditions"] = conds + [{
-                    "type": "ModifyVolumeError", "status": "True", "reason": result,
-                    "message": message, "lastTransitionTime": now_rfc3339()}]
-
-            claim = self._set_status(ns, name, failed)
+            message = (
+                f"rpc error: code = {result} desc = Could not modify volume "
+                f'"{pv["spec"]["csi"]["volumeHandle"]}"'
+            )
+            final = result == "InvalidArgument"
+            claim = self._set_status(ns, name, partial(_failed, target, result, message, final))
             double.add_event(claim, "Warning", "VolumeModifyFailed", message)
-            if result == "InvalidArgument":
+            if final:
                 return  # retried only every --retry-interval-max (minutes): not in a test
             await asyncio.sleep(self.retry_delay)
 
 
-def make_volume(double: KubeDouble, *, ns: str = "ml-team", claim: str = "training-checkpoints",
-                pv: str = "pvc-0001", driver: str = "ebs.csi.aws.com",
-                handle: str = "vol-0123456789abcdef0", current: str | None = "baseline",
-                bound: bool = True, access_mode: str = "ReadWriteOnce") -> dict:
+# Status changes of the resizer, applied to a claim's status dict.
+MODIFY_CONDITIONS = ("ModifyingVolume", "ModifyVolumeError")
+
+
+def _without(status: dict, kinds: tuple[str, ...]) -> list[dict]:
+    return [c for c in status.get("conditions", []) if c["type"] not in kinds]
+
+
+def _with_status(value: str, target: str | None, status: dict) -> None:
+    modify = dict(status.get("modifyVolumeStatus") or {})
+    modify["status"] = value
+    if target is not None:
+        modify["targetVolumeAttributesClassName"] = target
+    status["modifyVolumeStatus"] = modify
+
+
+def _in_progress(target: str, status: dict) -> None:
+    _with_status("InProgress", target, status)
+    status["conditions"] = _without(status, ("ModifyingVolume",)) + [
+        {"type": "ModifyingVolume", "status": "True", "lastTransitionTime": now_rfc3339()}
+    ]
+
+
+def _settled(target: str, status: dict) -> None:
+    status.pop("modifyVolumeStatus", None)
+    status["currentVolumeAttributesClassName"] = target
+    status["conditions"] = _without(status, MODIFY_CONDITIONS)
+
+
+def _failed(target: str, code: str, message: str, final: bool, status: dict) -> None:
+    _with_status("Infeasible" if final else "InProgress", target, status)
+    status["conditions"] = _without(status, MODIFY_CONDITIONS) + [
+        {
+            "type": "ModifyVolumeError",
+            "status": "True",
+            "reason": code,
+            "message": message,
+            "lastTransitionTime": now_rfc3339(),
+        }
+    ]
+
+
+def _pv_class(target: str, pv: dict) -> None:
+    pv["spec"]["volumeAttributesClassName"] = target
+
+
+def make_volume(
+    double: KubeDouble,
+    *,
+    ns: str = "ml-team",
+    claim: str = "training-checkpoints",
+    pv: str = "pvc-0001",
+    driver: str = "ebs.csi.aws.com",
+    handle: str = "vol-0123456789abcdef0",
+    current: str | None = "baseline",
+    bound: bool = True,
+    access_mode: str = "ReadWriteOnce",
+) -> dict:
     """Seed a bound claim and its CSI PV already settled on ``current``."""
     if bound:
-        double.put({
-            "kind": "PersistentVolume", "apiVersion": "v1", "metadata": {"name": pv},
-            "spec": {"capacity": {"storage": "200Gi"}, "accessModes": [access_mode],
-                     "csi": {"driver": driver, "volumeHandle": handle, "fsType": "ext4"},
-                     "volumeAttributesClassName": current,
-                     "claimRef": {"namespace": ns, "name": claim},
-                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                         {"key": "topology.kubernetes.io/zone", "operator": "In",
-                          "values": ["us-east-1a"]}]}]}}},
-            "status": {"phase": "Bound"},
-        })
+        double.put(
+            {
+                "kind": "PersistentVolume",
+                "apiVersion": "v1",
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "200Gi"},
+                    "accessModes": [access_mode],
+                    "csi": {"driver": driver, "volumeHandle": handle, "fsType": "ext4"},
+                    "volumeAttributesClassName": current,
+                    "claimRef": {"namespace": ns, "name": claim},
+                    "nodeAffinity": {
+                        "required": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "topology.kubernetes.io/zone",
+                                            "operator": "In",
+                                            "values": ["us-east-1a"],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    },
+                },
+                "status": {"phase": "Bound"},
+            }
+        )
     status: dict[str, Any] = {"phase": "Bound" if bound else "Pending"}
     if bound and current:
         status["currentVolumeAttributesClassName"] = current
-    return double.put({
-        "kind": "PersistentVolumeClaim", "apiVersion": "v1",
-        "metadata": {"name": claim, "namespace": ns},
-        "spec": {"accessModes": [access_mode], "storageClassName": "ebs-gp3",
-                 "resources": {"requests": {"storage": "200Gi"}},
-                 "volumeAttributesClassName": current,
-                 **({"volumeName": pv} if bound else {})},
-        "status": status,
-    })
+    return double.put(
+        {
+            "kind": "PersistentVolumeClaim",
+            "apiVersion": "v1",
+            "metadata": {"name": claim, "namespace": ns},
+            "spec": {
+                "accessModes": [access_mode],
+                "storageClassName": "ebs-gp3",
+                "resources": {"requests": {"storage": "200Gi"}},
+                "volumeAttributesClassName": current,
+                **({"volumeName": pv} if bound else {}),
+            },
+            "status": status,
+        }
+    )
 
 
-def make_class(double: KubeDouble, name: str, driver: str = "ebs.csi.aws.com",
-               **parameters: str) -> dict:
-    return double.put({
-        "kind": "VolumeAttributesClass", "apiVersion": "storage.k8s.io/v1",
-        "metadata": {"name": name}, "driverName": driver,
-        "parameters": parameters or {"type": "gp3", "iops": "3000", "throughput": "125"},
-    })
+def make_class(
+    double: KubeDouble, name: str, driver: str = "ebs.csi.aws.com", **parameters: str
+) -> dict:
+    return double.put(
+        {
+            "kind": "VolumeAttributesClass",
+            "apiVersion": "storage.k8s.io/v1",
+            "metadata": {"name": name},
+            "driverName": driver,
+            "parameters": parameters or {"type": "gp3", "iops": "3000", "throughput": "125"},
+        }
+    )

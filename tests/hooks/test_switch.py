@@ -27,15 +27,30 @@ def cluster(double: KubeDouble) -> KubeDouble:
 
 
 def switch(kubeconfig: Path, *extra: str, to: str = "fast", claim: str = CLAIM):
-    return run_hook("switch", "-n", NS, "--claim", claim, "--to", to,
-                    "--kubeconfig", str(kubeconfig), "--settle", "kubernetes", *extra)
+    return run_hook(
+        "switch",
+        "-n",
+        NS,
+        "--claim",
+        claim,
+        "--to",
+        to,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--settle",
+        "kubernetes",
+        *extra,
+    )
 
 
 def claim_state(double: KubeDouble) -> tuple:
     claim = double.get("PersistentVolumeClaim", CLAIM, NS)
     status = claim.get("status") or {}
-    return (claim["spec"].get("volumeAttributesClassName"),
-            status.get("currentVolumeAttributesClassName"), status.get("modifyVolumeStatus"))
+    return (
+        claim["spec"].get("volumeAttributesClassName"),
+        status.get("currentVolumeAttributesClassName"),
+        status.get("modifyVolumeStatus"),
+    )
 
 
 def assert_only_claim_patched(double: KubeDouble, expected: list[str | None]) -> None:
@@ -65,9 +80,15 @@ def test_switch_settles_and_reports(cluster: KubeDouble, kubeconfig: Path, tmp_p
     assert data["schema"] == "storage-profile-switch/1"
     assert data["claim_uid"] == claim["metadata"]["uid"]
     assert (data["pv"], data["volume_handle"], data["driver"]) == (
-        "pvc-0001", "vol-0123456789abcdef0", "ebs.csi.aws.com")
+        "pvc-0001",
+        "vol-0123456789abcdef0",
+        "ebs.csi.aws.com",
+    )
     assert (data["previous_class"], data["target_class"], data["applied_class"]) == (
-        "baseline", "fast", "fast")
+        "baseline",
+        "fast",
+        "fast",
+    )
     assert data["class_parameters"] == {"type": "gp3", "iops": "6000", "throughput": "250"}
     assert data["outcome"] == "settled" and data["exit_code"] == 0 and data["patched"]
     # The fake resizer takes delay + driver_delay (0.25 s) to settle.
@@ -80,8 +101,9 @@ def test_switch_settles_and_reports(cluster: KubeDouble, kubeconfig: Path, tmp_p
     assert reasons == ["VolumeModify", "VolumeModifySuccessful"]
 
 
-def test_already_on_target_succeeds_without_patching(cluster: KubeDouble, kubeconfig: Path,
-                                                     tmp_path: Path):
+def test_already_on_target_succeeds_without_patching(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
     summary = tmp_path / "s.json"
     result = switch(kubeconfig, "--summary-json", str(summary), to="baseline")
     assert result.exit_code == 0, result.output
@@ -91,12 +113,15 @@ def test_already_on_target_succeeds_without_patching(cluster: KubeDouble, kubeco
     assert data["applied_class"] == "baseline"
 
 
-def test_already_requested_still_waits_for_the_modification(cluster: KubeDouble,
-                                                            kubeconfig: Path):
+def test_already_requested_still_waits_for_the_modification(cluster: KubeDouble, kubeconfig: Path):
     # Someone asked for "fast" already; the resizer is about to act on it.
     old = cluster.get("PersistentVolumeClaim", CLAIM, NS)
-    new = cluster.update("PersistentVolumeClaim", CLAIM, NS,
-                         lambda c: c["spec"].__setitem__("volumeAttributesClassName", "fast"))
+    new = cluster.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: c["spec"].__setitem__("volumeAttributesClassName", "fast"),
+    )
     cluster.resizer.driver_delay = 0.5
     cluster.run_in_loop(lambda: cluster.resizer.on_claim_update(old, new))
     result = switch(kubeconfig)
@@ -119,18 +144,30 @@ def test_dry_run_prints_the_patch_and_changes_nothing(cluster: KubeDouble, kubec
     ("setup", "message"),
     [
         (lambda d: None, "claim ml-team/other not found"),
-        (lambda d: d.delete("VolumeAttributesClass", "fast"), "VolumeAttributesClass fast not found"),
-        (lambda d: make_class(d, "fast", driver="pd.csi.storage.gke.io", iops="5000"),
-         "is for driver pd.csi.storage.gke.io"),
-        (lambda d: d.update("PersistentVolume", "pvc-0001", None,
-                            lambda p: p["spec"].pop("csi")), "is not a CSI volume"),
-        (lambda d: (d.delete("PersistentVolumeClaim", CLAIM, NS),
-                    make_volume(d, bound=False)), "not Bound"),
+        (
+            lambda d: d.delete("VolumeAttributesClass", "fast"),
+            "VolumeAttributesClass fast not found",
+        ),
+        (
+            lambda d: make_class(d, "fast", driver="pd.csi.storage.gke.io", iops="5000"),
+            "is for driver pd.csi.storage.gke.io",
+        ),
+        (
+            lambda d: d.update(
+                "PersistentVolume", "pvc-0001", None, lambda p: p["spec"].pop("csi")
+            ),
+            "is not a CSI volume",
+        ),
+        (
+            lambda d: (d.delete("PersistentVolumeClaim", CLAIM, NS), make_volume(d, bound=False)),
+            "not Bound",
+        ),
     ],
     ids=["claim-missing", "class-missing", "driver-mismatch", "not-csi", "unbound"],
 )
-def test_preflight_refuses_before_any_write(cluster: KubeDouble, kubeconfig: Path, setup,
-                                            message: str):
+def test_preflight_refuses_before_any_write(
+    cluster: KubeDouble, kubeconfig: Path, setup, message: str
+):
     setup(cluster)
     claim = "other" if "other" in message else CLAIM
     result = switch(kubeconfig, claim=claim)
@@ -139,8 +176,9 @@ def test_preflight_refuses_before_any_write(cluster: KubeDouble, kubeconfig: Pat
     assert cluster.writes() == []
 
 
-def test_api_server_422_on_unbound_claim_is_a_refusal(cluster: KubeDouble, kubeconfig: Path,
-                                                      monkeypatch: pytest.MonkeyPatch):
+def test_api_server_422_on_unbound_claim_is_a_refusal(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+):
     # Preflight saw a bound claim, but the API server's rule decides (a race, or a stale
     # read): its 422 must end as "refused", with the server's message.
     from hooks.storage_profile import switch as switch_module
@@ -149,8 +187,12 @@ def test_api_server_422_on_unbound_claim_is_a_refusal(cluster: KubeDouble, kubec
 
     def racing_preflight(*args, **kwargs):
         plan = real(*args, **kwargs)
-        cluster.update("PersistentVolumeClaim", CLAIM, NS,
-                       lambda c: c["status"].__setitem__("phase", "Pending"))
+        cluster.update(
+            "PersistentVolumeClaim",
+            CLAIM,
+            NS,
+            lambda c: c["status"].__setitem__("phase", "Pending"),
+        )
         return plan
 
     monkeypatch.setattr(switch_module, "preflight", racing_preflight)
@@ -175,8 +217,9 @@ def test_infeasible_fails_at_once(cluster: KubeDouble, kubeconfig: Path, tmp_pat
     assert data["applied_class"] == "baseline"
 
 
-def test_infeasible_rolls_back_and_still_exits_infeasible(cluster: KubeDouble,
-                                                          kubeconfig: Path, tmp_path: Path):
+def test_infeasible_rolls_back_and_still_exits_infeasible(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
     cluster.resizer.results["fast"] = ["InvalidArgument"]
     summary = tmp_path / "s.json"
     result = switch(kubeconfig, "--on-infeasible", "rollback", "--summary-json", str(summary))
@@ -191,8 +234,9 @@ def test_infeasible_rolls_back_and_still_exits_infeasible(cluster: KubeDouble,
     assert cluster.resizer.calls == [("fast", "InvalidArgument"), ("baseline", "ok")]
 
 
-def test_internal_errors_are_warnings_and_retried(cluster: KubeDouble, kubeconfig: Path,
-                                                  tmp_path: Path):
+def test_internal_errors_are_warnings_and_retried(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
     cluster.resizer.results["fast"] = ["Internal", "Internal", "ok"]
     summary = tmp_path / "s.json"
     result = switch(kubeconfig, "--summary-json", str(summary))
@@ -204,8 +248,7 @@ def test_internal_errors_are_warnings_and_retried(cluster: KubeDouble, kubeconfi
     assert any("ModifyVolumeError" in w for w in load_summary(summary)["warnings"])
 
 
-def test_pending_fails_after_grace_with_the_event_reason(cluster: KubeDouble,
-                                                         kubeconfig: Path):
+def test_pending_fails_after_grace_with_the_event_reason(cluster: KubeDouble, kubeconfig: Path):
     # The class disappears between preflight and the resizer's look (e.g. deleted by its
     # owner): the resizer marks the claim Pending and never re-queues it.
     cluster.on_patch = lambda claim: cluster.delete("VolumeAttributesClass", "fast")
@@ -214,7 +257,8 @@ def test_pending_fails_after_grace_with_the_event_reason(cluster: KubeDouble,
     elapsed = time.monotonic() - started
     assert result.exit_code == 4, result.output
     assert 'stayed Pending for 1s: VolumeModifyFailed: VAC "fast" does not exist.' in (
-        result.stderr)
+        result.stderr
+    )
     assert 1 <= elapsed < 6
     # Faithful to the resizer: creating the class later does not move the claim.
     make_class(cluster, "fast", iops="6000")
@@ -276,8 +320,12 @@ def test_spec_changed_by_another_writer_fails(cluster: KubeDouble, kubeconfig: P
 
     def revert(claim: dict) -> None:
         # A GitOps controller restores the old reference right after our patch.
-        cluster.update("PersistentVolumeClaim", CLAIM, NS,
-                       lambda c: c["spec"].__setitem__("volumeAttributesClassName", "baseline"))
+        cluster.update(
+            "PersistentVolumeClaim",
+            CLAIM,
+            NS,
+            lambda c: c["spec"].__setitem__("volumeAttributesClassName", "baseline"),
+        )
 
     cluster.on_patch = revert
     result = switch(kubeconfig)
@@ -287,25 +335,35 @@ def test_spec_changed_by_another_writer_fails(cluster: KubeDouble, kubeconfig: P
 
 def test_warns_when_rwo_claim_is_mounted_on_two_nodes(cluster: KubeDouble, kubeconfig: Path):
     for i, node in enumerate(["node-a", "node-b"]):
-        cluster.put({"kind": "Pod", "apiVersion": "v1",
-                     "metadata": {"name": f"trainer-{i}", "namespace": NS},
-                     "spec": {"nodeName": node, "volumes": [
-                         {"name": "ckpt", "persistentVolumeClaim": {"claimName": CLAIM}}]},
-                     "status": {"phase": "Running"}})
+        cluster.put(
+            {
+                "kind": "Pod",
+                "apiVersion": "v1",
+                "metadata": {"name": f"trainer-{i}", "namespace": NS},
+                "spec": {
+                    "nodeName": node,
+                    "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": CLAIM}}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
     result = switch(kubeconfig)
     assert result.exit_code == 0, result.output
     assert "ReadWriteOnce but pods on 2 nodes mount it (node-a, node-b)" in result.stderr
 
 
 def test_least_privilege_rbac_is_enough(cluster: KubeDouble, kubeconfig: Path):
-    cluster.rbac = Rbac.from_manifests(ROOT / "connections" / "rbac-storage-profile.yaml",
-                                       "ml-team:storage-profile-hook")
+    cluster.rbac = Rbac.from_manifests(
+        ROOT / "connections" / "rbac-storage-profile.yaml", "ml-team:storage-profile-hook"
+    )
     cluster.resizer.results["fast"] = ["Internal", "ok"]  # also reads events
     result = switch(kubeconfig)
     assert result.exit_code == 0, result.output
     assert all(r.status != 403 for r in cluster.requests)
-    assert run_hook("status", "-n", NS, "--claim", CLAIM,
-                    "--kubeconfig", str(kubeconfig)).exit_code == 0
+    assert (
+        run_hook("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig)).exit_code
+        == 0
+    )
     # Another claim in the namespace is out of reach.
     make_volume(cluster, claim="someone-else", pv="pvc-0002")
     result = switch(kubeconfig, claim="someone-else")
@@ -314,8 +372,9 @@ def test_least_privilege_rbac_is_enough(cluster: KubeDouble, kubeconfig: Path):
     assert not [w for w in cluster.writes() if "someone-else" in w.path]
 
 
-def test_logs_to_polyaxon_inside_a_run(cluster: KubeDouble, kubeconfig: Path,
-                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_logs_to_polyaxon_inside_a_run(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
     # Inside a run the tracker logs to that run; here trainer.tracking falls back to an
     # offline run, which records the same inputs and outputs.
     monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
@@ -331,7 +390,6 @@ def test_logs_to_polyaxon_inside_a_run(cluster: KubeDouble, kubeconfig: Path,
     assert record["outputs"]["k8s_settle_s"] > 0
 
 
-def test_no_polyaxon_record_outside_a_run(cluster: KubeDouble, kubeconfig: Path,
-                                          tmp_path: Path):
+def test_no_polyaxon_record_outside_a_run(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
     assert switch(kubeconfig).exit_code == 0
     assert not (tmp_path / "plx-offline").exists()
