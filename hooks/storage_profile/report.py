@@ -113,26 +113,38 @@ class Report:
     def log_to_polyaxon(self, summary_path: Path | None = None) -> bool:
         """Log names as inputs and durations as outputs, only inside a Polyaxon run.
 
+        A failed switch also marks the run failed: ``end()`` would otherwise record success
+        while the process exits non-zero.
+
         Returns:
             Whether anything was logged.
         """
         if not in_polyaxon_run():
             return False
-        with tracked_run("storage-profile-switch", tags=["storage-profile"]) as tracker:
-            tracker.log_inputs(
-                claim=self.claim,
-                namespace=self.namespace,
-                previous_class=self.previous_class,
-                target_class=self.target_class,
-                driver=self.driver,
-                volume_handle=self.volume_handle,
-            )
-            tracker.log_outputs(
-                k8s_settle_s=self.k8s_settle_s,
-                provider_settle_s=self.provider_settle_s,
-                total_settle_s=self.total_settle_s,
-                applied_class=self.applied_class,
-            )
-            if summary_path is not None and summary_path.exists():
-                tracker.log_artifact(summary_path, name="storage_profile_summary")
+        try:
+            with tracked_run("storage-profile-switch", tags=["storage-profile"]) as tracker:
+                tracker.log_inputs(
+                    claim=self.claim,
+                    namespace=self.namespace,
+                    previous_class=self.previous_class,
+                    target_class=self.target_class,
+                    driver=self.driver,
+                    volume_handle=self.volume_handle,
+                )
+                tracker.log_outputs(
+                    k8s_settle_s=self.k8s_settle_s,
+                    provider_settle_s=self.provider_settle_s,
+                    total_settle_s=self.total_settle_s,
+                    applied_class=self.applied_class,
+                )
+                if summary_path is not None and summary_path.exists():
+                    tracker.log_artifact(summary_path, name="storage_profile_summary")
+                if self.exit_code:
+                    raise SwitchFailed(f"{self.outcome}: {self.error}")
+        except SwitchFailed:
+            pass
         return True
+
+
+class SwitchFailed(Exception):
+    """Raised inside the tracked run so that the run is recorded as failed."""

@@ -388,8 +388,23 @@ def test_logs_to_polyaxon_inside_a_run(
     assert record["inputs"]["volume_handle"] == "vol-0123456789abcdef0"
     assert record["outputs"]["applied_class"] == "fast"
     assert record["outputs"]["k8s_settle_s"] > 0
+    assert record["status"] == "succeeded"
 
 
 def test_no_polyaxon_record_outside_a_run(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
     assert switch(kubeconfig).exit_code == 0
     assert not (tmp_path / "plx-offline").exists()
+
+
+def test_failed_switch_marks_the_polyaxon_run_failed(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    assert switch(kubeconfig).exit_code == 4
+    record = json.loads(
+        next((tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")).read_text()
+    )
+    assert record["status"] == "failed"
+    assert record["inputs"]["target_class"] == "fast"
+    assert record["outputs"]["applied_class"] == "baseline"
