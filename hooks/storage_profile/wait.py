@@ -95,7 +95,6 @@ class ClaimWaiter:
         self.clock = clock
         self._pending_since: float | None = None
         self._seen_warnings: set[str] = set()
-        self.relists = 0
 
     @property
     def ref(self) -> str:
@@ -138,7 +137,6 @@ class ClaimWaiter:
                 error = classify(exc)
                 if exc.status == 410:
                     log.info("watch of %s expired (410 Gone); listing again", self.ref)
-                    self.relists += 1
                     continue
                 if not isinstance(error, TemporaryApiError):
                     raise HookError(f"{what}: {api_message(exc)}") from exc
@@ -146,7 +144,6 @@ class ClaimWaiter:
                 error = TemporaryApiError(f"watch of {self.ref} dropped: {exc}")
             except TemporaryApiError as exc:
                 error = exc
-            self.relists += 1
             delay = self.kube.backoff.delay(attempt, error.retry_after)
             attempt += 1
             log.warning("%s; listing again in %.2fs", error, delay)

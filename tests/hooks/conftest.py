@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,11 +22,21 @@ from tests.hooks.kube_double import KubeDouble
 FAST_BACKOFF = Backoff(initial=0.01, factor=2.0, cap=0.05, retry_after_cap=2.0, max_attempts=4)
 
 
+CLAIM_WRITE = re.compile(r"^/api/v1/namespaces/[^/]+/persistentvolumeclaims/[^/]+$")
+
+
 @pytest.fixture
 def double() -> Iterator[KubeDouble]:
+    """A started double; afterwards, checks that the hook only ever patched claims' class."""
     server = KubeDouble().start()
     yield server
     server.stop()
+    for write in server.writes():
+        assert write.method == "PATCH" and CLAIM_WRITE.match(write.path), write
+        assert write.content_type == "application/merge-patch+json", write
+        assert list(write.body) == ["spec"] and list(write.body["spec"]) == [
+            "volumeAttributesClassName"
+        ], write
 
 
 @pytest.fixture

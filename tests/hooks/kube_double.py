@@ -383,6 +383,7 @@ class KubeDouble:
         match = PATH_RE.match(request.path)
         query = dict(request.query)
         body = await request.read()
+        request["raw_body"] = body
         if not match or (match["group"] or "", match["resource"]) not in KINDS:
             return self._answer(
                 request,
@@ -501,6 +502,11 @@ class KubeDouble:
         headers: dict | None = None,
         body: Any = None,
     ) -> web.Response:
+        if body is None and request.get("raw_body"):
+            try:
+                body = json.loads(request["raw_body"])
+            except ValueError:
+                body = request["raw_body"]
         self.requests.append(
             Recorded(
                 request.method,
