@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from hooks.storage_profile.config import Deadline
-from hooks.storage_profile.errors import Infeasible, PreflightRefused
+from hooks.storage_profile.errors import HookError, Infeasible, PreflightRefused
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ class Provider(Protocol):
     def wait_settled(self, volume_handle: str, deadline: Deadline) -> str:
         """Block until the provider finished the latest modification; return a note."""
         ...
+
+
+class ProviderError(HookError):
+    """The provider's API could not be asked (exit 1 once the switch is under way)."""
 
 
 def utcnow() -> datetime:
@@ -90,15 +94,21 @@ class EbsProvider:
         return self._ec2
 
     def modifications(self, volume_id: str) -> list[dict]:
-        """The volume's modifications known to EC2, oldest first (empty when none)."""
-        from botocore.exceptions import ClientError
+        """The volume's modifications known to EC2, oldest first (empty when none).
+
+        Raises:
+            ProviderError: EC2 could not be asked (credentials, permissions, unknown volume).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             resp = self.ec2.describe_volumes_modifications(VolumeIds=[volume_id])
         except ClientError as exc:
             if exc.response["Error"]["Code"] == "InvalidVolumeModification.NotFound":
                 return []
-            raise
+            raise ProviderError(f"cannot read EC2 modifications of {volume_id}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ProviderError(f"cannot read EC2 modifications of {volume_id}: {exc}") from exc
         mods = [m for m in resp.get("VolumesModifications", []) if m["VolumeId"] == volume_id]
         return sorted(mods, key=lambda m: m["StartTime"])
 
@@ -109,7 +119,10 @@ class EbsProvider:
         volume; the count is then a lower bound, and the "previous one must be completed"
         rule still catches the common case of switching twice in a row.
         """
-        mods = self.modifications(volume_handle)
+        try:
+            mods = self.modifications(volume_handle)
+        except ProviderError as exc:
+            raise PreflightRefused(f"{exc} (--settle kubernetes skips the provider)") from exc
         problems = []
         if mods and mods[-1]["ModificationState"] in ("modifying", "optimizing"):
             last = mods[-1]

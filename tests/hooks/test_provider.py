@@ -181,3 +181,15 @@ def test_region_from_the_pv_zone():
     }
     assert region_of(pv) == "eu-west-1"
     assert region_of({"spec": {}}) is None
+
+
+def test_unknown_ec2_volume_is_refused_before_any_write(
+    double: KubeDouble, kubeconfig: Path, ec2: Ec2, use_ebs
+):
+    make_volume(double, handle="vol-00000000000000000")
+    make_class(double, "fast", iops="6000")
+    use_ebs(Stepper(since=now()))
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "cannot read EC2 modifications of vol-00000000000000000" in result.stderr
+    assert double.writes() == []
