@@ -710,15 +710,30 @@ class FakeResizer:
         for task in self._tasks.values():
             task.cancel()
 
+    def restart(self) -> None:
+        """A resizer restart re-queues every claim whose spec differs from its current class."""
+        with self.double.lock:
+            claims = [
+                o for (k, _, _), o in self.double.objects.items() if k == "PersistentVolumeClaim"
+            ]
+        for claim in claims:
+            if claim["spec"].get("volumeAttributesClassName") != (claim.get("status") or {}).get(
+                "currentVolumeAttributesClassName"
+            ):
+                self._start(claim["metadata"]["namespace"], claim["metadata"]["name"])
+
+    def _start(self, ns: str, name: str) -> None:
+        key = (ns, name)
+        if key in self._tasks:
+            self._tasks[key].cancel()
+        self._tasks[key] = asyncio.get_running_loop().create_task(self._modify(ns, name))
+
     def on_claim_update(self, old: dict, new: dict) -> None:
         if old["spec"].get("volumeAttributesClassName") == new["spec"].get(
             "volumeAttributesClassName"
         ):
             return
-        key = (new["metadata"]["namespace"], new["metadata"]["name"])
-        if key in self._tasks:
-            self._tasks[key].cancel()
-        self._tasks[key] = asyncio.get_running_loop().create_task(self._modify(*key))
+        self._start(new["metadata"]["namespace"], new["metadata"]["name"])
 
     def _set_status(self, ns: str, name: str, fn: Callable[[dict], None]) -> dict:
         def change(claim: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -264,6 +265,24 @@ def test_pending_fails_after_grace_with_the_event_reason(cluster: KubeDouble, ku
     make_class(cluster, "fast", iops="6000")
     time.sleep(0.4)
     assert claim_state(cluster)[2]["status"] == "Pending"
+
+
+def test_pending_within_grace_keeps_waiting(cluster: KubeDouble, kubeconfig: Path):
+    # Pending until the class is back and the resizer restarts (which re-queues the claim).
+    deleted = cluster.get("VolumeAttributesClass", "fast")
+    cluster.on_patch = lambda claim: cluster.delete("VolumeAttributesClass", "fast")
+
+    def restore() -> None:
+        time.sleep(0.5)
+        cluster.put(deleted)
+        cluster.run_in_loop(cluster.resizer.restart)
+
+    thread = threading.Thread(target=restore)
+    thread.start()
+    result = switch(kubeconfig, "--pending-grace", "10")
+    thread.join()
+    assert result.exit_code == 0, result.output
+    assert claim_state(cluster) == ("fast", "fast", None)
 
 
 def test_unknown_status_fails(cluster: KubeDouble, kubeconfig: Path):
