@@ -8,7 +8,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from hooks.storage_profile.kube import Kube, load_api_client
-from tests.hooks.conftest import FAST_BACKOFF
+from tests.hooks.helpers import FAST_BACKOFF
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"

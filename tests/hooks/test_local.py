@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hooks.storage_profile.local import SandboxProfiles, repoint
-from tests.hooks.conftest import load_summary, run_hook
+from tests.hooks.helpers import load_summary, run_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 

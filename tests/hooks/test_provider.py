@@ -10,7 +10,7 @@ import pytest
 from hooks.storage_profile.config import Deadline
 from hooks.storage_profile.errors import DeadlineExceeded, PreflightRefused
 from hooks.storage_profile.providers import EbsProvider, region_of
-from tests.hooks.conftest import Ec2, Stepper, load_summary, modify_from_class, run_hook
+from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hooks.conftest import run_hook
+from tests.hooks.helpers import run_hook
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"

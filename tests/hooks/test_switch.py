@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hooks.storage_profile import report as report_module
-from tests.hooks.conftest import load_summary, run_hook
+from tests.hooks.helpers import load_summary, run_hook
 from tests.hooks.kube_double import CLAIMS, KubeDouble, Rbac, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
