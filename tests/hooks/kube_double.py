@@ -179,8 +179,9 @@ class KubeDouble:
 
     Attributes:
         requests: Every request answered, in order.
-        watch_faults: Per watch request, in order: ``"gone"`` (answer 410 Expired),
-            ``"drop"`` (cut the connection mid-stream) or None (behave).
+        watch_faults: Per watch request, in order: ``"gone"`` (an ERROR event 410 Expired in
+            the stream), ``"gone-http"`` (HTTP 410 before any stream), ``"drop"`` (cut the
+            connection mid-stream) or None (behave).
         on_patch: Called (on the server thread) after each accepted PATCH of a claim.
         rbac: When set, requests its rules do not allow get 403.
     """
@@ -453,7 +454,6 @@ class KubeDouble:
                     ),
                 )
         if verb == "watch":
-            self.requests.append(Recorded(request.method, request.path, query, verb))
             return await self._watch(request, ns, selector, query)
         if verb == "list":
             with self.lock:
@@ -610,6 +610,15 @@ class KubeDouble:
         self, request: web.Request, ns: str, selector: list, query: dict
     ) -> web.StreamResponse:
         fault = self.watch_faults.popleft() if self.watch_faults else None
+        if fault == "gone-http":
+            return self._answer(
+                request,
+                query,
+                "watch",
+                410,
+                status_body(410, "Expired", "too old resource version"),
+            )
+        self.requests.append(Recorded(request.method, request.path, query, "watch"))
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)

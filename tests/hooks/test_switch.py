@@ -313,12 +313,14 @@ def test_watch_dropped_mid_wait_relists_and_settles(cluster: KubeDouble, kubecon
     assert_only_claim_patched(cluster, ["fast"])
 
 
-def test_410_gone_mid_wait_relists_and_settles(cluster: KubeDouble, kubeconfig: Path):
+@pytest.mark.parametrize("form", ["gone", "gone-http"])
+def test_410_gone_mid_wait_relists_and_settles(cluster: KubeDouble, kubeconfig: Path, form: str):
     cluster.resizer.driver_delay = 0.4
-    cluster.watch_faults.extend(["gone", "gone"])
+    cluster.watch_faults.extend([form, form])
     result = switch(kubeconfig)
     assert result.exit_code == 0, result.output
-    assert cluster.count("watch") == 3 and cluster.count("list") == 3
+    assert cluster.count("watch") == 3
+    assert cluster.count("list") == 3
     assert claim_state(cluster) == ("fast", "fast", None)
 
 
