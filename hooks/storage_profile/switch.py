@@ -138,6 +138,9 @@ def _rollback(
     previous = plan.previous_class
     echo(f"rolling claim {cfg.namespace}/{cfg.claim} back to {previous}")
     try:
+        if previous is not None and kube.read_class(previous, waiter.deadline) is None:
+            # Same reason as in preflight: the resizer would leave the claim Pending forever.
+            raise PreflightRefused(f"VolumeAttributesClass {previous} no longer exists")
         _patch(kube, cfg, previous, waiter.deadline)
         waiter.wait(previous)
     except HookError as exc:

@@ -235,6 +235,17 @@ def test_infeasible_rolls_back_and_still_exits_infeasible(
     assert cluster.resizer.calls == [("fast", "InvalidArgument"), ("baseline", "ok")]
 
 
+def test_no_rollback_to_a_class_that_is_gone(cluster: KubeDouble, kubeconfig: Path):
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    cluster.delete("VolumeAttributesClass", "baseline")
+    result = switch(kubeconfig, "--on-infeasible", "rollback")
+    assert result.exit_code == 4, result.output
+    assert "rollback to baseline failed: VolumeAttributesClass baseline no longer exists" in (
+        result.stderr
+    )
+    assert_only_claim_patched(cluster, ["fast"])
+
+
 def test_internal_errors_are_warnings_and_retried(
     cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
 ):
@@ -304,7 +315,7 @@ def test_deadline_passed(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
 
 
 def test_watch_dropped_mid_wait_relists_and_settles(cluster: KubeDouble, kubeconfig: Path):
-    cluster.resizer.driver_delay = 0.4
+    cluster.resizer.driver_delay = 1.0  # the faults land well before it settles
     cluster.watch_faults.extend(["drop"])
     result = switch(kubeconfig)
     assert result.exit_code == 0, result.output
@@ -315,7 +326,7 @@ def test_watch_dropped_mid_wait_relists_and_settles(cluster: KubeDouble, kubecon
 
 @pytest.mark.parametrize("form", ["gone", "gone-http"])
 def test_410_gone_mid_wait_relists_and_settles(cluster: KubeDouble, kubeconfig: Path, form: str):
-    cluster.resizer.driver_delay = 0.4
+    cluster.resizer.driver_delay = 1.0  # the faults land well before it settles
     cluster.watch_faults.extend([form, form])
     result = switch(kubeconfig)
     assert result.exit_code == 0, result.output
