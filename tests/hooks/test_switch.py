@@ -257,6 +257,8 @@ def test_internal_errors_are_warnings_and_retried(
     assert "warning: event VolumeModifyFailed: rpc error: code = Internal" in result.stderr
     assert claim_state(cluster) == ("fast", "fast", None)
     assert [c[1] for c in cluster.resizer.calls] == ["Internal", "Internal", "ok"]
+    # Every status change arrived on the one watch: no polling, no re-list.
+    assert cluster.count("list") == 1 and cluster.count("watch") == 1
     assert any("ModifyVolumeError" in w for w in load_summary(summary)["warnings"])
 
 
