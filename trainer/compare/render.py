@@ -14,6 +14,7 @@ from trainer.compare.stats import ProfileStats
 from trainer.compare.verdict import Report, op_outputs
 
 Row = tuple[str, list[str]]
+COST_SECTION = "Cost"  # the assumptions are shown right after this section
 
 
 def _f(value: float | None, fmt: str = "{:.3f}", unit: str = "") -> str:
@@ -105,7 +106,7 @@ def sections(report: Report) -> list[tuple[str, list[Row]]]:
         result.append(("fio sweep", fio))
     if any(s.hook for s in stats):
         result.append(("Storage-profile hook", hook))
-    result.append(("Cost", costs))
+    result.append((COST_SECTION, costs))
     return result
 
 
@@ -180,11 +181,12 @@ def terminal(report: Report) -> str:
     lines = []
     for title, rows in sections(report):
         lines += ["", f"== {title}"] + _table(header, rows)
+        if title == COST_SECTION:
+            lines += ["Assumptions:"] + [f"  - {a}" for a in report.assumptions]
     lines += ["", "== Comparison"] + comparison_lines(report)
     if report.failed_runs:
         lines += ["", "== Failed runs (not used)"]
         lines += [f"  {r.label}: {r.status} {r.message}".rstrip() for r in report.failed_runs]
-    lines += ["", "== Assumptions"] + [f"  - {a}" for a in report.assumptions]
     lines += ["", f"VERDICT: {report.verdict} — {report.reason}"]
     return "\n".join(lines).lstrip("\n") + "\n"
 

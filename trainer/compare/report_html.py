@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # no display, no GUI toolkit: files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from trainer.compare.render import comparison_lines, sections  # noqa: E402
+from trainer.compare.render import COST_SECTION, comparison_lines, sections  # noqa: E402
 from trainer.compare.verdict import Report  # noqa: E402
 
 _STACKED = ("serialize", "write", "fsync", "upload")
@@ -134,6 +134,10 @@ def to_html(report: Report) -> str:
             tds = "".join(f"<td>{esc(c)}</td>" for c in cells)
             parts.append(f"<tr><td>{esc(label)}</td>{tds}</tr>")
         parts.append("</table>")
+        if title == COST_SECTION:
+            parts.append("<p>Assumptions:</p><ul id='assumptions'>")
+            parts += [f"<li>{esc(a)}</li>" for a in report.assumptions]
+            parts.append("</ul>")
     parts.append("<h2>Comparison</h2><pre>" + esc("\n".join(comparison_lines(report))) + "</pre>")
     for plot_id, title, draw in plots:
         size = (10, 4) if plot_id == "plot-fio" else (8, 4)
@@ -147,7 +151,5 @@ def to_html(report: Report) -> str:
             f"<li>{esc(r.label)}: {esc(r.status)} {esc(r.message)}</li>" for r in report.failed_runs
         ]
         parts.append("</ul>")
-    parts.append("<h2>Assumptions</h2><ul>")
-    parts += [f"<li>{esc(a)}</li>" for a in report.assumptions]
-    parts.append("</ul></body></html>")
+    parts.append("</body></html>")
     return "\n".join(parts)

@@ -99,9 +99,8 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
             f"{name} is faster ({runtime}) but costs {_fmt_usd(delta.run_total)} more per run: "
             "the storage change outweighs the saved GPU time"
         )
-    return Outcome.BETTER, (
-        f"{name} is faster ({runtime}) and {_fmt_usd(delta.run_total)} per run in cost"
-    )
+    saving = "costs the same" if delta.run_total == 0 else f"saves {-delta.run_total:.4f} USD"
+    return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
 
 
 def build_report(
@@ -150,8 +149,12 @@ def build_report(
         candidates=candidates,
         verdict=NO_DIFFERENCE,
         reason="",
-        assumptions=general_assumptions(pricing)
-        + [a for c in costs.values() for a in c.assumptions],
+        # dict.fromkeys: the same type note for several profiles is said once
+        assumptions=list(
+            dict.fromkeys(
+                general_assumptions(pricing) + [a for c in costs.values() for a in c.assumptions]
+            )
+        ),
         failed_runs=failed_runs or [],
         thresholds=thresholds,
     )
