@@ -1,0 +1,223 @@
+"""The trainer end to end: stage timeline, tracking record, retention, upload, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from tests.trainer.helpers import metric_events, offline_runs, run_trainer, tiny_config
+from trainer.ckpt import store
+from trainer.ckpt.upload import Backoff
+from trainer.errors import UploadError
+from trainer.train import train
+
+FAST = Backoff(attempts=3, initial_s=0.001, cap_s=0.001)
+
+
+def test_stage_timeline_is_complete_and_adds_up(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    cfg = tiny_config(ckpt_dir, upload_to=f"file://{tmp_path / 'store'}")
+    summary = train(cfg, say=lambda s: None)
+
+    assert [r.step for r in summary.checkpoints] == [2, 4, 6]
+    for r in summary.checkpoints:
+        for stage in ("serialize_s", "write_s", "fsync_s", "upload_s", "pause_s", "total_s"):
+            assert getattr(r, stage) > 0, stage
+        parts = r.serialize_s + r.write_s + r.fsync_s + r.upload_s
+        assert parts <= r.total_s
+        # Sync mode: the loop is blocked for the whole save, and the stages cover it.
+        assert r.pause_s == r.total_s
+        assert r.total_s - parts < 0.5 * r.total_s + 0.05
+        assert r.bytes > 3 * 256 * 1024 * 0.5  # params + two AdamW moments
+        assert r.write_gbps == pytest.approx(r.bytes / r.write_s / 1e9)
+    data = summary.to_json()
+    assert data["checkpoint_count"] == 3
+    assert 0 < data["ckpt_pause_share"] < 1
+    assert data["ckpt_pause_s_total"] == pytest.approx(sum(r.pause_s for r in summary.checkpoints))
+    assert math.isfinite(data["final_loss"])
+    assert set(data["stages"]) == {
+        f"{s}_s" for s in ("serialize", "write", "fsync", "upload", "pause", "total")
+    }
+
+
+def test_loss_falls(tmp_path):
+    cfg = tiny_config(tmp_path, steps=60, checkpoint_every=60, log_every=1, lr=3e-3, batch_size=8)
+    curve = train(cfg, say=lambda s: None).loss_curve
+    first = sum(v for _, v in curve[:5]) / 5
+    last = sum(v for _, v in curve[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+
+
+def test_cli_records_offline_polyaxon_run_and_summary(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    offline = tmp_path / "offline"
+    summary_path = tmp_path / "out" / "summary.json"
+    proc = run_trainer(
+        "--checkpoint-dir", str(ckpt_dir), "--steps", "6", "--checkpoint-every", "2",
+        "--model-size", "256KiB", "--batch-size", "2", "--seq-len", "16", "--device", "cpu",
+        "--storage-profile", "checkpoint-baseline", "--summary-json", str(summary_path),
+        "--log-every", "2",
+        env={"POLYAXON_OFFLINE_ROOT": str(offline), "CODE_REVISION": "abc123", "IMAGE_DIGEST": "sha256:feed"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "serialize" in proc.stdout and "checkpoint step 6" in proc.stdout
+
+    (run,) = offline_runs(offline)
+    assert run["status"] == "succeeded"
+    inputs = run["inputs"]
+    assert inputs["storage_profile"] == "checkpoint-baseline"
+    assert inputs["checkpoint_format"] == "raw"
+    assert inputs["durability"] == "fsync"
+    assert inputs["dataset_seed"] == 0
+    assert inputs["model_size_bytes"] == 256 * 1024
+    outputs = run["outputs"]
+    for key in (
+        "runtime_s",
+        "steps_per_s",
+        "final_loss",
+        "ckpt_pause_s_median",
+        "ckpt_write_s_median",
+        "ckpt_fsync_s_median",
+        "ckpt_serialize_s_median",
+        "ckpt_pause_share",
+        "checkpoint_bytes",
+    ):
+        assert isinstance(outputs[key], int | float), key  # fmt: skip
+    assert run["meta_info"]["code_revision"] == "abc123"
+    assert run["meta_info"]["image_digest"] == "sha256:feed"
+    writes = metric_events(run["_dir"], "ckpt_write_s")
+    assert [s for s, _ in writes] == [2, 4, 6]
+    assert all(v > 0 for _, v in writes)
+    assert [s for s, _ in metric_events(run["_dir"], "loss")] == [2, 4, 6]
+
+    summary = json.loads(summary_path.read_text())
+    assert summary["schema"] == "checkpoint-training/1"
+    assert summary["polyaxon_run_uuid"] == run["uuid"]
+    assert [c["step"] for c in summary["checkpoints"]] == [2, 4, 6]
+    assert summary["ckpt_pause_s_total"] == pytest.approx(
+        sum(c["pause_s"] for c in summary["checkpoints"])
+    )
+
+
+def test_retention_keeps_newest_and_uploads_all(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    train(
+        tiny_config(ckpt_dir, steps=10, keep=2, upload_to=f"file://{tmp_path / 'store'}"),
+        say=lambda s: None,
+    )
+    assert [p.name for p in sorted(ckpt_dir.iterdir())] == ["step-00000008", "step-00000010"]
+    uploaded = sorted(p.name for p in (tmp_path / "store").iterdir())
+    assert uploaded == [f"step-{s:08d}" for s in (2, 4, 6, 8, 10)]
+    for name in uploaded:
+        assert {p.name for p in (tmp_path / "store" / name).iterdir()} == {
+            "state.ckpt",
+            "MANIFEST.json",
+        }
+
+
+def test_upload_to_memory_filesystem(tmp_path):
+    MemoryFileSystem.store.clear()
+    train(tiny_config(tmp_path, steps=4, upload_to="memory://bucket/run1"), say=lambda s: None)
+    fs = fsspec.filesystem("memory")
+    local = (tmp_path / "step-00000004" / "state.ckpt").read_bytes()
+    assert fs.cat_file("/bucket/run1/step-00000004/state.ckpt") == local
+
+
+class FlakyFS(MemoryFileSystem):
+    """A store whose uploads fail ``failures`` times before succeeding (or forever)."""
+
+    protocol = "flaky"
+    failures = 0
+    calls = 0
+
+    def put_file(self, lpath, rpath, **kwargs):
+        FlakyFS.calls += 1
+        if FlakyFS.failures != 0:
+            FlakyFS.failures -= 1
+            raise ConnectionError("store unavailable")
+        return super().put_file(lpath, rpath, **kwargs)
+
+
+@pytest.fixture
+def flaky():
+    fsspec.register_implementation("flaky", FlakyFS, clobber=True)
+    FlakyFS.calls = 0
+    MemoryFileSystem.store.clear()
+    yield FlakyFS
+
+
+def test_upload_retries_then_succeeds(tmp_path, flaky):
+    flaky.failures = 2
+    summary = train(
+        tiny_config(tmp_path, steps=2, upload_to="flaky://b/r"),
+        say=lambda s: None,
+        upload_backoff=FAST,
+    )
+    assert summary.checkpoints[0].upload_s > 0
+    assert flaky.calls == 4  # two failures, then state file and manifest
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_upload_failure_is_an_error_and_keeps_local_checkpoint(tmp_path, flaky, asynchronous):
+    flaky.failures = -1  # forever
+    cfg = tiny_config(tmp_path, steps=4, upload_to="flaky://b/r", async_checkpoint=asynchronous)
+    with pytest.raises(UploadError, match="failed after 3 attempts"):
+        train(cfg, say=lambda s: None, upload_backoff=FAST)
+    (ref,) = store.list_checkpoints(tmp_path)
+    assert ref.step == 2
+    store.read_verified(store.LocalFS(), ref.path, store.AlignedBuffer())
+
+
+def test_upload_failure_exit_code(tmp_path):
+    proc = run_trainer(
+        "--checkpoint-dir", str(tmp_path), "--steps", "2", "--checkpoint-every", "2",
+        "--model-size", "256KiB", "--upload-to", "nosuchproto://x", "--no-track",
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--upload-to" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--steps", "0"], 2, "--steps must be positive"),
+        (["--checkpoint-every", "-1"], 2, "--checkpoint-every must be positive"),
+        (["--device", "tpu"], 2, "Invalid value for '--device'"),
+        (["--model-size", "lots"], 2, "--model-size"),
+        (["--format", "zip"], 2, "Invalid value for '--format'"),
+    ],
+)
+def test_bad_arguments(tmp_path, args, code, message):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    proc = run_trainer("--checkpoint-dir", str(ckpt_dir), "--no-track", *args)
+    assert proc.returncode == code
+    assert message in proc.stderr
+    assert list(ckpt_dir.iterdir()) == []
+
+
+def test_missing_and_non_directory_checkpoint_dir(tmp_path):
+    proc = run_trainer("--checkpoint-dir", str(tmp_path / "missing"), "--no-track")
+    assert proc.returncode == 3
+    assert "does not exist" in proc.stderr
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    proc = run_trainer("--checkpoint-dir", str(afile), "--no-track")
+    assert proc.returncode == 3
+    assert "not a directory" in proc.stderr
+
+
+def test_cuda_requested_without_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    proc = run_trainer("--checkpoint-dir", str(tmp_path), "--device", "cuda", "--no-track")
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr

@@ -1,0 +1,1 @@
+"""Checkpoint formats, I/O, commit protocol and the stage-timed checkpointer."""

@@ -1,0 +1,187 @@
+"""Saves checkpoints and times every stage: serialize, write, fsync, upload, pause, total.
+
+``pause`` is how long the training loop was blocked; ``total`` runs from the save request
+until the checkpoint is durable (written, fsynced, committed and uploaded). In sync mode
+they are equal. In async mode the loop is blocked only while the state is staged (and
+while a previous checkpoint is still in flight: at most one is), and the rest runs on a
+background thread whose failure fails the run at the next step.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.ckpt import store
+from trainer.ckpt.formats import RawFormat, Staged, TorchFormat
+from trainer.ckpt.fs import LocalFS, raise_if_full
+from trainer.ckpt.io import write_file
+from trainer.ckpt.upload import Uploader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckpointRecord:
+    """One checkpoint's stage timeline; seconds and bytes as in the summary JSON."""
+
+    step: int
+    bytes: int
+    serialize_s: float
+    write_s: float
+    fsync_s: float
+    upload_s: float | None
+    pause_s: float
+    total_s: float
+    write_gbps: float
+    upload_gbps: float | None
+    path: str
+    io_mode: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _gbps(nbytes: int, seconds: float | None) -> float | None:
+    if seconds is None:
+        return None
+    return nbytes / max(seconds, 1e-9) / 1e9
+
+
+class Checkpointer:
+    """Writes checkpoints of one run into ``directory``.
+
+    Args:
+        directory: The run's checkpoint directory on the mounted claim.
+        fmt: The format (raw or torch).
+        fs: The storage seam.
+        durable: fsync files and directories.
+        keep: Complete checkpoints to retain.
+        uploader: Uploads each committed checkpoint, or None.
+        asynchronous: Persist in the background.
+        device: The model's device, synchronized around timed regions.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        fmt: RawFormat | TorchFormat,
+        fs: LocalFS,
+        durable: bool,
+        keep: int,
+        uploader: Uploader | None = None,
+        asynchronous: bool = False,
+        device: torch.device | None = None,
+    ) -> None:
+        self.directory = directory
+        self.fmt = fmt
+        self.fs = fs
+        self.durable = durable
+        self.keep = keep
+        self.uploader = uploader
+        self.device = device or torch.device("cpu")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
+        self._inflight: Future[CheckpointRecord] | None = None
+        self._done: list[CheckpointRecord] = []
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def save(self, step: int, state_fn: Callable[[], Any]) -> None:
+        """Checkpoint the state ``state_fn()`` returns; blocks only as long as it must."""
+        t0 = time.monotonic()
+        self._drain(wait=True)  # at most one in flight; waiting for it counts as pause
+        self._sync_device()
+        t_stage = time.monotonic()
+        staged = self.fmt.stage(state_fn())
+        serialize_s = time.monotonic() - t_stage
+        if self._pool is None:
+            self._done.append(self._persist(step, staged, t0, serialize_s, pause_end=None))
+        else:
+            self._inflight = self._pool.submit(
+                self._persist, step, staged, t0, serialize_s, pause_end=time.monotonic()
+            )
+
+    def poll(self) -> list[CheckpointRecord]:
+        """Raise a background failure now, and hand over finished records (newest last)."""
+        self._drain(wait=False)
+        done, self._done = self._done, []
+        return done
+
+    def finish(self) -> list[CheckpointRecord]:
+        """Wait for the checkpoint in flight; returns the records not yet handed over."""
+        try:
+            self._drain(wait=True)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+        done, self._done = self._done, []
+        return done
+
+    def _drain(self, wait: bool) -> None:
+        future = self._inflight
+        if future is None or (not wait and not future.done()):
+            return
+        self._inflight = None
+        self._done.append(future.result())  # re-raises the background failure here
+
+    def _persist(
+        self, step: int, staged: Staged, t0: float, serialize_s: float, pause_end: float | None
+    ) -> CheckpointRecord:
+        tmp_dir = self.directory / store.tmp_name(step)
+        final_dir = self.directory / store.final_name(step)
+        filename = self.fmt.filename
+        try:
+            self.fs.mkdir(tmp_dir)
+            t_write = time.monotonic()
+            written = write_file(self.fs, tmp_dir / filename, staged.data, direct=staged.direct_ok)
+            t_fsync = time.monotonic()
+            try:
+                if self.durable:
+                    self.fs.fsync(written.fd)
+            finally:
+                self.fs.close(written.fd)
+            manifest = store.manifest_for(step, self.fmt.name, filename, written)
+            if final_dir.exists():  # a resumed run re-saving a step it already has
+                self.fs.rmtree(final_dir)
+            store.commit(self.fs, tmp_dir, final_dir, manifest, durable=self.durable)
+            t_done_local = time.monotonic()
+        except OSError as exc:
+            self.fs.rmtree(tmp_dir)
+            raise_if_full(exc, f"writing checkpoint {final_dir.name}")
+            if exc.errno == errno.EROFS:
+                from trainer.errors import CheckpointDirError
+
+                raise CheckpointDirError(f"checkpoint volume became read-only: {exc}") from exc
+            raise
+        upload_s = None
+        if self.uploader is not None:
+            t_up = time.monotonic()
+            self.uploader.upload(final_dir, [filename, store.MANIFEST])
+            upload_s = time.monotonic() - t_up
+        store.apply_retention(self.fs, self.directory, self.keep)
+        t_end = time.monotonic()
+        write_s = t_fsync - t_write
+        return CheckpointRecord(
+            step=step,
+            bytes=staged.nbytes,
+            serialize_s=serialize_s,
+            write_s=write_s,
+            fsync_s=t_done_local - t_fsync,
+            upload_s=upload_s,
+            pause_s=(pause_end if pause_end is not None else t_end) - t0,
+            total_s=t_end - t0,
+            write_gbps=_gbps(staged.nbytes, write_s) or 0.0,
+            upload_gbps=_gbps(staged.nbytes, upload_s),
+            path=str(final_dir),
+            io_mode=written.io_mode,
+        )

@@ -1,0 +1,158 @@
+"""Checkpoint directories on the volume: commit protocol, discovery, verification, retention.
+
+A checkpoint for step N is written into ``.step-0000000N.tmp-PID/``: the state file, then
+``MANIFEST.json`` (sizes and per-chunk CRC32s), each fsynced; the directory is then renamed
+to ``step-0000000N/`` and the parent fsynced. A directory is a checkpoint only under its
+final name *and* with a manifest that parses and matches the bytes, so a crash at any point
+leaves at worst a ``.tmp`` directory that is never taken for a good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.ckpt.fs import LocalFS
+from trainer.ckpt.io import CHUNK_BYTES, AlignedBuffer, WrittenFile, read_file
+from trainer.errors import CheckpointCorruptError
+
+MANIFEST = "MANIFEST.json"
+MANIFEST_SCHEMA = "checkpoint-manifest/1"
+_FINAL = re.compile(r"^step-(\d{8})$")
+_TMP = re.compile(r"^\.step-(\d{8})\.tmp-(\d+)$")
+
+
+def final_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def tmp_name(step: int) -> str:
+    return f".step-{step:08d}.tmp-{os.getpid()}"
+
+
+def manifest_for(step: int, fmt: str, filename: str, written: WrittenFile) -> dict[str, Any]:
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "step": step,
+        "format": fmt,
+        "created_at": time.time(),
+        "io_mode": written.io_mode,
+        "files": [
+            {
+                "name": filename,
+                "bytes": written.nbytes,
+                "chunk_bytes": CHUNK_BYTES,
+                "crc32": written.crc32,
+            }
+        ],
+    }
+
+
+def commit(
+    fs: LocalFS, tmp_dir: Path, final_dir: Path, manifest: dict[str, Any], durable: bool
+) -> None:
+    """Write the manifest, then atomically publish ``tmp_dir`` as ``final_dir``."""
+    data = json.dumps(manifest, indent=1).encode()
+    if durable:
+        fs.write_small(tmp_dir / MANIFEST, data)
+        fs.fsync_dir(tmp_dir)
+    else:
+        (tmp_dir / MANIFEST).write_bytes(data)
+    fs.rename(tmp_dir, final_dir)
+    if durable:
+        fs.fsync_dir(final_dir.parent)
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    step: int
+    path: Path
+
+
+def list_checkpoints(directory: Path) -> list[CheckpointRef]:
+    """Published checkpoint directories, newest first (not yet verified)."""
+    refs = []
+    for entry in directory.iterdir() if directory.is_dir() else []:
+        match = _FINAL.match(entry.name)
+        if match and entry.is_dir():
+            refs.append(CheckpointRef(int(match.group(1)), entry))
+    return sorted(refs, key=lambda r: r.step, reverse=True)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path.name}: no {MANIFEST} (incomplete)") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointCorruptError(f"{path.name}: unreadable {MANIFEST}: {exc}") from None
+    if manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("files"):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} is not a {MANIFEST_SCHEMA}")
+    return manifest
+
+
+def read_verified(
+    fs: LocalFS, path: Path, buffer: AlignedBuffer
+) -> tuple[dict[str, Any], memoryview]:
+    """Read a checkpoint's state file and check it against the manifest.
+
+    Raises:
+        CheckpointCorruptError: Missing manifest or file, wrong size, or checksum mismatch.
+    """
+    manifest = read_manifest(path)
+    entry = manifest["files"][0]
+    file = path / entry["name"]
+    try:
+        size = file.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path.name}: {entry['name']} is missing") from None
+    if size != entry["bytes"]:
+        raise CheckpointCorruptError(
+            f"{path.name}: {entry['name']} has {size} bytes, manifest says {entry['bytes']}"
+        )
+    data, crcs, _ = read_file(fs, file, size, buffer, direct=True, chunk_bytes=entry["chunk_bytes"])
+    if crcs != entry["crc32"]:
+        bad = next(i for i, (a, b) in enumerate(zip(crcs, entry["crc32"], strict=False)) if a != b)
+        raise CheckpointCorruptError(
+            f"{path.name}: checksum mismatch in chunk {bad} of {entry['name']}"
+        )
+    return manifest, data
+
+
+def apply_retention(fs: LocalFS, directory: Path, keep: int) -> list[Path]:
+    """Delete published checkpoints beyond the newest ``keep``; returns what was removed."""
+    removed = []
+    for ref in list_checkpoints(directory)[keep:]:
+        fs.rmtree(ref.path)
+        removed.append(ref.path)
+    return removed
+
+
+def remove_stale_tmp(fs: LocalFS, directory: Path) -> list[Path]:
+    """Delete ``.tmp`` directories left by writers that are no longer alive."""
+    removed = []
+    for entry in directory.iterdir():
+        match = _TMP.match(entry.name)
+        if not match:
+            continue
+        pid = int(match.group(2))
+        if pid != os.getpid() and _alive(pid):
+            continue
+        fs.rmtree(entry)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,103 @@
+"""A small decoder-only transformer and a deterministic synthetic token dataset.
+
+The model's size is chosen from a byte budget so checkpoints range from a few MiB (tests)
+to several GiB (a real GPU node) with the same code. The dataset is a seeded Markov chain
+over a byte vocabulary: learnable (the loss falls), free of downloads, and a pure function
+of ``(seed, step)`` so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB = 256
+HEAD_DIM = 32
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Width and depth of the transformer."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+
+    def param_count(self, seq_len: int) -> int:
+        d, layers = self.d_model, self.n_layers
+        per_layer = 12 * d * d + 13 * d  # attention 4d², MLP 8d², biases and norms
+        return layers * per_layer + VOCAB * d + seq_len * d + 2 * d + d * VOCAB
+
+
+def shape_for_bytes(param_bytes: int, seq_len: int, n_layers: int = 4) -> ModelShape:
+    """Pick the widest model (multiple of HEAD_DIM) whose fp32 parameters fit the budget.
+
+    The checkpoint is about three times ``param_bytes``: parameters plus AdamW's two moments.
+    """
+    budget = max(param_bytes // 4, 1)
+    d = max(HEAD_DIM, int(math.sqrt(budget / (12 * n_layers))) // HEAD_DIM * HEAD_DIM)
+    while d > HEAD_DIM and ModelShape(d, n_layers, d // HEAD_DIM).param_count(seq_len) > budget:
+        d -= HEAD_DIM
+    return ModelShape(d_model=d, n_layers=n_layers, n_heads=d // HEAD_DIM)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        att = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style language model over bytes."""
+
+    def __init__(self, shape: ModelShape, seq_len: int) -> None:
+        super().__init__()
+        d = shape.d_model
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Parameter(torch.zeros(seq_len, d))
+        self.blocks = nn.ModuleList(Block(d, shape.n_heads) for _ in range(shape.n_layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+class SyntheticTokens:
+    """Batches from a seeded sparse Markov chain; ``batch(step)`` is deterministic."""
+
+    def __init__(self, seed: int, batch_size: int, seq_len: int, branching: int = 4) -> None:
+        self.seed, self.batch_size, self.seq_len = seed, batch_size, seq_len
+        gen = torch.Generator().manual_seed(seed)
+        # Each token has `branching` likely successors: enough structure to learn quickly.
+        self.successors = torch.randint(0, VOCAB, (VOCAB, branching), generator=gen)
+
+    def batch(self, step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        tokens = torch.empty(self.batch_size, self.seq_len + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(0, VOCAB, (self.batch_size,), generator=gen)
+        choice = torch.randint(0, self.successors.shape[1], tokens.shape, generator=gen)
+        for i in range(1, self.seq_len + 1):
+            tokens[:, i] = self.successors[tokens[:, i - 1], choice[:, i]]
+        return tokens

@@ -1,0 +1,124 @@
+"""Run-level figures from the per-checkpoint timelines: the summary JSON and Polyaxon outputs.
+
+Keys are part of the contract (docs/contracts.md): seconds end in ``_s``, bytes are
+``bytes``, GB/s are ``gbps`` with GB = 1e9 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.ckpt.checkpointer import CheckpointRecord
+
+SCHEMA = "checkpoint-training/1"
+STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
+
+
+@dataclass
+class RunSummary:
+    """What one training run measured."""
+
+    storage_profile: str
+    checkpoint_dir: str
+    inputs: dict[str, Any]
+    runtime_s: float
+    steps_run: int
+    final_loss: float
+    checkpoints: list[CheckpointRecord]
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    resumed_from: int | None = None
+
+    def stage_stats(self) -> dict[str, dict[str, float]]:
+        stats = {}
+        for stage in STAGES:
+            values = [v for r in self.checkpoints if (v := getattr(r, f"{stage}_s")) is not None]
+            if values:
+                stats[f"{stage}_s"] = {
+                    "median": statistics.median(values),
+                    "min": min(values),
+                    "max": max(values),
+                }
+        return stats
+
+    def to_json(self) -> dict[str, Any]:
+        pause_total = sum(r.pause_s for r in self.checkpoints)
+        return {
+            "schema": SCHEMA,
+            "storage_profile": self.storage_profile,
+            "checkpoint_dir": self.checkpoint_dir,
+            "inputs": self.inputs,
+            "runtime_s": self.runtime_s,
+            "steps_run": self.steps_run,
+            "steps_per_s": self.steps_run / self.runtime_s if self.runtime_s > 0 else 0.0,
+            "final_loss": self.final_loss,
+            "resumed_from_step": self.resumed_from,
+            "checkpoint_count": len(self.checkpoints),
+            "checkpoint_bytes": self.checkpoints[-1].bytes if self.checkpoints else 0,
+            "ckpt_time_s_total": sum(r.total_s for r in self.checkpoints),
+            "ckpt_pause_s_total": pause_total,
+            "ckpt_pause_share": pause_total / self.runtime_s if self.runtime_s > 0 else 0.0,
+            "stages": self.stage_stats(),
+            "checkpoints": [r.as_dict() for r in self.checkpoints],
+            "loss_curve": [[s, v] for s, v in self.loss_curve],
+        }
+
+    def outputs(self) -> dict[str, float | int]:
+        """The scalar outputs that become Polyaxon comparison-view columns."""
+        data = self.to_json()
+        out: dict[str, float | int] = {
+            key: data[key]
+            for key in (
+                "runtime_s",
+                "steps_per_s",
+                "final_loss",
+                "checkpoint_count",
+                "checkpoint_bytes",
+                "ckpt_pause_s_total",
+                "ckpt_pause_share",
+            )
+        }
+        for stage, stats in data["stages"].items():
+            out[f"ckpt_{stage}_median"] = stats["median"]
+        if "pause_s" in data["stages"]:
+            out["ckpt_pause_s_min"] = data["stages"]["pause_s"]["min"]
+            out["ckpt_pause_s_max"] = data["stages"]["pause_s"]["max"]
+        for rate in ("write_gbps", "upload_gbps"):
+            values = [v for r in self.checkpoints if (v := getattr(r, rate)) is not None]
+            if values:
+                out[f"ckpt_{rate}_median"] = statistics.median(values)
+        return out
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def format_timeline(summary: RunSummary) -> str:
+    """A terminal table: one row per checkpoint, then the run-level figures."""
+    head = f"{'step':>7} {'MB':>9} {'serialize':>9} {'write':>8} {'fsync':>8} {'upload':>8} {'pause':>8} {'total':>8} {'GB/s':>6}  io"
+    lines = [
+        f"storage profile: {summary.storage_profile}   checkpoints: {summary.checkpoint_dir}",
+        head,
+    ]
+    for r in summary.checkpoints:
+        upload = f"{r.upload_s:8.3f}" if r.upload_s is not None else f"{'-':>8}"
+        lines.append(
+            f"{r.step:7d} {r.bytes / 1e6:9.1f} {r.serialize_s:9.3f} {r.write_s:8.3f} {r.fsync_s:8.3f} "
+            f"{upload} {r.pause_s:8.3f} {r.total_s:8.3f} {r.write_gbps:6.2f}  {r.io_mode}"
+        )
+    data = summary.to_json()
+    lines.append(
+        f"runtime {data['runtime_s']:.2f}s, {data['steps_per_s']:.1f} steps/s, "
+        f"paused {data['ckpt_pause_s_total']:.2f}s ({100 * data['ckpt_pause_share']:.1f}% of runtime), "
+        f"final loss {data['final_loss']:.4f}"
+    )
+    return "\n".join(lines)
