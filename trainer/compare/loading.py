@@ -42,6 +42,7 @@ _SUMMARY_METRICS = {f"{s}_s": f"ckpt_{s}_s" for s in STAGES} | {
     "upload_gbps": "ckpt_upload_gbps",
 }
 METRIC_NAMES = tuple(_SUMMARY_METRICS.values()) + ("loss",)
+_FAILED = ("failed", "upstream_failed", "stopped")
 
 
 # ----------------------------------------------------------------------------- offline
@@ -78,7 +79,7 @@ def _failure_message(conditions: Iterable[Any]) -> str:
     message = ""
     for cond in conditions or []:
         cond = cond if isinstance(cond, dict) else cond.to_dict()
-        if cond.get("type") in ("failed", "upstream_failed", "stopped"):
+        if cond.get("type") in _FAILED:
             message = ": ".join(str(p) for p in (cond.get("reason"), cond.get("message")) if p)
     return message
 
@@ -204,7 +205,7 @@ class ApiSource:
 
     def _client(self) -> Any:
         from polyaxon.client import PolyaxonClient
-        from polyaxon.schemas import ClientConfig
+        from polyaxon.client import ClientConfig
 
         if not self.host:
             return None  # RunClient then uses the configuration of the run it runs in
@@ -258,6 +259,13 @@ class ApiSource:
             wanted = [k for k in record.outputs if FIO_METRIC.match(k)]
         if wanted and record.status not in ("created", "queued", "scheduled"):
             metrics.update(self._metric_events(record.uuid, wanted))
+        if record.status in _FAILED and not record.message:
+            # Run lists carry no status conditions: ask for the reason of a failure.
+            client = self._run_client(record.uuid)
+            _, conditions = _with_retries(
+                f"fetching the statuses of run {record.uuid}", client.get_statuses, self.backoff
+            )
+            record.message = _failure_message(conditions)
         return record
 
     def _metric_events(self, run_uuid: str, names: list[str]) -> dict[str, Any]:
