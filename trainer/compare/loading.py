@@ -204,8 +204,7 @@ class ApiSource:
     backoff: Backoff = field(default_factory=Backoff)
 
     def _client(self) -> Any:
-        from polyaxon.client import PolyaxonClient
-        from polyaxon.client import ClientConfig
+        from polyaxon.client import ClientConfig, PolyaxonClient
 
         if not self.host:
             return None  # RunClient then uses the configuration of the run it runs in
