@@ -21,6 +21,7 @@ from tests.compare.conftest import write_fio_run, write_hook_run, write_training
 from trainer.compare.cli import main
 
 HAUPT = Path(sys.executable).with_name("haupt")
+REPO = Path(__file__).resolve().parents[2]
 OWNER, PROJECT = "default", "compare-test"
 pytestmark = [
     pytest.mark.integration,
@@ -157,7 +158,7 @@ def test_children_of_a_pipeline(server: str, tmp_path: Path) -> None:
         f"""    - name: train-{p}
       cache: {{disable: true}}
       component: {{run: {{kind: job, container: {{image: busybox, command: ["true"]}}}}}}"""
-        for p in ("baseline", "throughput")
+        for p in ("baseline", "throughput", "compare")
     )
     dag.write_text(
         f"kind: component\nname: two-profiles\nrun:\n  kind: dag\n  operations:\n{ops}\n"
@@ -165,12 +166,15 @@ def test_children_of_a_pipeline(server: str, tmp_path: Path) -> None:
     pipeline = _client(server, "")
     pipeline.create(content=check_polyaxonfile(polyaxonfile=str(dag), is_cli=False, verbose=False))
     deadline = time.monotonic() + 30
-    while len(children := pipeline.list_children(limit=10).results or []) < 2:
+    while len(children := pipeline.list_children(limit=10).results or []) < 3:
         assert time.monotonic() < deadline, "the pipeline's operations were never created"
         time.sleep(0.3)
 
     # What the trainer would log from inside each operation (outputs only: no metric events).
+    compare_op = next(c for c in children if c.name == "train-compare")
     for child in children:
+        if child is compare_op:
+            continue
         profile = "checkpoint-" + child.name.removeprefix("train-")
         pause = 2.0 if "baseline" in profile else 1.0
         run = _client(server, child.uuid)
@@ -181,16 +185,39 @@ def test_children_of_a_pipeline(server: str, tmp_path: Path) -> None:
         run.log_status("succeeded", reason="Test")
         _wait_for(server, child.uuid, "succeeded")
 
-    args = [
-        "--api-host",
-        server,
-        "--project",
-        f"{OWNER}/{PROJECT}",
-        "--pipeline",
-        pipeline.run_uuid,
-    ]
+    # The operations ran at the same moment here, so "the profile run first" is ambiguous.
+    args = ["--api-host", server, "--project", f"{OWNER}/{PROJECT}", "--pipeline",
+            pipeline.run_uuid, "--baseline", "checkpoint-baseline"]  # fmt: skip
     code, output, report = _report(tmp_path, *args)
     assert code == 0, output
     assert report["verdict"] == "checkpoint-throughput"
+    assert report["outputs"]["pause_speedup"] == pytest.approx(2.0)
     assert report["profiles"]["checkpoint-throughput"]["stages"]["pause"]["median"] == 1.0
     assert report["profiles"]["checkpoint-baseline"]["pause_per_checkpoint"] == []
+
+    # Inside the pipeline's compare op: no source given, the op compares its own pipeline's
+    # runs and logs the verdict as its outputs.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+    env |= {
+        "PYTHONPATH": str(REPO),
+        "POLYAXON_HOST": server,
+        "POLYAXON_IS_MANAGED": "true",
+        "POLYAXON_RUN_INSTANCE": f"{OWNER}.{PROJECT}.runs.{compare_op.uuid}",
+        "POLYAXON_CONTEXT_ROOT": str(tmp_path / "plx-context"),
+        "POLYAXON_TRACKING_FLUSH_DELAY": "0",
+    }
+    op = subprocess.run(
+        [sys.executable, "-m", "trainer.compare", "--baseline", "checkpoint-baseline"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert op.returncode == 0, op.stdout[-2000:] + op.stderr[-3000:]
+    assert "VERDICT: checkpoint-throughput" in op.stdout
+    client = _client(server, compare_op.uuid)
+    deadline = time.monotonic() + 30
+    while client.refresh_data() or "verdict" not in (client.run_data.outputs or {}):
+        assert time.monotonic() < deadline, "the compare op's outputs never arrived"
+        time.sleep(0.3)
+    outputs = client.run_data.outputs
+    assert outputs["verdict"] == "checkpoint-throughput"
+    assert outputs["pause_speedup"] == pytest.approx(2.0)
+    assert outputs["runtime_delta_s"] == pytest.approx(-100.0)

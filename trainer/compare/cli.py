@@ -50,6 +50,8 @@ class Sources:
 
     def __post_init__(self) -> None:
         api = bool(self.api_host or self.pipeline or (self.runs and not self.offline_root))
+        # Inside the pipeline's compare op, no source means: the runs of my own pipeline.
+        api = api or (in_polyaxon_run() and not (self.offline_root or self.summaries))
         chosen = [bool(self.offline_root), bool(self.summaries), api]
         if sum(chosen) != 1:
             raise click.UsageError(
@@ -59,7 +61,7 @@ class Sources:
             )
         if api and not in_polyaxon_run() and not (self.api_host and self.project):
             raise click.UsageError("outside a Polyaxon run the API needs --api-host and --project")
-        if api and not (self.pipeline or self.runs):
+        if api and not (self.pipeline or self.runs or in_polyaxon_run()):
             raise click.UsageError("the API source needs --pipeline UUID or --run [PROFILE=]UUID")
 
     def load(self) -> list[RunRecord]:
@@ -74,7 +76,8 @@ class Sources:
             records = load_offline(self.offline_root)
             return _select(records, self.runs, str(self.offline_root)) if self.runs else records
         api = ApiSource(host=self.api_host, project=self.project, token=self.token)
-        records = api.pipeline_runs(self.pipeline) if self.pipeline else []
+        pipeline = self.pipeline or (None if self.runs else api.own_pipeline())
+        records = api.pipeline_runs(pipeline) if pipeline else []
         if self.runs:
             known = {r.uuid for r in records}
             records += api.runs({u: p for u, p in self.runs.items() if u not in known})

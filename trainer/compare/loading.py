@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -236,6 +237,21 @@ class ApiSource:
                 break
         return [self._record(run.to_dict()) for run in runs]
 
+    def own_pipeline(self) -> str:
+        """Inside a Polyaxon run: the uuid of the pipeline this run belongs to.
+
+        Raises:
+            RunsMissing: This run is not an operation of a pipeline.
+        """
+        client = self._run_client()
+        _with_retries("fetching this run", client.refresh_data, self.backoff)
+        pipeline = client.run_data.pipeline
+        if not pipeline or not pipeline.uuid:
+            raise RunsMissing(
+                f"run {client.run_uuid} is not part of a pipeline: give --pipeline or --run"
+            )
+        return pipeline.uuid
+
     def runs(self, uuids: dict[str, str | None]) -> list[RunRecord]:
         """The given runs (uuid → profile hint or None)."""
         records = []
@@ -305,6 +321,12 @@ class ProfileRuns:
     hook: RunRecord | None = None
     fio: RunRecord | None = None
     ignored: list[RunRecord] = field(default_factory=list)
+
+
+def _run_time(record: RunRecord) -> tuple[bool, datetime | None]:
+    """Sort key: when the run started (else was created); unknown times sort last."""
+    when = record.started_at or record.created_at
+    return when is None, when
 
 
 def _newest_first(records: Iterable[RunRecord]) -> list[RunRecord]:
@@ -385,5 +407,6 @@ def group_by_profile(
     if len(groups) < 2:
         found = ", ".join(g.profile for g in groups) or "none"
         raise RunsMissing(f"need training runs of at least two profiles, found: {found}")
-    groups.sort(key=lambda g: (g.training.created_at is None, g.training.created_at))
+    # Run order decides the default baseline: the profile whose training started first.
+    groups.sort(key=lambda g: _run_time(g.training))
     return groups, failed
