@@ -306,7 +306,11 @@ def _notes(c: Comparison, thresholds: Thresholds) -> list[str]:
     inner = {s: f.median for s, f in c.baseline.stages.items() if s not in ("pause", "total")}
     if inner:
         top = max(inner, key=inner.get)
-        notes.append(f"{base}: the {top} stage is the largest part of a checkpoint")
+        why = {
+            "serialize": ": a CPU stage, a faster volume does not shorten it",
+            "upload": ": it goes to the artifact store, not to this volume",
+        }.get(top, "")
+        notes.append(f"{base}: the {top} stage is the largest part of a checkpoint{why}")
     if c.loss_delta is not None and c.baseline.final_loss:
         rel = abs(c.loss_delta) / abs(c.baseline.final_loss)
         if rel > thresholds.loss_tolerance:

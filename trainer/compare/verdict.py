@@ -13,6 +13,7 @@ from trainer.compare.cost import (
     general_assumptions,
     profile_cost,
 )
+from trainer.compare.errors import RunsMissing
 from trainer.compare.loading import ProfileRuns
 from trainer.compare.records import RunRecord
 from trainer.compare.stats import (
@@ -87,10 +88,12 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
         what = "checkpoint pause" if comp.pause_measurable and comp.pause_delta_s > 0 else "run"
         return Outcome.WORSE, f"{name} is measurably slower than {base} ({what})"
     if timing is Outcome.NO_DIFFERENCE:
+        pause_in = "within" if not comp.pause_measurable else "beyond"
+        run_in = "within" if not comp.runtime_measurable else "beyond"
         return Outcome.NO_DIFFERENCE, (
-            f"{name} vs {base}: pause {comp.pause_delta_s:+.3f} s "
-            f"(noise {comp.pause_noise_s:.3f} s), "
-            f"runtime {comp.runtime_delta_s:+.2f} s (noise {comp.runtime_noise_s:.2f} s)"
+            f"{name} vs {base}: pause {comp.pause_delta_s:+.3f} s, {pause_in} the noise of "
+            f"±{comp.pause_noise_s:.3f} s; whole run {comp.runtime_delta_s:+.2f} s, {run_in} "
+            f"the noise of ±{comp.runtime_noise_s:.2f} s"
         )
     if delta is None:
         return Outcome.BETTER, f"{name} is measurably faster ({runtime}); cost not priced"
@@ -123,8 +126,6 @@ def build_report(
         NotComparable: The runs' fixed inputs differ, or a run lacks the figures needed.
         RunsMissing: The named baseline has no runs.
     """
-    from trainer.compare.errors import RunsMissing
-
     check_comparable(groups)
     stats = [profile_stats(g) for g in groups]
     names = [s.profile for s in stats]
