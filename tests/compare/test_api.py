@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.compare.conftest import write_fio_run, write_hook_run, write_training_run
+from tests.compare.recorded import write_fio_run, write_hook_run, write_training_run
 from trainer.compare.cli import main
 
 HAUPT = Path(sys.executable).with_name("haupt")

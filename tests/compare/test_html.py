@@ -13,7 +13,7 @@ import matplotlib.image
 import pytest
 from click.testing import CliRunner
 
-from tests.compare.conftest import write_fio_run, write_hook_run, write_training_run
+from tests.compare.recorded import write_fio_run, write_hook_run, write_training_run
 from trainer.compare.cli import main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -234,7 +234,7 @@ def _write(report: Report, html_path: Path | None, json_path: Path | None, track
         )
         tracker.log_outputs(**op_outputs(report))
         for path in written:
-            tracker.log_artifact(path, name=path.stem.replace(".", "_"))
+            tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
     for path in written:
         click.echo(f"wrote {path}")
 
