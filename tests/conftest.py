@@ -14,5 +14,7 @@ def _isolated_polyaxon(tmp_path, monkeypatch):
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("POLYAXON_OFFLINE_ROOT", str(tmp_path / "plx-offline"))
-    for var in [v for v in os.environ if v.startswith("POLYAXON_RUN") or v == "POLYAXON_IS_OFFLINE"]:
+    for var in [
+        v for v in os.environ if v.startswith("POLYAXON_RUN") or v == "POLYAXON_IS_OFFLINE"
+    ]:
         monkeypatch.delenv(var, raising=False)

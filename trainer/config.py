@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import ConfigError
+from trainer.errors import CheckpointDirError, ConfigError
 from trainer.units import parse_size
 
 FORMATS = ("raw", "torch")
@@ -80,13 +80,20 @@ class TrainConfig:
 
     def check_checkpoint_dir(self) -> None:
         """Fail early, before any training, when the checkpoint directory is unusable."""
-        from trainer.errors import CheckpointDirError
-
         path = self.checkpoint_dir
         if not path.exists():
-            raise CheckpointDirError(
-                f"checkpoint dir {path} does not exist (is the claim mounted?)"
-            )
+            # A run's own directory is created inside the mount; a missing mount is an error.
+            if not path.parent.is_dir():
+                raise CheckpointDirError(
+                    f"checkpoint dir {path} does not exist and neither does {path.parent} "
+                    "(is the claim mounted?)"
+                )
+            try:
+                path.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise CheckpointDirError(
+                    f"cannot create checkpoint dir {path}: {exc.strerror}"
+                ) from None
         if not path.is_dir():
             raise CheckpointDirError(f"checkpoint dir {path} is not a directory")
         # A real probe: os.access() says yes to root even on a read-only mount.

@@ -16,7 +16,7 @@ class ConfigError(TrainerError):
 
 
 class CheckpointDirError(TrainerError):
-    """The checkpoint directory is missing, not a directory, or not writable."""
+    """The checkpoint directory (or the mount it belongs in) is missing, or not writable."""
 
     exit_code = 3
 

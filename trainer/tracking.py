@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -132,6 +133,9 @@ def tracked_run(
     if not enabled:
         yield Tracker(None)
         return
+    # Polyaxon's end() resets sys.stdout/stderr to the process's originals, which would
+    # send later output past any redirection (a test runner's, a wrapper's).
+    saved_streams = sys.stdout, sys.stderr
     run, run_dir = _init_run(name, tags or [])
     tracker = Tracker(run, run_dir)
     try:
@@ -149,3 +153,4 @@ def tracked_run(
             tracker.end()
         except Exception as exc:  # noqa: BLE001
             log.warning("polyaxon tracking end() failed: %s", exc)
+        sys.stdout, sys.stderr = saved_streams

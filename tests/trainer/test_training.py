@@ -204,14 +204,21 @@ def test_bad_arguments(tmp_path, args, code, message):
 
 
 def test_missing_and_non_directory_checkpoint_dir(tmp_path):
-    proc = run_trainer("--checkpoint-dir", str(tmp_path / "missing"), "--no-track")
+    proc = run_trainer("--checkpoint-dir", str(tmp_path / "unmounted" / "run"), "--no-track")
     assert proc.returncode == 3
-    assert "does not exist" in proc.stderr
+    assert "is the claim mounted?" in proc.stderr
+    assert not (tmp_path / "unmounted").exists()
     afile = tmp_path / "file"
     afile.write_text("x")
     proc = run_trainer("--checkpoint-dir", str(afile), "--no-track")
     assert proc.returncode == 3
     assert "not a directory" in proc.stderr
+
+
+def test_run_directory_is_created_inside_the_mount(tmp_path):
+    summary = train(tiny_config(tmp_path / "run-1", steps=2), say=lambda s: None)
+    assert [r.step for r in summary.checkpoints] == [2]
+    assert (tmp_path / "run-1" / "step-00000002").is_dir()
 
 
 def test_cuda_requested_without_gpu(tmp_path):

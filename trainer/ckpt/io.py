@@ -20,7 +20,7 @@ import torch
 from trainer.ckpt.fs import LocalFS
 
 ALIGN = 4096
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 4 << 20
 IO_THREADS = 4
 
 IO_DIRECT = "direct"

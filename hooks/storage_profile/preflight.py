@@ -1,0 +1,135 @@
+"""Checks made before any write: the claim, its volume, the target class and their drivers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hooks.storage_profile.config import Deadline
+from hooks.storage_profile.errors import PreflightRefused
+from hooks.storage_profile.kube import Kube
+
+
+@dataclass
+class Plan:
+    """What preflight found, and so what ``switch`` will do.
+
+    Attributes:
+        claim: The claim as read.
+        pv: Its PersistentVolume.
+        target_class: The target VolumeAttributesClass.
+        previous_class: ``spec.volumeAttributesClassName`` before the switch.
+        driver: The PV's CSI driver.
+        volume_handle: The PV's ``spec.csi.volumeHandle`` (for EBS the volume id).
+        already_requested: The claim's spec already names the target: nothing to patch.
+        warnings: Things worth a look that do not stop the switch.
+    """
+
+    claim: dict
+    pv: dict
+    target_class: dict
+    previous_class: str | None
+    driver: str
+    volume_handle: str
+    already_requested: bool
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def patch(self) -> dict:
+        """The merge patch ``switch`` sends."""
+        return {"spec": {"volumeAttributesClassName": self.target_class["metadata"]["name"]}}
+
+
+def preflight(
+    kube: Kube, namespace: str, claim_name: str, target: str, deadline: Deadline | None = None
+) -> Plan:
+    """Read the claim, its PV and the target class, and refuse what cannot work.
+
+    Raises:
+        PreflightRefused: The claim or class is missing, the claim is not bound, the volume
+            is not CSI, or the class is for another driver.
+    """
+    ref = f"{namespace}/{claim_name}"
+    claim = kube.read_claim(namespace, claim_name, deadline)
+    if claim is None:
+        raise PreflightRefused(f"claim {ref} not found")
+    phase = (claim.get("status") or {}).get("phase")
+    volume_name = claim["spec"].get("volumeName")
+    if phase != "Bound" or not volume_name:
+        # The API server rejects class changes on unbound claims with 422; a class set at
+        # creation is applied when the volume is provisioned.
+        raise PreflightRefused(
+            f"claim {ref} is {phase or 'not bound'}, not Bound: its class can only change "
+            "once it is bound (a WaitForFirstConsumer claim binds when its first pod starts)"
+        )
+    pv = kube.read_pv(volume_name, deadline)
+    if pv is None:
+        raise PreflightRefused(
+            f"claim {ref} is bound to PersistentVolume {volume_name}, which does not exist"
+        )
+    csi = pv["spec"].get("csi")
+    if not csi:
+        raise PreflightRefused(
+            f"PersistentVolume {volume_name} of claim {ref} is not a CSI "
+            "volume; only CSI drivers can modify volume attributes"
+        )
+    target_class = kube.read_class(target, deadline)
+    if target_class is None:
+        # The resizer would leave the claim Pending and nothing re-queues it when the class
+        # appears later, so refuse now instead.
+        raise PreflightRefused(f"VolumeAttributesClass {target} not found")
+    if target_class.get("driverName") != csi["driver"]:
+        raise PreflightRefused(
+            f"VolumeAttributesClass {target} is for driver {target_class.get('driverName')}, "
+            f"but the volume of claim {ref} is provisioned by {csi['driver']}"
+        )
+    previous = claim["spec"].get("volumeAttributesClassName")
+    plan = Plan(
+        claim=claim,
+        pv=pv,
+        target_class=target_class,
+        previous_class=previous,
+        driver=csi["driver"],
+        volume_handle=csi["volumeHandle"],
+        already_requested=previous == target,
+    )
+    plan.warnings.extend(_in_flight_warnings(claim, target))
+    plan.warnings.extend(_shared_rwo_warnings(kube, namespace, claim, deadline))
+    return plan
+
+
+def _in_flight_warnings(claim: dict, target: str) -> list[str]:
+    status = (claim.get("status") or {}).get("modifyVolumeStatus")
+    if not status or status.get("targetVolumeAttributesClassName") in (None, target):
+        return []
+    return [
+        f"a modification to {status.get('targetVolumeAttributesClassName')} is "
+        f"{status.get('status')}; the resizer may finish it before starting {target}"
+    ]
+
+
+def _shared_rwo_warnings(
+    kube: Kube, namespace: str, claim: dict, deadline: Deadline | None
+) -> list[str]:
+    if "ReadWriteOnce" not in (claim["spec"].get("accessModes") or []):
+        return []
+    name = claim["metadata"]["name"]
+    try:
+        pods = kube.pods(namespace, deadline)
+    except PreflightRefused as exc:
+        return [f"could not check which nodes mount the claim: {exc}"]
+    nodes = {
+        pod["spec"]["nodeName"]
+        for pod in pods
+        if pod["spec"].get("nodeName")
+        and (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+        and any(
+            (vol.get("persistentVolumeClaim") or {}).get("claimName") == name
+            for vol in pod["spec"].get("volumes") or []
+        )
+    }
+    if len(nodes) > 1:
+        return [
+            f"claim {namespace}/{name} is ReadWriteOnce but pods on {len(nodes)} nodes "
+            f"mount it ({', '.join(sorted(nodes))}); measurements will not be comparable"
+        ]
+    return []

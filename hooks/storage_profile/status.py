@@ -1,0 +1,86 @@
+"""``status``: what ``kubectl get -o jsonpath`` and ``kubectl describe`` say, in one block."""
+
+from __future__ import annotations
+
+from hooks.storage_profile.errors import PreflightRefused
+from hooks.storage_profile.kube import Kube
+
+RECENT_EVENTS = 10
+
+
+def claim_status(kube: Kube, namespace: str, name: str) -> dict:
+    """The class-related state of a claim, its PV's driver and its recent events.
+
+    Raises:
+        PreflightRefused: The claim does not exist.
+    """
+    claim = kube.read_claim(namespace, name)
+    if claim is None:
+        raise PreflightRefused(f"claim {namespace}/{name} not found")
+    status = claim.get("status") or {}
+    volume = claim["spec"].get("volumeName")
+    pv = kube.read_pv(volume) if volume else None
+    csi = (pv or {}).get("spec", {}).get("csi") or {}
+    events = kube.claim_events(namespace, claim)[-RECENT_EVENTS:]
+    return {
+        "namespace": namespace,
+        "claim": name,
+        "uid": claim["metadata"].get("uid"),
+        "phase": status.get("phase"),
+        "volume": volume,
+        "driver": csi.get("driver"),
+        "volumeHandle": csi.get("volumeHandle"),
+        "desiredClass": claim["spec"].get("volumeAttributesClassName"),
+        "currentClass": status.get("currentVolumeAttributesClassName"),
+        "modifyVolumeStatus": status.get("modifyVolumeStatus"),
+        "conditions": [
+            {k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
+            for c in status.get("conditions") or []
+        ],
+        "events": [
+            {
+                "type": e.get("type"),
+                "reason": e.get("reason"),
+                "message": e.get("message"),
+                "count": e.get("count"),
+                "lastTimestamp": e.get("lastTimestamp") or e.get("eventTime"),
+            }
+            for e in events
+        ],
+    }
+
+
+def render_status(data: dict) -> str:
+    """The readable block printed by ``status``."""
+    if data.get("backend") == "local":
+        lines = [
+            f"sandbox claim {data['namespace']}/{data['claim']}",
+            f"  claim path     {data['claimPath']} -> {data['pointsAt'] or '-'}",
+            f"  current        {data['currentProfile'] or '-'}",
+        ]
+        for name, prof in sorted(data["profiles"].items()):
+            missing = "" if prof["exists"] else "  (missing)"
+            lines.append(f"  profile        {name}: {prof['path']}{missing}")
+        return "\n".join(lines)
+    modify = data["modifyVolumeStatus"] or {}
+    lines = [
+        f"claim {data['namespace']}/{data['claim']} (uid {data['uid'] or '-'}, "
+        f"{data['phase'] or '-'})",
+        f"  volume         {data['volume'] or '-'}  driver {data['driver'] or '-'}  "
+        f"handle {data['volumeHandle'] or '-'}",
+        f"  desired class  {data['desiredClass'] or '-'}",
+        f"  current class  {data['currentClass'] or '-'}",
+        f"  modify status  {modify.get('status') or '-'}"
+        + (
+            f" (target {modify['targetVolumeAttributesClassName']})"
+            if modify.get("targetVolumeAttributesClassName")
+            else ""
+        ),
+    ]
+    lines.append("  conditions" + ("" if data["conditions"] else "     -"))
+    for c in data["conditions"]:
+        lines.append(f"    {c['type']}={c['status']} {c['reason'] or ''}: {c['message'] or ''}")
+    lines.append("  events" + ("" if data["events"] else "         -"))
+    for e in data["events"]:
+        lines.append(f"    {e['lastTimestamp'] or '-'} {e['type']} {e['reason']}: {e['message']}")
+    return "\n".join(lines)

@@ -1,0 +1,245 @@
+"""Wait until a claim settled on a class: list, then watch from the list's resourceVersion.
+
+One overall deadline bounds everything. A 410 Gone (the resourceVersion expired) or a
+dropped stream re-lists and resumes; throttling and server errors back off, honouring
+``Retry-After``. Nothing here polls: between events the hook sleeps inside a watch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+
+from kubernetes.client.rest import ApiException
+
+from hooks.storage_profile.config import Deadline
+from hooks.storage_profile.errors import (
+    HookError,
+    Infeasible,
+    TemporaryApiError,
+    UnexpectedState,
+)
+from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube, api_message, classify
+
+log = logging.getLogger(__name__)
+
+KNOWN_STATUSES = ("Pending", "InProgress", "Infeasible")
+
+
+@dataclass(frozen=True)
+class ClaimClassState:
+    """The three fields that say where a claim's modification stands."""
+
+    spec: str | None
+    current: str | None
+    status: str | None
+    status_target: str | None
+
+    @classmethod
+    def of(cls, claim: dict) -> ClaimClassState:
+        status = claim.get("status") or {}
+        modify = status.get("modifyVolumeStatus") or {}
+        return cls(
+            spec=claim["spec"].get("volumeAttributesClassName"),
+            current=status.get("currentVolumeAttributesClassName"),
+            status=modify.get("status"),
+            status_target=modify.get("targetVolumeAttributesClassName"),
+        )
+
+    def settled_on(self, target: str | None) -> bool:
+        """Settled in Kubernetes terms: spec == current == target, no modify status.
+
+        Going back to "no class" is the exception: the API leaves a previous status (e.g.
+        Infeasible) in place, and nothing will ever clear it.
+        """
+        if target is None:
+            return self.spec is None and self.current is None
+        return self.spec == target and self.current == target and self.status is None
+
+
+class ClaimWaiter:
+    """Watches one claim until it settled on a class, or fails for a reason.
+
+    Args:
+        kube: The API access.
+        namespace: The claim's namespace.
+        name: The claim's name.
+        deadline: The overall deadline.
+        pending_grace: How long ``Pending`` may last before failing.
+        watch_timeout: Longest single watch request.
+        warn: Called with each new warning (a ``ModifyVolumeError``, a failed-modify event).
+        clock: Monotonic clock for the pending grace (injectable).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        deadline: Deadline,
+        pending_grace: float,
+        watch_timeout: float = 300.0,
+        warn: Callable[[str], None] = log.warning,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.deadline = deadline
+        self.pending_grace = pending_grace
+        self.watch_timeout = watch_timeout
+        self.warn = warn
+        self.clock = clock
+        self._pending_since: float | None = None
+        self._seen_warnings: set[str] = set()
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def wait(self, target: str | None) -> dict:
+        """Block until the claim settled on ``target``; return the settled claim.
+
+        Raises:
+            Infeasible: ``Infeasible`` status, or ``Pending`` beyond the grace period.
+            UnexpectedState: Unknown status, the claim deleted or its spec changed by others.
+            DeadlineExceeded: The deadline passed first.
+        """
+        what = f"waiting for claim {self.ref} to settle on {target}"
+        self._pending_since = None
+        attempt = 0
+        while True:
+            self.deadline.check(what)
+            try:
+                claim, version = self.kube.list_claim(self.namespace, self.name, self.deadline)
+                if self._judge(claim, target):
+                    return claim
+                seconds = self._watch_seconds()
+                watch_ends = self.clock() + seconds
+                with closing(
+                    self.kube.watch_claim(self.namespace, self.name, version, seconds)
+                ) as events:
+                    for kind, obj in events:
+                        if kind == "BOOKMARK":
+                            continue
+                        if self._judge(None if kind == "DELETED" else obj, target):
+                            return obj
+                        attempt = 0
+                        if self._grace_ends_before(watch_ends):
+                            break  # list again when the grace is over, not at the watch's end
+                # The server ended the stream (its timeout): list again, which also
+                # re-judges a Pending that outlived its grace.
+                continue
+            except ApiException as exc:
+                error = classify(exc)
+                if exc.status == 410:
+                    log.info("watch of %s expired (410 Gone); listing again", self.ref)
+                    continue
+                if not isinstance(error, TemporaryApiError):
+                    raise HookError(f"{what}: {api_message(exc)}") from exc
+            except CONNECTION_ERRORS as exc:
+                error = TemporaryApiError(f"watch of {self.ref} dropped: {exc}")
+            except TemporaryApiError as exc:
+                error = exc
+            delay = self.kube.backoff.delay(attempt, error.retry_after)
+            attempt += 1
+            log.warning("%s; listing again in %.2fs", error, delay)
+            self.deadline.sleep(delay, what, self.kube.sleep)
+
+    def _grace_ends_before(self, moment: float) -> bool:
+        if self._pending_since is None:
+            return False
+        return self._pending_since + self.pending_grace < moment - 0.5
+
+    def _watch_seconds(self) -> float:
+        seconds = min(self.watch_timeout, self.deadline.remaining())
+        if self._pending_since is not None:
+            grace_left = self._pending_since + self.pending_grace - self.clock()
+            seconds = min(seconds, grace_left)
+        return max(1.0, seconds)
+
+    def _judge(self, claim: dict | None, target: str | None) -> bool:
+        """True when settled; raise when it never will; False to keep waiting."""
+        if claim is None:
+            raise UnexpectedState(f"claim {self.ref} was deleted while waiting")
+        state = ClaimClassState.of(claim)
+        if state.spec != target:
+            raise UnexpectedState(
+                f"claim {self.ref} now asks for {state.spec}, not {target}: another writer "
+                "(a GitOps controller?) changed spec.volumeAttributesClassName"
+            )
+        if state.settled_on(target):
+            return True
+        self._surface_conditions(claim)
+        if state.status != "Pending":
+            self._pending_since = None
+        if state.status is None or state.status_target not in (None, target):
+            # The resizer has not picked up this request yet (or still finishes an older one).
+            return False
+        if state.status == "InProgress":
+            if self._has_condition(claim, "ModifyVolumeError"):
+                self._surface_events(claim)
+            return False
+        if state.status == "Pending":
+            now = self.clock()
+            if self._pending_since is None:
+                self._pending_since = now
+            if now - self._pending_since >= self.pending_grace:
+                raise Infeasible(
+                    f"claim {self.ref} stayed Pending for "
+                    f"{self.pending_grace:g}s: {self._reason(claim)}"
+                )
+            return False
+        if state.status == "Infeasible":
+            raise Infeasible(
+                f"modification of claim {self.ref} to {target} is Infeasible: {self._reason(claim)}"
+            )
+        raise UnexpectedState(
+            f"claim {self.ref} has unknown modify status {state.status!r} "
+            f"(known: {', '.join(KNOWN_STATUSES)})"
+        )
+
+    @staticmethod
+    def _has_condition(claim: dict, kind: str) -> bool:
+        return any(
+            c.get("type") == kind for c in (claim.get("status") or {}).get("conditions") or []
+        )
+
+    def _surface_conditions(self, claim: dict) -> None:
+        for cond in (claim.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "ModifyVolumeError":
+                self._warn_once(f"ModifyVolumeError ({cond.get('reason')}): {cond.get('message')}")
+
+    def _surface_events(self, claim: dict) -> None:
+        try:
+            events = self.kube.claim_events(self.namespace, claim, self.deadline)
+        except (ApiException, HookError) as exc:
+            log.info("could not read events of %s: %s", self.ref, exc)
+            return
+        for event in events:
+            if event.get("reason") == "VolumeModifyFailed":
+                self._warn_once(f"event VolumeModifyFailed: {event.get('message')}")
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._seen_warnings:
+            self._seen_warnings.add(message)
+            self.warn(message)
+
+    def _reason(self, claim: dict) -> str:
+        """The latest warning event of the claim, else its error condition, else unknown."""
+        try:
+            events = self.kube.claim_events(self.namespace, claim, self.deadline)
+        except (ApiException, HookError) as exc:
+            events = []
+            log.info("could not read events of %s: %s", self.ref, exc)
+        warnings = [e for e in events if e.get("type") == "Warning"]
+        if warnings:
+            last = warnings[-1]
+            return f"{last.get('reason')}: {last.get('message')}"
+        for cond in (claim.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "ModifyVolumeError":
+                return f"{cond.get('reason')}: {cond.get('message')}"
+        return "no event or condition gives a reason"

@@ -1,0 +1,254 @@
+"""Helpers for the bundle tests: find the polyaxonfiles and compile them with Polyaxon's own code.
+
+Everything here goes through Polyaxon's real validation (``check_polyaxonfile``) and its real
+Kubernetes converter (``polyaxon.k8s.Executor.make_and_convert``), offline, against the agent
+configuration shipped in ``connections/``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPONENTS = ROOT / "components"
+POLYAXONFILES = ROOT / "polyaxonfiles"
+CONNECTIONS = ROOT / "connections"
+PIPELINE = POLYAXONFILES / "checkpoint-storage-pipeline.yaml"
+AGENT_CONFIGS = sorted(CONNECTIONS.glob("agent-config*.yaml"))
+AGENT_CONFIG = CONNECTIONS / "agent-config.yaml"
+
+OWNER, PROJECT = "acme", "checkpoint-storage"
+# A stand-in for the pipeline run's uuid, which only the server knows.
+PIPELINE_UUID = uuid.uuid5(uuid.NAMESPACE_URL, "pipeline").hex
+
+VERSION_FILE = re.compile(r"^v(\d+)\.(\d+)(?:\.(\d+))?\.yaml$")
+
+
+def version_key(path: Path) -> tuple[int, ...]:
+    """Sort key of a ``v<major>.<minor>[.<patch>].yaml`` component file."""
+    match = VERSION_FILE.match(path.name)
+    assert match, f"{path} is not named v<major>.<minor>[.<patch>].yaml"
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def component_versions(name: str) -> list[Path]:
+    """The numbered version files of one component, oldest first."""
+    return sorted(
+        (p for p in (COMPONENTS / name).glob("v*.yaml") if VERSION_FILE.match(p.name)),
+        key=version_key,
+    )
+
+
+def component_names() -> list[str]:
+    """Every component folder under ``components/``."""
+    return sorted(p.name for p in COMPONENTS.iterdir() if p.is_dir())
+
+
+def all_polyaxonfiles() -> list[Path]:
+    """Every component version, ``latest.yaml``, operation and pipeline file."""
+    return sorted(COMPONENTS.glob("*/*.yaml")) + sorted(POLYAXONFILES.glob("*.yaml"))
+
+
+def load_yaml_documents(path: Path) -> list[Any]:
+    """All YAML documents of a file, empty ones dropped."""
+    with path.open() as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc is not None]
+
+
+@contextmanager
+def quiet_polyaxon() -> Iterator[None]:
+    """Silence pydantic's serializer warnings that Polyaxon 2.18 raises for every `validation`."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Pydantic serializer warnings")
+        yield
+
+
+def check(path: Path, params: Mapping[str, Any] | None = None) -> Any:
+    """Validate a polyaxonfile with params the way ``polyaxon check``/``run`` do; returns the op."""
+    from polyaxon.polyaxonfile import check_polyaxonfile
+
+    with quiet_polyaxon():
+        return check_polyaxonfile(
+            polyaxonfile=str(path), params=dict(params or {}), is_cli=False, verbose=False
+        )
+
+
+def use_agent_config(path: Path) -> None:
+    """Make Polyaxon's converter use an agent configuration file (connections, artifacts store)."""
+    from polyaxon import settings
+    from polyaxon._schemas.agent import AgentConfig
+
+    settings.AGENT_CONFIG = AgentConfig.read(yaml.safe_load(path.read_text()))
+
+
+def to_kubernetes(
+    operation: Any, run_name: str, run_uuid: str | None = None, agent_config: Path = AGENT_CONFIG
+) -> dict[str, Any]:
+    """Compile an operation to the Kubernetes resource the agent would create (as a dict)."""
+    from kubernetes.client import ApiClient
+    from polyaxon.k8s import Executor
+
+    use_agent_config(agent_config)
+    with quiet_polyaxon():
+        crd = Executor.make_and_convert(
+            owner_name=OWNER,
+            project_name=PROJECT,
+            run_uuid=run_uuid or uuid.uuid4().hex,
+            run_name=run_name,
+            content=operation.to_json(),
+            default_auth=False,
+        )
+    return ApiClient().sanitize_for_serialization(crd)
+
+
+@dataclass(frozen=True)
+class Pod:
+    """The parts of a compiled Polyaxon job that the tests look at."""
+
+    manifest: dict[str, Any]
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.manifest["batchJobSpec"]["template"]["spec"]
+
+    @property
+    def main(self) -> dict[str, Any]:
+        """The container that runs the component's command (Polyaxon names it polyaxon-main)."""
+        (main,) = [c for c in self.spec["containers"] if c["name"] == "polyaxon-main"]
+        return main
+
+    @property
+    def argv(self) -> list[str]:
+        return list(self.main.get("command") or []) + list(self.main.get("args") or [])
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return {e["name"]: e.get("value") for e in self.main.get("env") or []}
+
+    def mounts(self) -> dict[str, str]:
+        """Mount path -> claim name of every persistentVolumeClaim mounted in the main container."""
+        claims = {
+            v["name"]: v["persistentVolumeClaim"]["claimName"]
+            for v in self.spec.get("volumes") or []
+            if v.get("persistentVolumeClaim")
+        }
+        return {
+            m["mountPath"]: claims[m["name"]]
+            for m in self.main.get("volumeMounts") or []
+            if m["name"] in claims
+        }
+
+    def as_pod(self) -> dict[str, Any]:
+        """The job's pod template as a plain v1 Pod, for kubernetes-validate."""
+        template = self.manifest["batchJobSpec"]["template"]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": template["metadata"],
+            "spec": template["spec"],
+        }
+
+
+def compile_component(
+    path: Path, params: Mapping[str, Any] | None = None, agent_config: Path = AGENT_CONFIG
+) -> Pod:
+    """Validate a component or operation file with params and compile it to a pod."""
+    operation = check(path, params)
+    return Pod(to_kubernetes(operation, run_name=path.parent.name, agent_config=agent_config))
+
+
+# ---- DAG ops --------------------------------------------------------------------------------
+
+
+def op_uuid(op_name: str) -> str:
+    """A stand-in run uuid for a DAG op (the server assigns the real one)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, op_name).hex
+
+
+@dataclass
+class Dag:
+    """The pipeline as Polyaxon reads it, with its inputs resolved to values."""
+
+    operation: Any
+    inputs: dict[str, Any]
+
+    @property
+    def run(self) -> Any:
+        return self.operation.component.run
+
+    @property
+    def ops(self) -> dict[str, Any]:
+        return {op.name: op for op in self.run.operations}
+
+    def order(self) -> list[str]:
+        """Polyaxon's own topological order of the ops, one per stage."""
+        self.run.process_dag()
+        self.run.validate_dag()
+        return [name for stage in self.run.sort_topologically() for name in stage]
+
+    def upstream(self) -> dict[str, set[str]]:
+        """Direct upstream ops of every op, as Polyaxon's DAG sees them."""
+        self.run.process_dag()
+        return {name: set(node.upstream) for name, node in self.run.dag.items()}
+
+    def stand_in_output(self, op_name: str, output: str) -> Any:
+        """What an upstream op's output would be after it succeeded, typed as declared."""
+        if output == "applied_class":  # a successful switch applies the class it was given
+            return self.resolve_params(op_name)["target_class"]
+        (io,) = [o for o in self.ops[op_name].component.outputs if o.name == output]
+        return {"float": 1.5, "int": 3, "bool": True}.get(io.type, f"{op_name}.{output}")
+
+    def resolve_param(self, param: Any) -> Any:
+        """A param's value as the server would pass it to the op."""
+        ref, value = param.ref, param.value
+        if ref is None:
+            return value
+        kind, _, name = value.partition(".")
+        if ref == "dag":
+            return PIPELINE_UUID if value == "globals.uuid" else self.inputs[name]
+        assert ref.startswith("ops."), f"unexpected ref {ref}"
+        upstream = ref.removeprefix("ops.")
+        if value == "globals.uuid":
+            return op_uuid(upstream)
+        assert kind == "outputs", f"unexpected ref value {value}"
+        return self.stand_in_output(upstream, name)
+
+    def resolve_params(self, op_name: str) -> dict[str, Any]:
+        """An op's params as plain values; context-only params are not component inputs."""
+        params = self.ops[op_name].params or {}
+        return {k: self.resolve_param(p) for k, p in params.items() if not p.context_only}
+
+    def compile_op(self, op_name: str, agent_config: Path = AGENT_CONFIG) -> Pod:
+        """Compile one op of the DAG to the pod the agent would create for it."""
+        from polyaxon._polyaxonfile import OperationSpecification
+
+        op = self.ops[op_name]
+        with quiet_polyaxon():
+            standalone = OperationSpecification.read(
+                {
+                    "kind": "operation",
+                    "name": op_name,
+                    "component": op.component.to_dict(),
+                    "params": {k: {"value": v} for k, v in self.resolve_params(op_name).items()},
+                }
+            )
+        return Pod(
+            to_kubernetes(standalone, op_name, run_uuid=op_uuid(op_name), agent_config=agent_config)
+        )
+
+
+def load_dag(path: Path = PIPELINE, params: Mapping[str, Any] | None = None) -> Dag:
+    """Validate the pipeline with params and resolve its inputs (defaults, then params)."""
+    operation = check(path, params)
+    inputs = {io.name: io.value for io in operation.component.inputs or []}
+    inputs.update({k: p.value for k, p in (operation.params or {}).items()})
+    return Dag(operation=operation, inputs=inputs)

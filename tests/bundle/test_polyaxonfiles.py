@@ -1,0 +1,232 @@
+"""Every component, operation and pipeline file passes Polyaxon's own checks."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from polyaxon.exceptions import PolyaxonfileError
+
+from tests.bundle.bundle import (
+    COMPONENTS,
+    PIPELINE,
+    POLYAXONFILES,
+    ROOT,
+    all_polyaxonfiles,
+    check,
+    component_names,
+)
+
+POLYAXON = [sys.executable, "-m", "polyaxon"]
+FILES = all_polyaxonfiles()
+
+
+def polyaxon_check(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``polyaxon check`` CLI, as an author or CI would."""
+    return subprocess.run(
+        [*POLYAXON, "check", *args], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+
+
+# One interpreter runs the real `polyaxon` command (polyaxon.cli:cli) once per file: a
+# process per file would spend most of the time importing polyaxon again.
+LINT_ALL = """
+import json, sys
+from click.testing import CliRunner
+from polyaxon.cli import cli
+results = {}
+for path in sys.argv[1:]:
+    r = CliRunner().invoke(cli, ["check", "--lint", "-f", path])
+    results[path] = {"exit_code": r.exit_code, "output": r.output}
+print(json.dumps(results))
+"""
+
+
+def lint(paths: list[Path]) -> dict[str, dict]:
+    """``polyaxon check --lint -f FILE`` for each file: exit code and output by path."""
+    result = subprocess.run(
+        [sys.executable, "-c", LINT_ALL, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def lint_results() -> dict[str, dict]:
+    return lint(FILES)
+
+
+def test_the_bundle_has_every_kind_of_file() -> None:
+    assert {"checkpoint-training", "storage-profile", "fio-sweep"} <= set(component_names())
+    assert PIPELINE in FILES
+    assert len(list(POLYAXONFILES.glob("*.yaml"))) >= 3
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_polyaxon_check_lint(path: Path, lint_results) -> None:
+    result = lint_results[str(path)]
+    assert result["exit_code"] == 0, result["output"]
+    assert "Polyaxonfile valid" in result["output"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "lint_only", "message"),
+    [
+        # A schema error: lint catches it.
+        ("trigger: all_done", "trigger: whenever", True, "whenever"),
+        # A dependency on an op that does not exist: only the full check builds the DAG.
+        ("dependencies: [fio-baseline]", "dependencies: [fio-typo]", False, "fio-typo"),
+    ],
+)
+def test_polyaxon_check_fails_on_a_broken_pipeline(
+    tmp_path: Path, old: str, new: str, lint_only: bool, message: str
+) -> None:
+    # The checks above must be able to fail.
+    broken = tmp_path / "polyaxonfiles" / PIPELINE.name
+    shutil.copytree(COMPONENTS, tmp_path / "components")
+    broken.parent.mkdir()
+    assert old in PIPELINE.read_text()
+    broken.write_text(PIPELINE.read_text().replace(old, new, 1))
+    result = polyaxon_check(*(["--lint"] if lint_only else []), "-f", str(broken))
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+    if lint_only:
+        assert lint([broken])[str(broken)]["exit_code"] != 0
+    with pytest.raises(PolyaxonfileError):
+        check(broken)
+
+
+def test_polyaxon_check_with_params_cli() -> None:
+    result = polyaxon_check(
+        "-f", str(POLYAXONFILES / "switch-throughput.yaml"), "-P", "settle=kubernetes"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    bad = polyaxon_check("-f", str(POLYAXONFILES / "switch-throughput.yaml"), "-P", "settle=soon")
+    assert bad.returncode != 0
+    assert "soon" in bad.stdout + bad.stderr
+
+
+# Real params for every file: what the README, the sandbox and CI pass.
+REAL_PARAMS: dict[str, list[dict]] = {
+    "checkpoint-training": [
+        {"storage_profile": "checkpoint-baseline"},
+        {
+            "storage_profile": "checkpoint-throughput",
+            "checkpoint_dir": "/checkpoints/throughput-resumed",
+            "resume": True,
+            "upload_to": "s3://acme-ml-checkpoints/run-1",
+            "model_size": "16MiB",
+            "steps": 20,
+            "checkpoint_every": 5,
+            "checkpoint_format": "raw",
+            "durability": "none",
+            "async_checkpoint": True,
+            "device": "cpu",
+            "track": False,
+        },
+    ],
+    "storage-profile": [
+        {"target_class": "checkpoint-throughput"},
+        {
+            "target_class": "checkpoint-baseline",
+            "settle": "kubernetes",
+            "on_infeasible": "rollback",
+            "timeout": 7200,
+            "dry_run": True,
+            "force": True,
+            "backend": "local",
+            "profiles_file": "connections/sandbox-profiles.yaml",
+        },
+    ],
+    "fio-sweep": [
+        {},
+        {
+            "size_scale": 0.01,
+            "runtime": 5,
+            "target": "/checkpoints/fio-smoke",
+            "reference_dir": "/tmp/fio-reference",
+            "spec": "checkpoint-matrix",
+            "storage_profile": "checkpoint-throughput",
+            "track": False,
+        },
+    ],
+    "checkpoint-compare": [
+        {"pipeline": "0" * 32},
+        {
+            "pipeline": "0" * 32,
+            "api_host": "http://127.0.0.1:8000",
+            "project": "acme/checkpoint-storage",
+            "pricing": "connections/pricing.yaml",
+            "gpu_hourly": 4.5,
+            "html": "/tmp/verdict.html",
+            "json": "/tmp/verdict.json",
+            "baseline_class": "checkpoint-baseline",
+            "throughput_class": "checkpoint-throughput",
+        },
+    ],
+}
+SMALL_PIPELINE = {
+    "backend": "local",
+    "profiles_file": "connections/sandbox-profiles.yaml",
+    "model_size": "4MiB",
+    "steps": 6,
+    "checkpoint_every": 2,
+    "size_scale": 0.001,
+    "fio_runtime": 2,
+    "restore_after": True,
+    "api_host": "http://127.0.0.1:8000",
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        (p, params)
+        for p in sorted(COMPONENTS.glob("*/*.yaml"))
+        for params in REAL_PARAMS[p.parent.name]
+    ]
+    + [(p, {}) for p in sorted(POLYAXONFILES.glob("*.yaml"))]
+    + [(PIPELINE, SMALL_PIPELINE)],
+    ids=lambda x: str(x.relative_to(ROOT)) if isinstance(x, Path) else ",".join(x) or "defaults",
+)
+def test_check_polyaxonfile_with_real_params(path: Path, params: dict) -> None:
+    operation = check(path, params)
+    passed = {k: p.value for k, p in (operation.params or {}).items()}
+    assert passed.items() >= params.items()
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("checkpoint-training", {}, "non optional inputs"),
+        ("checkpoint-training", {"storage_profile": "x", "checkpoint_dir": "/tmp/x"}, "regex"),
+        ("checkpoint-training", {"storage_profile": "x", "device": "gpu"}, "gpu"),
+        ("checkpoint-training", {"storage_profile": "x", "steps": 0}, "greater than"),
+        ("storage-profile", {"target_class": "x", "backend": "docker"}, "docker"),
+        ("storage-profile", {"target_class": "x", "on_infeasible": "retry"}, "retry"),
+        ("fio-sweep", {"mount": "/data"}, "regex"),
+        ("fio-sweep", {"size_scale": 0}, "greater than"),
+    ],
+)
+def test_bad_params_are_refused(name: str, params: dict, message: str) -> None:
+    with pytest.raises(PolyaxonfileError) as error:
+        check(COMPONENTS / name / "v1.0.yaml", params)
+    assert re.search(message, str(error.value.__cause__ or error.value))
+
+
+def test_every_component_input_has_a_type_and_a_description() -> None:
+    for path in sorted(COMPONENTS.glob("*/v*.yaml")):
+        component = check(path, REAL_PARAMS[path.parent.name][0]).component
+        assert re.fullmatch(r"[-a-zA-Z0-9_]+", component.name), path
+        assert component.name == path.parent.name, path
+        for io in [*component.inputs, *(component.outputs or [])]:
+            assert io.type and io.description, f"{path}: {io.name}"

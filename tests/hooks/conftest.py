@@ -1,0 +1,78 @@
+"""Fixtures: the Kubernetes double, a kubeconfig for it, moto EC2 with stepped states."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from hooks.storage_profile import cli
+from hooks.storage_profile.providers import EbsProvider
+from tests.hooks.helpers import FAST_BACKOFF, Ec2, Stepper
+from tests.hooks.kube_double import KubeDouble
+
+CLAIM_WRITE = re.compile(r"^/api/v1/namespaces/[^/]+/persistentvolumeclaims/[^/]+$")
+
+
+@pytest.fixture
+def double() -> Iterator[KubeDouble]:
+    """A started double; afterwards, checks that the hook only ever patched claims' class."""
+    server = KubeDouble().start()
+    yield server
+    server.stop()
+    for write in server.writes():
+        assert write.method == "PATCH" and CLAIM_WRITE.match(write.path), write
+        assert write.content_type == "application/merge-patch+json", write
+        assert list(write.body) == ["spec"] and list(write.body["spec"]) == [
+            "volumeAttributesClassName"
+        ], write
+
+
+@pytest.fixture
+def kubeconfig(double: KubeDouble, tmp_path: Path) -> Path:
+    return double.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture(autouse=True)
+def _fast_seams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny backoff and watch timeouts, and no provider unless a test asks for one."""
+    monkeypatch.setattr(cli, "BACKOFF", FAST_BACKOFF)
+    monkeypatch.setattr(cli, "WATCH_TIMEOUT", 5.0)
+    monkeypatch.setattr(cli, "PROVIDER_FOR", lambda driver, pv: None)
+
+
+@pytest.fixture
+def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2]:
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        client = boto3.client("ec2", region_name="us-east-1")
+        volume = client.create_volume(
+            AvailabilityZone="us-east-1a", Size=200, VolumeType="gp3", Iops=3000, Throughput=125
+        )
+        yield Ec2(client, volume["VolumeId"])
+
+
+@pytest.fixture
+def use_ebs(monkeypatch: pytest.MonkeyPatch, ec2: Ec2):
+    """Route the CLI's provider lookup to a real EbsProvider on a stepped moto client."""
+
+    def install(stepper: Stepper, **kwargs) -> EbsProvider:
+        client = boto3.client("ec2", region_name="us-east-1")
+        stepper.attach(client)
+        provider = EbsProvider(ec2=client, poll_interval=0.01, **kwargs)
+        monkeypatch.setattr(
+            cli, "PROVIDER_FOR", lambda driver, pv: provider if driver == provider.driver else None
+        )
+        return provider
+
+    return install

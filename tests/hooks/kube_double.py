@@ -1,0 +1,932 @@
+"""A stateful Kubernetes API test double speaking real HTTP on loopback.
+
+It serves the endpoints the storage-profile hook uses, the way kube-apiserver does:
+resourceVersions on every change, list + watch with resume from a resourceVersion and
+``410 Expired`` once history is compacted, merge patches, the PVC update rules of the
+field notes (422 for an unbound claim, 422 for nil after a class was applied), Status
+bodies for errors, and optional RBAC from a Role manifest. A fake external-resizer acts
+on claims like external-resizer v2 (see ``FakeResizer``).
+
+The official ``kubernetes`` client reaches it through a kubeconfig (:meth:`write_kubeconfig`).
+Every request is recorded, so tests can assert exactly what was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+CLAIMS = "persistentvolumeclaims"
+# (api group, resource) -> kind
+KINDS = {
+    ("", CLAIMS): "PersistentVolumeClaim",
+    ("", "persistentvolumes"): "PersistentVolume",
+    ("", "events"): "Event",
+    ("", "pods"): "Pod",
+    ("storage.k8s.io", "volumeattributesclasses"): "VolumeAttributesClass",
+}
+CLUSTER_SCOPED = {"PersistentVolume", "VolumeAttributesClass"}
+IMMUTABLE_SPEC = (
+    "spec is immutable after creation except resources.requests and "
+    "volumeAttributesClassName for bound claims"
+)
+PATH_RE = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[a-z0-9.]+)/v1)"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[a-z]+)(?:/(?P<name>[^/]+))?$"
+)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(code: int, reason: str, message: str) -> dict:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def lookup(obj: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def parse_selector(selector: str | None) -> list[tuple[str, str]]:
+    if not selector:
+        return []
+    return [tuple(term.split("=", 1)) for term in selector.split(",") if term]  # type: ignore[misc]
+
+
+def matches(obj: dict, selector: list[tuple[str, str]]) -> bool:
+    return all(str(lookup(obj, key) or "") == value for key, value in selector)
+
+
+@dataclass
+class Recorded:
+    """One request the double answered."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    verb: str
+    content_type: str | None = None
+    body: Any = None
+    status: int = 200
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Fault:
+    """An injected error answer for matching requests."""
+
+    method: str
+    path_re: str
+    status: int
+    times: int = 1
+    retry_after: str | None = None
+
+
+@dataclass
+class Rbac:
+    """Role rules in force for the (single) caller, as loaded from manifests."""
+
+    namespaced: dict[str, list[dict]] = field(default_factory=dict)
+    cluster: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_manifests(cls, path: Path, service_account: str) -> Rbac:
+        """Rules bound to ``namespace:name`` service account by the manifests in ``path``."""
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        roles = {
+            (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+            for d in docs
+            if d["kind"] in ("Role", "ClusterRole")
+        }
+        sa_ns, sa_name = service_account.split(":")
+        rbac = cls()
+        for binding in docs:
+            if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+                continue
+            if not any(
+                s.get("kind") == "ServiceAccount"
+                and s["name"] == sa_name
+                and s.get("namespace") == sa_ns
+                for s in binding.get("subjects", [])
+            ):
+                continue
+            ref = binding["roleRef"]
+            role_ns = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+            rules = roles[(ref["kind"], role_ns, ref["name"])].get("rules", [])
+            if binding["kind"] == "RoleBinding":
+                rbac.namespaced.setdefault(binding["metadata"]["namespace"], []).extend(rules)
+            else:
+                rbac.cluster.extend(rules)
+        return rbac
+
+    def allows(
+        self, verb: str, group: str, resource: str, ns: str | None, name: str | None
+    ) -> bool:
+        rules = self.cluster + (self.namespaced.get(ns, []) if ns else [])
+        for rule in rules:
+            if (
+                verb in rule.get("verbs", [])
+                and group in rule.get("apiGroups", [])
+                and resource in rule.get("resources", [])
+            ):
+                names = rule.get("resourceNames")
+                if not names or (name is not None and name in names):
+                    return True
+        return False
+
+
+class KubeDouble:
+    """The double; start it, seed objects, point a kubeconfig at it.
+
+    Attributes:
+        requests: Every request answered, in order.
+        watch_faults: Per watch request, in order: ``"gone"`` (an ERROR event 410 Expired in
+            the stream), ``"gone-http"`` (HTTP 410 before any stream), ``"drop"`` (cut the
+            connection mid-stream) or None (behave).
+        on_patch: Called (on the server thread) after each accepted PATCH of a claim.
+        rbac: When set, requests its rules do not allow get 403.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.rv = 1000
+        self.objects: dict[tuple[str, str | None, str], dict] = {}
+        self.history: list[tuple[int, str, dict]] = []
+        self.compacted_rv = 0
+        self.requests: list[Recorded] = []
+        self.faults: list[Fault] = []
+        self.watch_faults: deque[str | None] = deque()
+        self.on_patch: Callable[[dict], None] | None = None
+        self.rbac: Rbac | None = None
+        self.resizer = FakeResizer(self)
+        self._watchers: set[tuple[asyncio.Queue, str, tuple]] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port = 0
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> KubeDouble:
+        ready = threading.Event()
+
+        def run() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self._serve())
+            ready.set()
+            self.loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="kube-double", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the Kubernetes double did not start")
+        return self
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self.loop is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
+        fut.result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        assert self._thread is not None
+        self._thread.join(10)
+
+    async def _shutdown(self) -> None:
+        self.resizer.cancel_all()
+        for queue, _, _ in list(self._watchers):
+            queue.put_nowait(None)
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "double", "cluster": {"server": self.url}}],
+            "users": [{"name": "hook", "user": {"token": "storage-profile-hook"}}],
+            "contexts": [
+                {
+                    "name": "double",
+                    "context": {"cluster": "double", "user": "hook", "namespace": namespace},
+                }
+            ],
+            "current-context": "double",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def run_in_loop(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the server's loop (for resizer work started from a test)."""
+        assert self.loop is not None
+
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
+
+    # -- state ---------------------------------------------------------------------------
+
+    def get(self, kind: str, name: str, ns: str | None = None) -> dict | None:
+        with self.lock:
+            obj = self.objects.get((kind, None if kind in CLUSTER_SCOPED else ns, name))
+            return copy.deepcopy(obj)
+
+    def put(self, obj: dict) -> dict:
+        """Create or replace an object (as a controller would); bumps its resourceVersion."""
+        obj = copy.deepcopy(obj)
+        kind = obj["kind"]
+        meta = obj.setdefault("metadata", {})
+        ns = None if kind in CLUSTER_SCOPED else meta.setdefault("namespace", "default")
+        key = (kind, ns, meta["name"])
+        with self.lock:
+            old = self.objects.get(key)
+            meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
+            meta.setdefault(
+                "creationTimestamp", old["metadata"]["creationTimestamp"] if old else now_rfc3339()
+            )
+            self.rv += 1
+            meta["resourceVersion"] = str(self.rv)
+            self.objects[key] = obj
+            if kind == "PersistentVolumeClaim":
+                self._record("ADDED" if old is None else "MODIFIED", obj)
+        return copy.deepcopy(obj)
+
+    def delete(self, kind: str, name: str, ns: str | None = None) -> None:
+        with self.lock:
+            obj = self.objects.pop((kind, None if kind in CLUSTER_SCOPED else ns, name))
+            self.rv += 1
+            if kind == "PersistentVolumeClaim":
+                obj = copy.deepcopy(obj)
+                obj["metadata"]["resourceVersion"] = str(self.rv)
+                self._record("DELETED", obj)
+
+    def update(self, kind: str, name: str, ns: str | None, fn: Callable[[dict], None]) -> dict:
+        """Change an object in place under the lock; bumps resourceVersion if it changed."""
+        with self.lock:
+            obj = self.get(kind, name, ns)
+            if obj is None:
+                raise KeyError(name)
+            before = copy.deepcopy(obj)
+            fn(obj)
+            if obj == before:
+                return obj
+            return self.put(obj)
+
+    def compact(self) -> None:
+        """Forget the watch history, as etcd compaction does: older resume points get 410."""
+        with self.lock:
+            self.history.clear()
+            self.compacted_rv = self.rv
+
+    def add_event(self, involved: dict, type_: str, reason: str, message: str) -> None:
+        meta = involved["metadata"]
+        self.put(
+            {
+                "kind": "Event",
+                "apiVersion": "v1",
+                "metadata": {
+                    "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+                    "namespace": meta.get("namespace", "default"),
+                },
+                "involvedObject": {
+                    "kind": involved["kind"],
+                    "name": meta["name"],
+                    "namespace": meta.get("namespace"),
+                    "uid": meta["uid"],
+                    "apiVersion": "v1",
+                },
+                "type": type_,
+                "reason": reason,
+                "message": message,
+                "count": 1,
+                "source": {"component": "external-resizer ebs.csi.aws.com"},
+                "firstTimestamp": now_rfc3339(),
+                "lastTimestamp": now_rfc3339(),
+            }
+        )
+
+    def fail(
+        self, method: str, path_re: str, status: int, times: int = 1, retry_after: str | None = None
+    ) -> None:
+        """Answer the next ``times`` matching requests with ``status``."""
+        with self.lock:
+            self.faults.append(Fault(method, path_re, status, times, retry_after))
+
+    def writes(self) -> list[Recorded]:
+        return [r for r in self.requests if r.method not in ("GET", "HEAD")]
+
+    def count(self, verb: str, resource: str = CLAIMS) -> int:
+        return sum(1 for r in self.requests if r.verb == verb and f"/{resource}" in r.path)
+
+    def _record(self, type_: str, obj: dict) -> None:
+        self.history.append((self.rv, type_, copy.deepcopy(obj)))
+        for queue, ns, selector in list(self._watchers):
+            if obj["metadata"]["namespace"] == ns and matches(obj, selector):
+                assert self.loop is not None
+                self.loop.call_soon_threadsafe(queue.put_nowait, (type_, copy.deepcopy(obj)))
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        match = PATH_RE.match(request.path)
+        query = dict(request.query)
+        body = await request.read()
+        request["raw_body"] = body
+        if not match or (match["group"] or "", match["resource"]) not in KINDS:
+            return self._answer(
+                request,
+                query,
+                "unknown",
+                404,
+                status_body(
+                    404,
+                    "NotFound",
+                    f"the server could not find the requested resource ({request.path})",
+                ),
+            )
+        group, resource = match["group"] or "", match["resource"]
+        ns, name = match["ns"], match["name"]
+        kind = KINDS[(group, resource)]
+        verb = {
+            "GET": "get"
+            if name
+            else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list"),
+            "PATCH": "patch",
+            "PUT": "update",
+            "POST": "create",
+            "DELETE": "delete",
+        }.get(request.method, request.method.lower())
+        selector = parse_selector(query.get("fieldSelector"))
+        with self.lock:
+            fault = next(
+                (
+                    f
+                    for f in self.faults
+                    if f.method == request.method
+                    and re.search(f.path_re, request.path)
+                    and f.times > 0
+                ),
+                None,
+            )
+            if fault:
+                fault.times -= 1
+        if fault:
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+            reason = {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(
+                fault.status, "InternalError"
+            )
+            return self._answer(
+                request,
+                query,
+                verb,
+                fault.status,
+                status_body(fault.status, reason, "injected fault"),
+                headers,
+            )
+        if self.rbac is not None:
+            # RBAC authorizes list/watch by name only through a metadata.name selector.
+            auth_name = name or dict(selector).get("metadata.name")
+            if not self.rbac.allows(verb, group, resource, ns, auth_name):
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    403,
+                    status_body(
+                        403,
+                        "Forbidden",
+                        f'{resource} "{auth_name or ""}" is forbidden: User '
+                        f'"system:serviceaccount:storage-profile-hook" cannot {verb} resource '
+                        f'"{resource}" in API group "{group}"',
+                    ),
+                )
+        if verb == "watch":
+            return await self._watch(request, ns, selector, query)
+        if verb == "list":
+            with self.lock:
+                items = [
+                    copy.deepcopy(o)
+                    for (k, o_ns, _), o in self.objects.items()
+                    if k == kind and (ns is None or o_ns == ns) and matches(o, selector)
+                ]
+                listing = {
+                    "kind": f"{kind}List",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": items,
+                }
+            return self._answer(request, query, verb, 200, listing)
+        if verb == "get":
+            obj = self.get(kind, name, ns)
+            if obj is None:
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    404,
+                    status_body(404, "NotFound", f'{resource} "{name}" not found'),
+                )
+            return self._answer(request, query, verb, 200, obj)
+        if verb == "patch" and kind == "PersistentVolumeClaim":
+            return self._patch_claim(request, query, ns, name, body)
+        return self._answer(
+            request,
+            query,
+            verb,
+            405,
+            status_body(
+                405, "MethodNotAllowed", f"the double does not implement {verb} {resource}"
+            ),
+        )
+
+    def _answer(
+        self,
+        request: web.Request,
+        query: dict,
+        verb: str,
+        code: int,
+        payload: dict,
+        headers: dict | None = None,
+        body: Any = None,
+    ) -> web.Response:
+        if body is None and request.get("raw_body"):
+            try:
+                body = json.loads(request["raw_body"])
+            except ValueError:
+                body = request["raw_body"]
+        self.requests.append(
+            Recorded(
+                request.method,
+                request.path,
+                query,
+                verb,
+                request.headers.get("Content-Type"),
+                body,
+                code,
+            )
+        )
+        return web.json_response(payload, status=code, headers=headers)
+
+    def _patch_claim(
+        self, request: web.Request, query: dict, ns: str, name: str, raw: bytes
+    ) -> web.Response:
+        content_type = request.headers.get("Content-Type", "")
+        try:
+            patch = json.loads(raw)
+        except ValueError:
+            patch = None
+        if content_type not in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ) or not isinstance(patch, dict):
+            return self._answer(
+                request,
+                query,
+                "patch",
+                415,
+                status_body(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the double takes merge patches, not {content_type}",
+                ),
+                body=patch,
+            )
+        with self.lock:
+            old = self.get("PersistentVolumeClaim", name, ns)
+            if old is None:
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    404,
+                    status_body(404, "NotFound", f'persistentvolumeclaims "{name}" not found'),
+                    body=patch,
+                )
+            new = merge_patch(old, patch)
+            new["status"] = old.get("status")  # status is a subresource
+            new["metadata"] = merge_patch(
+                old["metadata"],
+                {
+                    k: v
+                    for k, v in (patch.get("metadata") or {}).items()
+                    if k in ("labels", "annotations")
+                },
+            )
+            error = self._validate_claim_update(old, new)
+            if error:
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    422,
+                    status_body(
+                        422, "Invalid", f'PersistentVolumeClaim "{name}" is invalid: {error}'
+                    ),
+                    body=patch,
+                )
+            stored = old if new == old else self.put(new)
+        if new != old:
+            self.resizer.on_claim_update(old, stored)
+            if self.on_patch:
+                self.on_patch(stored)
+        return self._answer(request, query, "patch", 200, stored, body=patch)
+
+    @staticmethod
+    def _validate_claim_update(old: dict, new: dict) -> str | None:
+        old_spec, new_spec = dict(old["spec"]), dict(new["spec"])
+        for spec in (old_spec, new_spec):
+            spec.pop("resources", None)
+        vac_changed = old_spec.pop("volumeAttributesClassName", None) != new_spec.pop(
+            "volumeAttributesClassName", None
+        )
+        bound = (old.get("status") or {}).get("phase") == "Bound"
+        if old_spec != new_spec or (vac_changed and not bound):
+            return f"spec: Forbidden: {IMMUTABLE_SPEC}"
+        if (
+            vac_changed
+            and new["spec"].get("volumeAttributesClassName") is None
+            and (old.get("status") or {}).get("currentVolumeAttributesClassName")
+        ):
+            return (
+                "spec.volumeAttributesClassName: Forbidden: update from non-nil value to "
+                "nil is forbidden"
+            )
+        return None
+
+    async def _watch(
+        self, request: web.Request, ns: str, selector: list, query: dict
+    ) -> web.StreamResponse:
+        fault = self.watch_faults.popleft() if self.watch_faults else None
+        if fault == "gone-http":
+            return self._answer(
+                request,
+                query,
+                "watch",
+                410,
+                status_body(410, "Expired", "too old resource version"),
+            )
+        self.requests.append(Recorded(request.method, request.path, query, "watch"))
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+
+        async def send(type_: str, obj: dict) -> None:
+            await resp.write(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
+
+        version = query.get("resourceVersion") or "0"
+        with self.lock:
+            expired = fault == "gone" or (version != "0" and int(version) < self.compacted_rv)
+            if not expired:
+                queue: asyncio.Queue = asyncio.Queue()
+                watcher = (queue, ns, tuple(selector))
+                self._watchers.add(watcher)
+                if version == "0":
+                    backlog = [
+                        ("ADDED", o)
+                        for (k, o_ns, _), o in self.objects.items()
+                        if k == "PersistentVolumeClaim" and o_ns == ns and matches(o, selector)
+                    ]
+                else:
+                    backlog = [
+                        (t, o)
+                        for rv, t, o in self.history
+                        if rv > int(version)
+                        and o["metadata"]["namespace"] == ns
+                        and matches(o, selector)
+                    ]
+        if expired:
+            await send(
+                "ERROR",
+                status_body(
+                    410, "Expired", f"too old resource version: {version} ({self.compacted_rv})"
+                ),
+            )
+            return resp
+        try:
+            if fault == "drop":
+                # A mid-stream cut: the chunked body never terminates properly.
+                await asyncio.sleep(0.1)
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            for type_, obj in backlog:
+                await send(type_, copy.deepcopy(obj))
+            deadline = self.loop.time() + float(query.get("timeoutSeconds") or 1800)
+            while (left := deadline - self.loop.time()) > 0:
+                try:
+                    item = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    break
+                if item is None:
+                    break
+                await send(*item)
+            if query.get("allowWatchBookmarks", "").lower() == "true":
+                await send(
+                    "BOOKMARK",
+                    {
+                        "kind": "PersistentVolumeClaim",
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(self.rv)},
+                    },
+                )
+            await resp.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            pass
+        finally:
+            self._watchers.discard(watcher)
+        return resp
+
+
+class FakeResizer:
+    """external-resizer v2's modify path, on the double's loop.
+
+    Attributes:
+        driver: The CSI driver it serves; claims of other drivers are ignored silently.
+        results: Per class name, driver call outcomes to use in order: ``"ok"``,
+            ``"InvalidArgument"``, ``"Internal"``, or ``"status:X"`` (set an unknown status
+            X); when exhausted, ``"ok"``.
+        on_modify: Called with (pv, class) on each successful driver call (EC2 via moto).
+        delay: Seconds before the resizer reacts to a change.
+        driver_delay: Seconds a driver call takes.
+        retry_delay: Backoff after a final error.
+    """
+
+    def __init__(self, double: KubeDouble) -> None:
+        self.double = double
+        self.driver = "ebs.csi.aws.com"
+        self.results: dict[str, list[str]] = {}
+        self.on_modify: Callable[[dict, dict], None] | None = None
+        self.delay = 0.05
+        self.driver_delay = 0.2
+        self.retry_delay = 0.1
+        self.calls: list[tuple[str, str]] = []
+        self._tasks: dict[tuple[str, str], asyncio.Task] = {}
+
+    def cancel_all(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+
+    def restart(self) -> None:
+        """A resizer restart re-queues every claim whose spec differs from its current class."""
+        with self.double.lock:
+            claims = [
+                o for (k, _, _), o in self.double.objects.items() if k == "PersistentVolumeClaim"
+            ]
+        for claim in claims:
+            if claim["spec"].get("volumeAttributesClassName") != (claim.get("status") or {}).get(
+                "currentVolumeAttributesClassName"
+            ):
+                self._start(claim["metadata"]["namespace"], claim["metadata"]["name"])
+
+    def _start(self, ns: str, name: str) -> None:
+        key = (ns, name)
+        if key in self._tasks:
+            self._tasks[key].cancel()
+        self._tasks[key] = asyncio.get_running_loop().create_task(self._modify(ns, name))
+
+    def on_claim_update(self, old: dict, new: dict) -> None:
+        if old["spec"].get("volumeAttributesClassName") == new["spec"].get(
+            "volumeAttributesClassName"
+        ):
+            return
+        self._start(new["metadata"]["namespace"], new["metadata"]["name"])
+
+    def _set_status(self, ns: str, name: str, fn: Callable[[dict], None]) -> dict:
+        def change(claim: dict) -> None:
+            fn(claim.setdefault("status", {}))
+
+        return self.double.update("PersistentVolumeClaim", name, ns, change)
+
+    async def _modify(self, ns: str, name: str) -> None:
+        double = self.double
+        await asyncio.sleep(self.delay)
+        claim = double.get("PersistentVolumeClaim", name, ns)
+        target = claim["spec"].get("volumeAttributesClassName")
+        pv = double.get("PersistentVolume", claim["spec"].get("volumeName") or "")
+        driver = (pv or {}).get("spec", {}).get("csi", {}).get("driver")
+        if target is None or driver != self.driver:
+            return  # nothing to modify, or another driver's volume: ignored silently
+        vac = double.get("VolumeAttributesClass", target)
+        if vac is None:
+            # Target field untouched, a Warning event, and no requeue when the class appears.
+            self._set_status(ns, name, partial(_with_status, "Pending", None))
+            double.add_event(
+                claim, "Warning", "VolumeModifyFailed", f'VAC "{target}" does not exist.'
+            )
+            return
+        while True:
+            claim = self._set_status(ns, name, partial(_in_progress, target))
+            double.add_event(
+                claim,
+                "Normal",
+                "VolumeModify",
+                f"external resizer is modifying volume {name} with vac {target}",
+            )
+            await asyncio.sleep(self.driver_delay)
+            queue = self.results.get(target) or []
+            result = queue.pop(0) if queue else "ok"
+            self.calls.append((target, result))
+            if result == "ok":
+                if self.on_modify:
+                    self.on_modify(pv, vac)
+                double.update(
+                    "PersistentVolume", pv["metadata"]["name"], None, partial(_pv_class, target)
+                )
+                claim = self._set_status(ns, name, partial(_settled, target))
+                double.add_event(
+                    claim,
+                    "Normal",
+                    "VolumeModifySuccessful",
+                    f"external resizer modified volume {name} with vac {target} successfully",
+                )
+                return
+            if result.startswith("status:"):
+                self._set_status(ns, name, partial(_with_status, result.split(":", 1)[1], target))
+                return
+            message = (
+                f"rpc error: code = {result} desc = Could not modify volume "
+                f'"{pv["spec"]["csi"]["volumeHandle"]}"'
+            )
+            final = result == "InvalidArgument"
+            claim = self._set_status(ns, name, partial(_failed, target, result, message, final))
+            double.add_event(claim, "Warning", "VolumeModifyFailed", message)
+            if final:
+                return  # retried only every --retry-interval-max (minutes): not in a test
+            await asyncio.sleep(self.retry_delay)
+
+
+# Status changes of the resizer, applied to a claim's status dict.
+MODIFY_CONDITIONS = ("ModifyingVolume", "ModifyVolumeError")
+
+
+def _without(status: dict, kinds: tuple[str, ...]) -> list[dict]:
+    return [c for c in status.get("conditions", []) if c["type"] not in kinds]
+
+
+def _with_status(value: str, target: str | None, status: dict) -> None:
+    modify = dict(status.get("modifyVolumeStatus") or {})
+    modify["status"] = value
+    if target is not None:
+        modify["targetVolumeAttributesClassName"] = target
+    status["modifyVolumeStatus"] = modify
+
+
+def _in_progress(target: str, status: dict) -> None:
+    _with_status("InProgress", target, status)
+    status["conditions"] = _without(status, ("ModifyingVolume",)) + [
+        {"type": "ModifyingVolume", "status": "True", "lastTransitionTime": now_rfc3339()}
+    ]
+
+
+def _settled(target: str, status: dict) -> None:
+    status.pop("modifyVolumeStatus", None)
+    status["currentVolumeAttributesClassName"] = target
+    status["conditions"] = _without(status, MODIFY_CONDITIONS)
+
+
+def _failed(target: str, code: str, message: str, final: bool, status: dict) -> None:
+    _with_status("Infeasible" if final else "InProgress", target, status)
+    status["conditions"] = _without(status, MODIFY_CONDITIONS) + [
+        {
+            "type": "ModifyVolumeError",
+            "status": "True",
+            "reason": code,
+            "message": message,
+            "lastTransitionTime": now_rfc3339(),
+        }
+    ]
+
+
+def _pv_class(target: str, pv: dict) -> None:
+    pv["spec"]["volumeAttributesClassName"] = target
+
+
+def make_volume(
+    double: KubeDouble,
+    *,
+    ns: str = "ml-team",
+    claim: str = "training-checkpoints",
+    pv: str = "pvc-0001",
+    driver: str = "ebs.csi.aws.com",
+    handle: str = "vol-0123456789abcdef0",
+    current: str | None = "baseline",
+    bound: bool = True,
+    access_mode: str = "ReadWriteOnce",
+) -> dict:
+    """Seed a bound claim and its CSI PV already settled on ``current``."""
+    if bound:
+        double.put(
+            {
+                "kind": "PersistentVolume",
+                "apiVersion": "v1",
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "200Gi"},
+                    "accessModes": [access_mode],
+                    "csi": {"driver": driver, "volumeHandle": handle, "fsType": "ext4"},
+                    "volumeAttributesClassName": current,
+                    "claimRef": {"namespace": ns, "name": claim},
+                    "nodeAffinity": {
+                        "required": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "topology.kubernetes.io/zone",
+                                            "operator": "In",
+                                            "values": ["us-east-1a"],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    },
+                },
+                "status": {"phase": "Bound"},
+            }
+        )
+    status: dict[str, Any] = {"phase": "Bound" if bound else "Pending"}
+    if bound and current:
+        status["currentVolumeAttributesClassName"] = current
+    return double.put(
+        {
+            "kind": "PersistentVolumeClaim",
+            "apiVersion": "v1",
+            "metadata": {"name": claim, "namespace": ns},
+            "spec": {
+                "accessModes": [access_mode],
+                "storageClassName": "ebs-gp3",
+                "resources": {"requests": {"storage": "200Gi"}},
+                "volumeAttributesClassName": current,
+                **({"volumeName": pv} if bound else {}),
+            },
+            "status": status,
+        }
+    )
+
+
+def make_class(
+    double: KubeDouble, name: str, driver: str = "ebs.csi.aws.com", **parameters: str
+) -> dict:
+    return double.put(
+        {
+            "kind": "VolumeAttributesClass",
+            "apiVersion": "storage.k8s.io/v1",
+            "metadata": {"name": name},
+            "driverName": driver,
+            "parameters": parameters or {"type": "gp3", "iops": "3000", "throughput": "125"},
+        }
+    )

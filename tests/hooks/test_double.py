@@ -1,0 +1,116 @@
+"""The double itself behaves like kube-apiserver where the hook depends on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from hooks.storage_profile.kube import Kube, load_api_client
+from tests.hooks.helpers import FAST_BACKOFF
+from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+
+NS, CLAIM = "ml-team", "training-checkpoints"
+
+
+@pytest.fixture
+def kube(double: KubeDouble, kubeconfig: Path) -> Kube:
+    return Kube(load_api_client(str(kubeconfig)), FAST_BACKOFF)
+
+
+def test_watch_resumes_from_a_resource_version(double: KubeDouble, kube: Kube):
+    make_volume(double)
+    _, version = kube.list_claim(NS, CLAIM)
+    for value in ("a", "b"):
+        double.update(
+            "PersistentVolumeClaim",
+            CLAIM,
+            NS,
+            lambda c, v=value: c["metadata"].setdefault("labels", {}).update(x=v),
+        )
+    events = list(kube.watch_claim(NS, CLAIM, version, timeout=1))
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["MODIFIED", "MODIFIED", "BOOKMARK"]
+    versions = [int(obj["metadata"]["resourceVersion"]) for _, obj in events]
+    assert versions[0] > int(version) and versions == sorted(versions)
+    # Resuming from the first event's version replays only what came after it.
+    again = list(kube.watch_claim(NS, CLAIM, str(versions[0]), timeout=1))
+    assert [obj["metadata"]["labels"]["x"] for kind, obj in again if kind == "MODIFIED"] == ["b"]
+
+
+def test_compaction_answers_410(double: KubeDouble, kube: Kube):
+    make_volume(double)
+    _, version = kube.list_claim(NS, CLAIM)
+    double.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: c["metadata"].setdefault("labels", {}).update(x="1"),
+    )
+    double.compact()
+    with pytest.raises(ApiException) as info:
+        list(kube.watch_claim(NS, CLAIM, version, timeout=1))
+    assert info.value.status == 410
+    _, fresh = kube.list_claim(NS, CLAIM)
+    assert [k for k, _ in kube.watch_claim(NS, CLAIM, fresh, timeout=1)] == ["BOOKMARK"]
+
+
+def test_class_change_on_unbound_claim_is_422(double: KubeDouble, kube: Kube):
+    make_volume(double, bound=False)
+    with pytest.raises(ApiException) as info:
+        kube.patch_claim_class(NS, CLAIM, "fast")
+    assert info.value.status == 422
+    assert "spec is immutable after creation except resources.requests" in info.value.body
+
+
+def test_nil_after_a_class_was_applied_is_422(double: KubeDouble, kube: Kube):
+    make_volume(double, current="baseline")
+    with pytest.raises(ApiException) as info:
+        kube.patch_claim_class(NS, CLAIM, None)
+    assert info.value.status == 422
+    assert "update from non-nil value to nil is forbidden" in info.value.body
+
+
+def test_nil_is_allowed_while_nothing_was_applied(double: KubeDouble, kube: Kube):
+    make_volume(double, current=None)
+    make_class(double, "fast")
+    double.resizer.results["fast"] = ["InvalidArgument"]
+    kube.patch_claim_class(NS, CLAIM, "fast")
+    double.resizer.driver_delay = 0.0
+    patched = kube.patch_claim_class(NS, CLAIM, None)
+    assert patched["spec"].get("volumeAttributesClassName") is None
+
+
+def test_other_spec_changes_are_422(double: KubeDouble, kube: Kube):
+    make_volume(double)
+    with pytest.raises(ApiException) as info:
+        kube.call(
+            "patch",
+            kube.core.patch_namespaced_persistent_volume_claim,
+            CLAIM,
+            NS,
+            {"spec": {"storageClassName": "other"}},
+            _content_type="application/merge-patch+json",
+        )
+    assert info.value.status == 422
+    double.requests.clear()  # this write was the test's, not the hook's
+
+
+def test_a_claim_of_another_driver_is_ignored_by_the_resizer(double: KubeDouble, kube: Kube):
+    import time
+
+    make_volume(double, driver="pd.csi.storage.gke.io")
+    make_class(double, "fast")
+    kube.patch_claim_class(NS, CLAIM, "fast")
+    time.sleep(0.4)
+    claim = double.get("PersistentVolumeClaim", CLAIM, NS)
+    assert "modifyVolumeStatus" not in claim["status"]
+    assert claim["status"]["currentVolumeAttributesClassName"] == "baseline"
+
+
+def test_retries_throttled_reads(double: KubeDouble, kube: Kube):
+    make_volume(double)
+    double.fail("GET", "persistentvolumeclaims/training-checkpoints$", 429, times=2)
+    assert kube.read_claim(NS, CLAIM)["metadata"]["name"] == CLAIM
+    assert [r.status for r in double.requests] == [429, 429, 200]

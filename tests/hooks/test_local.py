@@ -1,0 +1,160 @@
+"""``--backend local``: sandbox profiles are directories; the claim path is a symlink."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hooks.storage_profile.local import SandboxProfiles, repoint
+from tests.hooks.helpers import load_summary, run_hook
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A sandbox root with the shipped profiles file, its tmpfs profile moved under tmp."""
+    root = tmp_path / "sandbox"
+    (root / "connections").mkdir(parents=True)
+    spec = yaml.safe_load((ROOT / "connections" / "sandbox-profiles.yaml").read_text())
+    spec["profiles"]["checkpoint-throughput"]["path"] = str(tmp_path / "shm" / "media")
+    (root / "connections" / "sandbox-profiles.yaml").write_text(yaml.safe_dump(spec))
+    (root / ".sandbox" / "media" / "disk").mkdir(parents=True)
+    (tmp_path / "shm" / "media").mkdir(parents=True)
+    monkeypatch.setenv("SANDBOX_ROOT", str(root))
+    return root
+
+
+def local(*extra: str, to: str = "checkpoint-throughput", claim: str = "training-checkpoints"):
+    return run_hook(
+        "switch", "--backend", "local", "-n", "sandbox", "--claim", claim, "--to", to, *extra
+    )
+
+
+def test_shipped_profiles_file_matches_the_contract():
+    spec = yaml.safe_load((ROOT / "connections" / "sandbox-profiles.yaml").read_text())
+    assert spec["claim"] == "training-checkpoints" and spec["namespace"] == "sandbox"
+    assert spec["claimPath"] == ".sandbox/claims/training-checkpoints"
+    assert spec["profiles"]["checkpoint-baseline"]["path"] == ".sandbox/media/disk"
+    assert spec["profiles"]["checkpoint-throughput"]["path"] == "/dev/shm/checkpoint-bench/media"
+    loaded = SandboxProfiles.load(ROOT / "connections" / "sandbox-profiles.yaml", root=ROOT)
+    assert loaded.claim_path == ROOT / ".sandbox/claims/training-checkpoints"
+
+
+def test_switch_repoints_the_claim_and_reports(sandbox: Path, tmp_path: Path):
+    link = sandbox / ".sandbox" / "claims" / "training-checkpoints"
+    first = local(to="checkpoint-baseline")
+    assert first.exit_code == 0, first.output
+    assert link.is_symlink() and link.resolve() == sandbox / ".sandbox" / "media" / "disk"
+
+    summary = tmp_path / "s.json"
+    second = local("--summary-json", str(summary))
+    assert second.exit_code == 0, second.output
+    assert link.resolve() == tmp_path / "shm" / "media"
+    data = load_summary(summary)
+    assert data["driver"] == "local" and data["backend"] == "local"
+    assert data["volume_handle"] == str(tmp_path / "shm" / "media")
+    assert (data["previous_class"], data["applied_class"]) == (
+        "checkpoint-baseline",
+        "checkpoint-throughput",
+    )
+    assert data["outcome"] == "settled" and data["k8s_settle_s"] is not None
+    assert data["class_parameters"]["description"] == "tmpfs (memory)"
+    # Files written through the claim land in the profile's directory.
+    (link / "ckpt").write_text("x")
+    assert (tmp_path / "shm" / "media" / "ckpt").read_text() == "x"
+
+    again = local("--summary-json", str(summary))
+    assert again.exit_code == 0
+    assert load_summary(summary)["outcome"] == "already-settled"
+
+
+def test_repoint_is_atomic(tmp_path: Path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    link = tmp_path / "claims" / "c"
+    repoint(link, a)
+    missing = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                os.readlink(link)
+            except FileNotFoundError:
+                missing.append(1)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for i in range(300):
+        repoint(link, b if i % 2 == 0 else a)
+    stop.set()
+    thread.join()
+    assert missing == []
+    assert os.readlink(link) == str(a)
+    assert sorted(p.name for p in link.parent.iterdir()) == ["c"]  # no temp links left
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (dict(to="checkpoint-nvme"), "unknown sandbox profile checkpoint-nvme"),
+        (dict(claim="other"), "the sandbox has claim sandbox/training-checkpoints"),
+    ],
+)
+def test_refusals(sandbox: Path, args: dict, message: str):
+    result = local(**args)
+    assert result.exit_code == 3, result.output
+    assert message in result.stderr
+
+
+def test_missing_profile_directory_is_refused(sandbox: Path, tmp_path: Path):
+    (tmp_path / "shm" / "media").rmdir()
+    result = local()
+    assert result.exit_code == 3
+    assert "of profile checkpoint-throughput does not exist" in result.stderr
+    assert not (sandbox / ".sandbox" / "claims" / "training-checkpoints").exists()
+
+
+def test_a_real_directory_at_the_claim_path_is_never_replaced(sandbox: Path):
+    claim = sandbox / ".sandbox" / "claims" / "training-checkpoints"
+    claim.mkdir(parents=True)
+    (claim / "data").write_text("keep")
+    result = local()
+    assert result.exit_code == 3
+    assert (claim / "data").read_text() == "keep"
+
+
+def test_missing_profiles_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SANDBOX_ROOT", str(tmp_path))
+    result = local()
+    assert result.exit_code == 3
+    assert "cannot read profiles file" in result.stderr
+
+
+def test_dry_run_changes_nothing(sandbox: Path):
+    result = local("--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "would point" in result.stderr
+    assert not (sandbox / ".sandbox" / "claims" / "training-checkpoints").exists()
+
+
+def test_status_local(sandbox: Path):
+    assert local(to="checkpoint-baseline").exit_code == 0
+    result = run_hook(
+        "status", "--backend", "local", "-n", "sandbox", "--claim", "training-checkpoints", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["currentProfile"] == "checkpoint-baseline"
+    assert data["profiles"]["checkpoint-throughput"]["exists"] is True
+    text = run_hook(
+        "status", "--backend", "local", "-n", "sandbox", "--claim", "training-checkpoints"
+    )
+    assert "current        checkpoint-baseline" in text.stdout

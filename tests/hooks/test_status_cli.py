@@ -1,0 +1,135 @@
+"""``status``, argument errors and the real ``python -m`` entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hooks.helpers import run_hook
+from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+
+NS, CLAIM = "ml-team", "training-checkpoints"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_status_shows_desired_current_status_conditions_and_events(
+    double: KubeDouble, kubeconfig: Path
+):
+    make_volume(double)
+    make_class(double, "fast", iops="6000")
+    double.resizer.results["fast"] = ["InvalidArgument"]
+    assert (
+        run_hook(
+            "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig)
+        ).exit_code
+        == 4
+    )
+
+    text = run_hook("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    assert text.exit_code == 0, text.output
+    assert "desired class  fast" in text.stdout
+    assert "current class  baseline" in text.stdout
+    assert "modify status  Infeasible (target fast)" in text.stdout
+    assert "ModifyVolumeError=True InvalidArgument: rpc error" in text.stdout
+    assert "Warning VolumeModifyFailed" in text.stdout and "Normal VolumeModify:" in text.stdout
+
+    raw = run_hook("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig), "--json")
+    data = json.loads(raw.stdout)
+    assert (data["desiredClass"], data["currentClass"]) == ("fast", "baseline")
+    assert data["modifyVolumeStatus"] == {
+        "status": "Infeasible",
+        "targetVolumeAttributesClassName": "fast",
+    }
+    assert data["driver"] == "ebs.csi.aws.com" and data["volume"] == "pvc-0001"
+    assert [e["reason"] for e in data["events"]] == ["VolumeModify", "VolumeModifyFailed"]
+    assert double.writes()[-1].method == "PATCH"  # status itself wrote nothing
+    assert len(double.writes()) == 1
+
+
+def test_status_of_a_missing_claim(double: KubeDouble, kubeconfig: Path):
+    result = run_hook("status", "-n", NS, "--claim", "nope", "--kubeconfig", str(kubeconfig))
+    assert result.exit_code == 3
+    assert "claim ml-team/nope not found" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["switch", "-n", NS, "--claim", CLAIM],  # no --to
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--settle", "eventually"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--timeout", "0"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--on-infeasible", "retry"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--kubeconfig", "/nonexistent"],
+        ["switch", "-n", "", "--claim", CLAIM, "--to", "x"],
+        ["status", "--claim", CLAIM],
+    ],
+    ids=[
+        "no-target",
+        "bad-settle",
+        "zero-timeout",
+        "bad-action",
+        "missing-kubeconfig",
+        "empty-namespace",
+        "status-no-namespace",
+    ],
+)
+def test_bad_arguments_exit_2(args: list[str]):
+    result = run_hook(*args)
+    assert result.exit_code == 2, result.output
+
+
+def test_help_documents_exit_codes():
+    result = run_hook("switch", "--help")
+    assert result.exit_code == 0
+    for line in (
+        "0  settled",
+        "2  bad arguments",
+        "3  preflight refused",
+        "4  infeasible",
+        "5  deadline",
+    ):
+        assert line in result.stdout
+
+
+def test_no_cluster_configuration_is_a_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    result = run_hook("switch", "-n", NS, "--claim", CLAIM, "--to", "fast")
+    assert result.exit_code == 3, result.output
+    assert "no usable Kubernetes configuration" in result.stderr
+
+
+def test_python_dash_m_entry_point(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    make_volume(double)
+    make_class(double, "fast", iops="6000")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "hooks.storage_profile",
+        "switch",
+        "-n",
+        NS,
+        "--claim",
+        CLAIM,
+        "--to",
+        "fast",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--settle",
+        "kubernetes",
+        "--summary-json",
+        str(tmp_path / "s.json"),
+    ]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["applied_class"] == "fast"
+    cmd[cmd.index("--to") + 1] = "missing-class"
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert "error: VolumeAttributesClass missing-class not found" in done.stderr

@@ -1,0 +1,444 @@
+"""``switch`` on Kubernetes, against the HTTP double and its fake external-resizer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hooks.storage_profile import report as report_module
+from tests.hooks.helpers import load_summary, run_hook
+from tests.hooks.kube_double import CLAIMS, KubeDouble, Rbac, make_class, make_volume
+
+NS, CLAIM = "ml-team", "training-checkpoints"
+CLAIM_PATH = f"/api/v1/namespaces/{NS}/{CLAIMS}/{CLAIM}"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cluster(double: KubeDouble) -> KubeDouble:
+    """A bound EBS claim settled on ``baseline`` and two classes of its driver."""
+    make_volume(double)
+    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
+    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    return double
+
+
+def switch(kubeconfig: Path, *extra: str, to: str = "fast", claim: str = CLAIM):
+    return run_hook(
+        "switch",
+        "-n",
+        NS,
+        "--claim",
+        claim,
+        "--to",
+        to,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--settle",
+        "kubernetes",
+        *extra,
+    )
+
+
+def claim_state(double: KubeDouble) -> tuple:
+    claim = double.get("PersistentVolumeClaim", CLAIM, NS)
+    status = claim.get("status") or {}
+    return (
+        claim["spec"].get("volumeAttributesClassName"),
+        status.get("currentVolumeAttributesClassName"),
+        status.get("modifyVolumeStatus"),
+    )
+
+
+def assert_only_claim_patched(double: KubeDouble, expected: list[str | None]) -> None:
+    """Every write was a merge patch of the named claim's class field, nothing else."""
+    writes = [w for w in double.writes() if w.status < 400]
+    assert [(w.method, w.path) for w in writes] == [("PATCH", CLAIM_PATH)] * len(expected)
+    for write, target in zip(writes, expected, strict=True):
+        assert write.content_type == "application/merge-patch+json"
+        assert write.body == {"spec": {"volumeAttributesClassName": target}}
+
+
+def test_switch_settles_and_reports(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    summary = tmp_path / "out" / "switch.json"
+    result = switch(kubeconfig, "--summary-json", str(summary))
+    assert result.exit_code == 0, result.output
+    assert claim_state(cluster) == ("fast", "fast", None)
+    assert_only_claim_patched(cluster, ["fast"])
+    # Waited with one list and a watch from its resourceVersion, not by polling the claim.
+    assert cluster.count("list") == 1 and cluster.count("watch") == 1
+    assert cluster.count("get") == 1  # the preflight read
+    watch = next(r for r in cluster.requests if r.verb == "watch")
+    assert watch.query["fieldSelector"] == f"metadata.name={CLAIM}"
+    assert int(watch.query["resourceVersion"]) > 0
+
+    data = load_summary(summary)
+    claim = cluster.get("PersistentVolumeClaim", CLAIM, NS)
+    assert data["schema"] == "storage-profile-switch/1"
+    assert data["claim_uid"] == claim["metadata"]["uid"]
+    assert (data["pv"], data["volume_handle"], data["driver"]) == (
+        "pvc-0001",
+        "vol-0123456789abcdef0",
+        "ebs.csi.aws.com",
+    )
+    assert (data["previous_class"], data["target_class"], data["applied_class"]) == (
+        "baseline",
+        "fast",
+        "fast",
+    )
+    assert data["class_parameters"] == {"type": "gp3", "iops": "6000", "throughput": "250"}
+    assert data["outcome"] == "settled" and data["exit_code"] == 0 and data["patched"]
+    # The fake resizer takes delay + driver_delay (0.25 s) to settle.
+    assert 0.2 <= data["k8s_settle_s"] < 5
+    assert data["requested_at"] < data["k8s_settled_at"]
+    assert data["provider_settled_at"] is None and data["total_settle_s"] == data["k8s_settle_s"]
+    assert "baseline -> fast" in result.stdout and "k8s settled" in result.stdout
+    # The resizer really went through InProgress before settling.
+    reasons = [o["reason"] for (k, _, _), o in cluster.objects.items() if k == "Event"]
+    assert reasons == ["VolumeModify", "VolumeModifySuccessful"]
+
+
+def test_already_on_target_succeeds_without_patching(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
+    summary = tmp_path / "s.json"
+    result = switch(kubeconfig, "--summary-json", str(summary), to="baseline")
+    assert result.exit_code == 0, result.output
+    assert cluster.writes() == []
+    data = load_summary(summary)
+    assert data["outcome"] == "already-settled" and not data["patched"]
+    assert data["applied_class"] == "baseline"
+
+
+def test_already_requested_still_waits_for_the_modification(cluster: KubeDouble, kubeconfig: Path):
+    # Someone asked for "fast" already; the resizer is about to act on it.
+    old = cluster.get("PersistentVolumeClaim", CLAIM, NS)
+    new = cluster.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: c["spec"].__setitem__("volumeAttributesClassName", "fast"),
+    )
+    cluster.resizer.driver_delay = 0.5
+    cluster.run_in_loop(lambda: cluster.resizer.on_claim_update(old, new))
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert cluster.writes() == []
+    assert claim_state(cluster) == ("fast", "fast", None)
+    assert "not patched" in result.stdout
+
+
+def test_dry_run_prints_the_patch_and_changes_nothing(cluster: KubeDouble, kubeconfig: Path):
+    result = switch(kubeconfig, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert '{"spec": {"volumeAttributesClassName": "fast"}}' in result.stderr
+    assert "--type=merge" in result.stderr
+    assert cluster.writes() == []
+    assert claim_state(cluster) == ("baseline", "baseline", None)
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: None, "claim ml-team/other not found"),
+        (
+            lambda d: d.delete("VolumeAttributesClass", "fast"),
+            "VolumeAttributesClass fast not found",
+        ),
+        (
+            lambda d: make_class(d, "fast", driver="pd.csi.storage.gke.io", iops="5000"),
+            "is for driver pd.csi.storage.gke.io",
+        ),
+        (
+            lambda d: d.update(
+                "PersistentVolume", "pvc-0001", None, lambda p: p["spec"].pop("csi")
+            ),
+            "is not a CSI volume",
+        ),
+        (
+            lambda d: (d.delete("PersistentVolumeClaim", CLAIM, NS), make_volume(d, bound=False)),
+            "not Bound",
+        ),
+    ],
+    ids=["claim-missing", "class-missing", "driver-mismatch", "not-csi", "unbound"],
+)
+def test_preflight_refuses_before_any_write(
+    cluster: KubeDouble, kubeconfig: Path, setup, message: str
+):
+    setup(cluster)
+    claim = "other" if "other" in message else CLAIM
+    result = switch(kubeconfig, claim=claim)
+    assert result.exit_code == 3, result.output
+    assert message in result.stderr
+    assert cluster.writes() == []
+
+
+def test_api_server_422_on_unbound_claim_is_a_refusal(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Preflight saw a bound claim, but the API server's rule decides (a race, or a stale
+    # read): its 422 must end as "refused", with the server's message.
+    from hooks.storage_profile import switch as switch_module
+
+    real = switch_module.preflight
+
+    def racing_preflight(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        cluster.update(
+            "PersistentVolumeClaim",
+            CLAIM,
+            NS,
+            lambda c: c["status"].__setitem__("phase", "Pending"),
+        )
+        return plan
+
+    monkeypatch.setattr(switch_module, "preflight", racing_preflight)
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "spec is immutable after creation except resources.requests" in result.stderr
+    assert [w.status for w in cluster.writes()] == [422]
+
+
+def test_infeasible_fails_at_once(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    summary = tmp_path / "s.json"
+    started = time.monotonic()
+    result = switch(kubeconfig, "--summary-json", str(summary))
+    assert result.exit_code == 4, result.output
+    assert time.monotonic() - started < 5
+    assert "Infeasible" in result.stderr and "code = InvalidArgument" in result.stderr
+    assert claim_state(cluster)[2]["status"] == "Infeasible"
+    assert_only_claim_patched(cluster, ["fast"])
+    data = load_summary(summary)
+    assert data["outcome"] == "infeasible" and data["exit_code"] == 4
+    assert data["applied_class"] == "baseline"
+
+
+def test_infeasible_rolls_back_and_still_exits_infeasible(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    summary = tmp_path / "s.json"
+    result = switch(kubeconfig, "--on-infeasible", "rollback", "--summary-json", str(summary))
+    assert result.exit_code == 4, result.output
+    assert "rolling claim ml-team/training-checkpoints back to baseline" in result.stderr
+    assert claim_state(cluster) == ("baseline", "baseline", None)
+    assert_only_claim_patched(cluster, ["fast", "baseline"])
+    data = load_summary(summary)
+    assert data["outcome"] == "rolled-back" and data["rolled_back"]
+    assert data["applied_class"] == "baseline"
+    # The rollback ran a normal modification through the resizer.
+    assert cluster.resizer.calls == [("fast", "InvalidArgument"), ("baseline", "ok")]
+
+
+def test_no_rollback_to_a_class_that_is_gone(cluster: KubeDouble, kubeconfig: Path):
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    cluster.delete("VolumeAttributesClass", "baseline")
+    result = switch(kubeconfig, "--on-infeasible", "rollback")
+    assert result.exit_code == 4, result.output
+    assert "rollback to baseline failed: VolumeAttributesClass baseline no longer exists" in (
+        result.stderr
+    )
+    assert_only_claim_patched(cluster, ["fast"])
+
+
+def test_internal_errors_are_warnings_and_retried(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
+    cluster.resizer.results["fast"] = ["Internal", "Internal", "ok"]
+    summary = tmp_path / "s.json"
+    result = switch(kubeconfig, "--summary-json", str(summary))
+    assert result.exit_code == 0, result.output
+    assert "warning: ModifyVolumeError (Internal): rpc error: code = Internal" in result.stderr
+    assert "warning: event VolumeModifyFailed: rpc error: code = Internal" in result.stderr
+    assert claim_state(cluster) == ("fast", "fast", None)
+    assert [c[1] for c in cluster.resizer.calls] == ["Internal", "Internal", "ok"]
+    # Every status change arrived on the one watch: no polling, no re-list.
+    assert cluster.count("list") == 1 and cluster.count("watch") == 1
+    assert any("ModifyVolumeError" in w for w in load_summary(summary)["warnings"])
+
+
+def test_pending_fails_after_grace_with_the_event_reason(cluster: KubeDouble, kubeconfig: Path):
+    # The class disappears between preflight and the resizer's look (e.g. deleted by its
+    # owner): the resizer marks the claim Pending and never re-queues it.
+    cluster.on_patch = lambda claim: cluster.delete("VolumeAttributesClass", "fast")
+    started = time.monotonic()
+    result = switch(kubeconfig, "--pending-grace", "1")
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 4, result.output
+    assert 'stayed Pending for 1s: VolumeModifyFailed: VAC "fast" does not exist.' in (
+        result.stderr
+    )
+    assert 1 <= elapsed < 6
+    # Faithful to the resizer: creating the class later does not move the claim.
+    make_class(cluster, "fast", iops="6000")
+    time.sleep(0.4)
+    assert claim_state(cluster)[2]["status"] == "Pending"
+
+
+def test_pending_within_grace_keeps_waiting(cluster: KubeDouble, kubeconfig: Path):
+    # Pending until the class is back and the resizer restarts (which re-queues the claim).
+    deleted = cluster.get("VolumeAttributesClass", "fast")
+    cluster.on_patch = lambda claim: cluster.delete("VolumeAttributesClass", "fast")
+
+    def restore() -> None:
+        time.sleep(0.5)
+        cluster.put(deleted)
+        cluster.run_in_loop(cluster.resizer.restart)
+
+    thread = threading.Thread(target=restore)
+    thread.start()
+    result = switch(kubeconfig, "--pending-grace", "10")
+    thread.join()
+    assert result.exit_code == 0, result.output
+    assert claim_state(cluster) == ("fast", "fast", None)
+
+
+def test_unknown_status_fails(cluster: KubeDouble, kubeconfig: Path):
+    cluster.resizer.results["fast"] = ["status:Rejected"]
+    result = switch(kubeconfig)
+    assert result.exit_code == 1, result.output
+    assert "unknown modify status 'Rejected'" in result.stderr
+
+
+def test_deadline_passed(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    cluster.resizer.results["fast"] = ["Internal"] * 1000
+    summary = tmp_path / "s.json"
+    started = time.monotonic()
+    result = switch(kubeconfig, "--timeout", "1.5", "--summary-json", str(summary))
+    assert result.exit_code == 5, result.output
+    assert time.monotonic() - started < 6
+    assert "deadline of 1.5s passed" in result.stderr
+    assert load_summary(summary)["outcome"] == "deadline"
+
+
+def test_watch_dropped_mid_wait_relists_and_settles(cluster: KubeDouble, kubeconfig: Path):
+    cluster.resizer.driver_delay = 1.0  # the faults land well before it settles
+    cluster.watch_faults.extend(["drop"])
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert claim_state(cluster) == ("fast", "fast", None)
+    assert cluster.count("watch") == 2 and cluster.count("list") == 2
+    assert_only_claim_patched(cluster, ["fast"])
+
+
+@pytest.mark.parametrize("form", ["gone", "gone-http"])
+def test_410_gone_mid_wait_relists_and_settles(cluster: KubeDouble, kubeconfig: Path, form: str):
+    cluster.resizer.driver_delay = 1.0  # the faults land well before it settles
+    cluster.watch_faults.extend([form, form])
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert cluster.count("watch") == 3
+    assert cluster.count("list") == 3
+    assert claim_state(cluster) == ("fast", "fast", None)
+
+
+def test_throttling_honours_retry_after(cluster: KubeDouble, kubeconfig: Path):
+    cluster.fail("PATCH", CLAIMS, 429, retry_after="1")
+    cluster.fail("GET", f"{CLAIMS}$", 503, times=2)  # the wait's list
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    patches = [w for w in cluster.writes()]
+    assert [p.status for p in patches] == [429, 200]
+    assert patches[1].at - patches[0].at >= 0.95
+    assert_only_claim_patched(cluster, ["fast"])
+    assert claim_state(cluster) == ("fast", "fast", None)
+
+
+def test_spec_changed_by_another_writer_fails(cluster: KubeDouble, kubeconfig: Path):
+    cluster.resizer.driver_delay = 1.0
+
+    def revert(claim: dict) -> None:
+        # A GitOps controller restores the old reference right after our patch.
+        cluster.update(
+            "PersistentVolumeClaim",
+            CLAIM,
+            NS,
+            lambda c: c["spec"].__setitem__("volumeAttributesClassName", "baseline"),
+        )
+
+    cluster.on_patch = revert
+    result = switch(kubeconfig)
+    assert result.exit_code == 1, result.output
+    assert "another writer" in result.stderr
+
+
+def test_warns_when_rwo_claim_is_mounted_on_two_nodes(cluster: KubeDouble, kubeconfig: Path):
+    for i, node in enumerate(["node-a", "node-b"]):
+        cluster.put(
+            {
+                "kind": "Pod",
+                "apiVersion": "v1",
+                "metadata": {"name": f"trainer-{i}", "namespace": NS},
+                "spec": {
+                    "nodeName": node,
+                    "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": CLAIM}}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert "ReadWriteOnce but pods on 2 nodes mount it (node-a, node-b)" in result.stderr
+
+
+def test_least_privilege_rbac_is_enough(cluster: KubeDouble, kubeconfig: Path):
+    cluster.rbac = Rbac.from_manifests(
+        ROOT / "connections" / "rbac-storage-profile.yaml", "ml-team:storage-profile-hook"
+    )
+    cluster.resizer.results["fast"] = ["Internal", "ok"]  # also reads events
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert all(r.status != 403 for r in cluster.requests)
+    assert (
+        run_hook("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig)).exit_code
+        == 0
+    )
+    # Another claim in the namespace is out of reach.
+    make_volume(cluster, claim="someone-else", pv="pvc-0002")
+    result = switch(kubeconfig, claim="someone-else")
+    assert result.exit_code == 3
+    assert "forbidden" in result.stderr
+    assert not [w for w in cluster.writes() if "someone-else" in w.path]
+
+
+def test_logs_to_polyaxon_inside_a_run(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    # Inside a run the tracker logs to that run; here trainer.tracking falls back to an
+    # offline run, which records the same inputs and outputs.
+    monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
+    result = switch(kubeconfig, "--summary-json", str(tmp_path / "s.json"))
+    assert result.exit_code == 0, result.output
+    runs = list((tmp_path / "plx-offline" / "runs").glob("*/run.plx.json"))
+    assert len(runs) == 1
+    record = json.loads(runs[0].read_text())
+    assert record["inputs"]["claim"] == CLAIM and record["inputs"]["target_class"] == "fast"
+    assert record["inputs"]["previous_class"] == "baseline"
+    assert record["inputs"]["volume_handle"] == "vol-0123456789abcdef0"
+    assert record["outputs"]["applied_class"] == "fast"
+    assert record["outputs"]["k8s_settle_s"] > 0
+    assert record["status"] == "succeeded"
+
+
+def test_no_polyaxon_record_outside_a_run(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    assert switch(kubeconfig).exit_code == 0
+    assert not (tmp_path / "plx-offline").exists()
+
+
+def test_failed_switch_marks_the_polyaxon_run_failed(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    assert switch(kubeconfig).exit_code == 4
+    record = json.loads(
+        next((tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")).read_text()
+    )
+    assert record["status"] == "failed"
+    assert record["inputs"]["target_class"] == "fast"
+    assert record["outputs"]["applied_class"] == "baseline"
