@@ -338,8 +338,9 @@ def print_comparison(sb: Sandbox, project: str, pipeline: str, ops: list[dict]) 
     from sandbox.pipeline import comparison
 
     if importlib.util.find_spec("trainer.compare") is not None:
+        # --no-track: the pipeline's own compare op already logged the verdict to its run.
         done = subprocess.run(
-            [sys.executable, "-m", "trainer.compare", "--api-host", sb.url]
+            [sys.executable, "-m", "trainer.compare", "--api-host", sb.url, "--no-track"]
             + ["--project", f"{DEFAULT_OWNER}/{project}", "--pipeline", pipeline],
             cwd=REPO_ROOT,
             check=False,
