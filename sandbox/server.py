@@ -154,8 +154,15 @@ class Sandbox:
             PortInUseError: Something else listens on the port.
             ServerStartError: The server exited or did not become healthy (log tail inside).
         """
-        if self.server_pid() and self.api.healthy():
-            return
+        if self.server_pid():
+            running = (self.paths.read_info() or {}).get("port")
+            if running not in (None, self.port):
+                raise PortInUseError(
+                    f"this sandbox's server already runs on port {running}; use --port "
+                    f"{running}, or stop it first"
+                )
+            if self.api.healthy():
+                return
         if not port_free(self.host, self.port):
             raise PortInUseError(
                 f"port {self.port} on {self.host} is already in use; "

@@ -247,3 +247,14 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
     assert not _procs_with_home(home)
     assert not left, [p.info["cmdline"] for p in left]
     assert "stopped run" in sb.paths.agent_log.read_text()
+
+
+def test_starting_again_on_another_port_is_refused(sandbox):
+    from sandbox.errors import PortInUseError
+    from sandbox.server import Sandbox, free_port
+
+    other = Sandbox(sandbox.paths, sandbox.agent, port=free_port())
+    with pytest.raises(PortInUseError, match=f"already runs on port {sandbox.port}"):
+        other.start_server()
+    sandbox.start_server()  # the same port: nothing to do, it is up
+    assert sandbox.api.healthy()
