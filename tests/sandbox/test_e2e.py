@@ -97,6 +97,15 @@ def test_hub_ref_pipeline_checks_against_the_server(sandbox, mini_pipeline):
     bad.write_text(twin.read_text().replace("train:v1.0", "train:v9.9"))
     done = polyaxon_cli(["check", "-f", str(bad)], sandbox.url, sandbox.paths.cli_home)
     assert "not valid" in done.stdout + done.stderr
+    # Polyaxon's own CLI registers against the sandbox too; then that version resolves.
+    component = COMPONENTS / "train" / "v1.0.yaml"
+    done = polyaxon_cli(
+        ["components", "register", "-f", str(component), "-p", "default/train", "-ver", "v9.9"],
+        sandbox.url, sandbox.paths.cli_home,
+    )  # fmt: skip
+    assert "created successfully" in done.stdout, done.stdout + done.stderr
+    done = polyaxon_cli(["check", "-f", str(bad)], sandbox.url, sandbox.paths.cli_home)
+    assert done.returncode == 0 and "valid" in done.stdout, done.stdout + done.stderr
 
 
 def test_a_failing_op_fails_the_pipeline_and_the_agent_keeps_serving(sandbox):
