@@ -212,6 +212,10 @@ def run(cfg: TrainConfig, summary_json: Path | None, track: bool) -> None:
             on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": loss}),
             say=click.echo,
         )
+        # Known only once the model is built.
+        tracker.log_inputs(
+            param_count=summary.inputs["param_count"], device=summary.inputs["device"]
+        )
         data = summary.to_json()
         data["inputs"]["image_digest"] = os.environ.get("IMAGE_DIGEST")
         data["polyaxon_run_uuid"] = tracker.run_uuid

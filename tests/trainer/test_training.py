@@ -76,6 +76,7 @@ def test_cli_records_offline_polyaxon_run_and_summary(tmp_path):
     assert inputs["durability"] == "fsync"
     assert inputs["dataset_seed"] == 0
     assert inputs["model_size_bytes"] == 256 * 1024
+    assert inputs["device"] == "cpu" and inputs["param_count"] > 10_000
     outputs = run["outputs"]
     for key in (
         "runtime_s",
