@@ -168,7 +168,7 @@ def main(
             lr=lr,
             log_every=log_every,
         )
-        cfg.check_checkpoint_dir()
+        cfg.check_checkpoint_dir()  # before a tracked run is opened for nothing
         run(cfg, summary_json, track)
     except TrainerError as exc:
         click.echo(f"error: {exc}", err=True)
