@@ -7,6 +7,7 @@ are dropped from the page cache so reads come from the volume.
 
 Cases (each repeat runs them all, in this order):
   fio-write      fio, sequential write, new file, direct=1, 8 MiB blocks, 4 in flight, end_fsync
+                 (our writer uses 4 MiB chunks, 4 in flight)
   fio-write-1m   fio, the same with 1 MiB blocks and two jobs (best on our test VMs)
   raw-sync       our writer: stage into the reused aligned buffer, O_DIRECT write, fsync, commit
                  (vs fio: bytes over write+fsync time; vs torch.save: the whole save)
@@ -256,7 +257,7 @@ def steps_per_s(ckpt_dir: Path, steps: int, model_size: str) -> dict[str, float]
     for round_ in range(steps):
         plain += [timed_step(i) for i in range(2)]
         ckpt.save(round_ + 1, state)
-        while ckpt._inflight is not None and not ckpt._inflight.done():
+        while ckpt.in_flight:
             during.append(timed_step(round_))
         ckpt.poll()
     ckpt.finish()

@@ -168,7 +168,7 @@ def main(
             lr=lr,
             log_every=log_every,
         )
-        cfg.check_checkpoint_dir()
+        cfg.check_checkpoint_dir()  # before a tracked run is opened for nothing
         run(cfg, summary_json, track)
     except TrainerError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -211,6 +211,10 @@ def run(cfg: TrainConfig, summary_json: Path | None, track: bool) -> None:
             on_checkpoint=on_checkpoint,
             on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": loss}),
             say=click.echo,
+        )
+        # Known only once the model is built.
+        tracker.log_inputs(
+            param_count=summary.inputs["param_count"], device=summary.inputs["device"]
         )
         data = summary.to_json()
         data["inputs"]["image_digest"] = os.environ.get("IMAGE_DIGEST")

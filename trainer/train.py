@@ -18,7 +18,7 @@ from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
 from trainer.ckpt.upload import DEFAULT_BACKOFF, Backoff, Uploader
 from trainer.config import TrainConfig
-from trainer.errors import CheckpointCorruptError, ConfigError
+from trainer.errors import CheckpointCorruptError, CheckpointDirError, ConfigError
 from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
 from trainer.summary import RunSummary
 
@@ -37,8 +37,9 @@ def _state(
     model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, cfg: TrainConfig
 ) -> dict[str, Any]:
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
     return {
         "step": step,
         "model": model.state_dict(),
@@ -80,11 +81,13 @@ def restore_latest(
         except CheckpointCorruptError as exc:
             say(f"resume: skipping {exc}")
             continue
+        _check_same_model(cfg, state.get("config", {}), ref.path.name)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"].clone())  # needs its own storage
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        device = next(model.parameters()).device
+        if "cuda" in state["rng"] and device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"].clone(), device)
         say(f"resume: continuing from {ref.path.name} (step {state['step']})")
         return int(state["step"])
     if refs:
@@ -92,6 +95,15 @@ def restore_latest(
             f"--resume: none of the {len(refs)} checkpoints in {cfg.checkpoint_dir} is complete and verified"
         )
     return None
+
+
+def _check_same_model(cfg: TrainConfig, saved: dict[str, Any], name: str) -> None:
+    """A checkpoint of another model shape cannot be resumed: say so instead of a traceback."""
+    for key in ("model_size", "seq_len", "seed"):
+        if key in saved and saved[key] != getattr(cfg, key):
+            raise ConfigError(
+                f"--resume: {name} was saved with {key}={saved[key]!r}, this run has {getattr(cfg, key)!r}"
+            )
 
 
 def train(
@@ -129,6 +141,12 @@ def train(
     )
 
     start = 0
+    if not cfg.resume and (existing := store.list_checkpoints(cfg.checkpoint_dir)):
+        # Retention would otherwise count the old run's checkpoints and delete the new ones.
+        raise CheckpointDirError(
+            f"{cfg.checkpoint_dir} already holds checkpoints (newest {existing[0].path.name}): "
+            "pass --resume to continue that run, or use a new directory"
+        )
     if cfg.resume:
         resumed = restore_latest(cfg, fs, model, opt, say)
         if resumed is None:

@@ -130,6 +130,8 @@ class Report:
                     target_class=self.target_class,
                     driver=self.driver,
                     volume_handle=self.volume_handle,
+                    # The class's parameters (type, iops, throughput, …) price the profile.
+                    **{f"vac_{k.lower()}": v for k, v in self.class_parameters.items()},
                 )
                 tracker.log_outputs(
                     k8s_settle_s=self.k8s_settle_s,

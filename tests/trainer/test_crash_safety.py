@@ -16,7 +16,7 @@ from tests.trainer.helpers import REPO, run_trainer, tiny_config, trainer_cmd
 from trainer.ckpt import store
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
-from trainer.errors import CheckpointCorruptError, StorageFullError
+from trainer.errors import CheckpointCorruptError, CheckpointDirError, ConfigError, StorageFullError
 from trainer.train import train
 
 KILL_ARGS = [
@@ -134,6 +134,50 @@ def test_resume_skips_damaged_newest_checkpoint(tmp_path, fmt, damage):
         "bad_manifest": "unreadable",
     }
     assert any(expected[damage] in line for line in said), said
+    # Step 6 was saved again over the damaged copy, which is gone; nothing hidden is left.
+    assert [r.step for r in store.list_checkpoints(tmp_path)] == [8, 6, 4]
+    store.read_verified(LocalFS(), newest, AlignedBuffer())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_retention_never_counts_skipped_newer_checkpoints(tmp_path):
+    _three_checkpoints(tmp_path)
+    (tmp_path / "step-00000006" / store.MANIFEST).unlink()
+    cfg = tiny_config(tmp_path, steps=5, checkpoint_every=1, keep=1, resume=True)
+    assert train(cfg, say=lambda s: None).resumed_from == 4
+    # The broken step 6 must not push the fresh step 5 out of a keep-1 retention.
+    assert [r.step for r in store.list_checkpoints(tmp_path)] == [6, 5]
+    assert (
+        train(tiny_config(tmp_path, steps=6, keep=1, resume=True), say=lambda s: None).resumed_from
+        == 5
+    )
+
+
+def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path):
+    _three_checkpoints(tmp_path)
+    with pytest.raises(CheckpointDirError, match="pass --resume"):
+        train(tiny_config(tmp_path, steps=2), say=lambda s: None)
+    assert [r.step for r in store.list_checkpoints(tmp_path)] == [6, 4, 2]
+
+
+def test_resume_with_another_model_is_refused(tmp_path):
+    _three_checkpoints(tmp_path)
+    with pytest.raises(ConfigError, match="model_size"):
+        train(tiny_config(tmp_path, steps=8, resume=True, model_size="512KiB"), say=lambda s: None)
+
+
+def test_manifest_with_invalid_chunk_size_is_skipped(tmp_path):
+    _three_checkpoints(tmp_path)
+    manifest_path = tmp_path / "step-00000006" / store.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][0]["chunk_bytes"] = 0
+    manifest_path.write_text(json.dumps(manifest))
+    said: list[str] = []
+    assert (
+        train(tiny_config(tmp_path, steps=8, keep=3, resume=True), say=said.append).resumed_from
+        == 4
+    )
+    assert any("invalid chunk size" in line for line in said), said
 
 
 def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path):

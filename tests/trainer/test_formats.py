@@ -224,7 +224,10 @@ def test_async_pause_is_only_the_staging(tmp_path):
     ckpt.save(2, rich_state)  # waits for the first: that wait is pause
     records = ckpt.finish()
     assert [r.step for r in records] == [1, 2]
+    first, second = records
+    assert first.pause_s <= first.total_s  # nothing to wait for: blocked only while staging
     for r in records:
-        assert r.pause_s <= r.total_s
         assert r.serialize_s <= r.pause_s
+    # The second waited for the first; its own total starts after that wait.
+    assert second.total_s >= second.serialize_s + second.write_s
     assert [r.step for r in store.list_checkpoints(tmp_path)] == [2, 1]

@@ -25,6 +25,7 @@ from trainer.ckpt.formats import RawFormat, Staged, TorchFormat
 from trainer.ckpt.fs import LocalFS, raise_if_full
 from trainer.ckpt.io import write_file
 from trainer.ckpt.upload import Uploader
+from trainer.errors import CheckpointDirError
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +99,25 @@ class Checkpointer:
 
     def save(self, step: int, state_fn: Callable[[], Any]) -> None:
         """Checkpoint the state ``state_fn()`` returns; blocks only as long as it must."""
-        t0 = time.monotonic()
+        t_request = time.monotonic()
         self._drain(wait=True)  # at most one in flight; waiting for it counts as pause
         self._sync_device()
-        t_stage = time.monotonic()
+        t0 = time.monotonic()  # this checkpoint's own work starts here
         staged = self.fmt.stage(state_fn())
-        serialize_s = time.monotonic() - t_stage
+        serialize_s = time.monotonic() - t0
         if self._pool is None:
-            self._done.append(self._persist(step, staged, t0, serialize_s, pause_end=None))
+            self._done.append(
+                self._persist(step, staged, t0, serialize_s, t_request, pause_end=None)
+            )
         else:
             self._inflight = self._pool.submit(
-                self._persist, step, staged, t0, serialize_s, pause_end=time.monotonic()
+                self._persist, step, staged, t0, serialize_s, t_request, pause_end=time.monotonic()
             )
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a background checkpoint is still being written."""
+        return self._inflight is not None and not self._inflight.done()
 
     def poll(self) -> list[CheckpointRecord]:
         """Raise a background failure now, and hand over finished records (newest last)."""
@@ -135,7 +143,13 @@ class Checkpointer:
         self._done.append(future.result())  # re-raises the background failure here
 
     def _persist(
-        self, step: int, staged: Staged, t0: float, serialize_s: float, pause_end: float | None
+        self,
+        step: int,
+        staged: Staged,
+        t0: float,
+        serialize_s: float,
+        t_request: float,
+        pause_end: float | None,
     ) -> CheckpointRecord:
         tmp_dir = self.directory / store.tmp_name(step)
         final_dir = self.directory / store.final_name(step)
@@ -151,16 +165,12 @@ class Checkpointer:
             finally:
                 self.fs.close(written.fd)
             manifest = store.manifest_for(step, self.fmt.name, filename, written)
-            if final_dir.exists():  # a resumed run re-saving a step it already has
-                self.fs.rmtree(final_dir)
             store.commit(self.fs, tmp_dir, final_dir, manifest, durable=self.durable)
             t_done_local = time.monotonic()
         except OSError as exc:
             self.fs.rmtree(tmp_dir)
             raise_if_full(exc, f"writing checkpoint {final_dir.name}")
             if exc.errno == errno.EROFS:
-                from trainer.errors import CheckpointDirError
-
                 raise CheckpointDirError(f"checkpoint volume became read-only: {exc}") from exc
             raise
         upload_s = None
@@ -168,7 +178,7 @@ class Checkpointer:
             t_up = time.monotonic()
             self.uploader.upload(final_dir, [filename, store.MANIFEST])
             upload_s = time.monotonic() - t_up
-        store.apply_retention(self.fs, self.directory, self.keep)
+        store.apply_retention(self.fs, self.directory, self.keep, newest_step=step)
         t_end = time.monotonic()
         write_s = t_fsync - t_write
         return CheckpointRecord(
@@ -178,9 +188,9 @@ class Checkpointer:
             write_s=write_s,
             fsync_s=t_done_local - t_fsync,
             upload_s=upload_s,
-            pause_s=(pause_end if pause_end is not None else t_end) - t0,
+            pause_s=(pause_end if pause_end is not None else t_end) - t_request,
             total_s=t_end - t0,
-            write_gbps=_gbps(staged.nbytes, write_s) or 0.0,
+            write_gbps=staged.nbytes / max(write_s, 1e-9) / 1e9,
             upload_gbps=_gbps(staged.nbytes, upload_s),
             path=str(final_dir),
             io_mode=written.io_mode,

@@ -92,6 +92,7 @@ class RawFormat:
 
     def __init__(self, pin: bool = False) -> None:
         self.buffer = AlignedBuffer(pin=pin)
+        self._layout: tuple[int, list] | None = None
 
     def stage(self, state: Any) -> Staged:
         tensors: list[torch.Tensor] = []
@@ -110,9 +111,13 @@ class RawFormat:
         total = head_area + align_up(data_bytes)
         self.buffer.ensure(total)
         buf = self.buffer.tensor
-        # Zero what is not overwritten by tensor bytes, so equal states give equal files.
-        buf[:head_area].zero_()
-        buf[head_area + data_bytes : total].zero_()
+        # Zero what tensor bytes do not overwrite (header area, gaps, tail), so equal states
+        # give equal files; the gaps stay zero while the layout does not change.
+        if self._layout != (head_area, entries):
+            buf[:total].zero_()
+            self._layout = (head_area, entries)
+        else:
+            buf[:head_area].zero_()
         buf[: _PREFIX.size].copy_(
             torch.frombuffer(bytearray(_PREFIX.pack(MAGIC, len(header))), dtype=torch.uint8)
         )
@@ -145,6 +150,12 @@ class RawFormat:
         magic, header_len = _PREFIX.unpack_from(data, 0)
         if magic != MAGIC:
             raise CheckpointCorruptError(f"not a raw checkpoint (magic {magic!r})")
+        try:
+            return self._build(data, header_len)
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:
+            raise CheckpointCorruptError(f"raw checkpoint header is invalid: {exc}") from exc
+
+    def _build(self, data: memoryview, header_len: int) -> Any:
         header = json.loads(bytes(data[_PREFIX.size : _PREFIX.size + header_len]))
         head_area = align_up(_PREFIX.size + header_len)
         whole = torch.frombuffer(data, dtype=torch.uint8) if len(data) else None

@@ -61,14 +61,15 @@ class LocalFS:
         finally:
             os.close(fd)
 
-    def write_small(self, path: Path, data: bytes) -> None:
-        """Write a small file (a manifest) and fsync it."""
+    def write_small(self, path: Path, data: bytes, durable: bool = True) -> None:
+        """Write a small file (a manifest), fsynced when ``durable``."""
         fd = self.open_write(path, direct=False)
         try:
             view = memoryview(data)
             while view:
                 view = view[self.pwrite(fd, view, len(data) - len(view)) :]
-            self.fsync(fd)
+            if durable:
+                self.fsync(fd)
         finally:
             self.close(fd)
 

@@ -53,11 +53,15 @@ class AlignedBuffer:
         if size <= self.capacity:
             return
         self.release()
-        self._map = mmap.mmap(-1, align_up(max(size, ALIGN)))
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+        mapping = mmap.mmap(-1, align_up(max(size, ALIGN)))
+        # Through a memoryview, so mmap.close() refuses while any tensor view is alive.
+        tensor = torch.frombuffer(memoryview(mapping), dtype=torch.uint8)
         if self.pin:
-            cudart = torch.cuda.cudart()
-            cudart.cudaHostRegister(self.tensor.data_ptr(), self.capacity, 0)
+            # cudart returns an error code instead of raising; check_error raises on failure.
+            torch.cuda.check_error(
+                torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), len(mapping), 0)
+            )
+        self._map, self.tensor = mapping, tensor
 
     def view(self, size: int) -> memoryview:
         return memoryview(self._map)[:size] if self._map is not None else memoryview(b"")
@@ -66,7 +70,7 @@ class AlignedBuffer:
         if self._map is None:
             return
         if self.pin:
-            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr()))
         self.tensor = torch.empty(0, dtype=torch.uint8)
         try:
             self._map.close()
@@ -82,23 +86,75 @@ class WrittenFile:
 
     fd: int
     nbytes: int
+    chunk_bytes: int
     crc32: list[int]
     io_mode: str
+
+
+class _DirectRefused(Exception):
+    """O_DIRECT was accepted at open() but refused at the first transfer (EINVAL)."""
 
 
 def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(off, min(chunk, n - off)) for off in range(0, n, chunk)]
 
 
-def _write_chunk(fs: LocalFS, fd: int, data: memoryview, offset: int) -> int:
-    crc = zlib.crc32(data)
+def _transfer(op, fd: int, buf: memoryview, offset: int, direct: bool) -> None:
+    """Move all of ``buf`` with ``op`` (pwrite or preadv), looping over short transfers."""
     done = 0
-    while done < len(data):
-        written = fs.pwrite(fd, data[done:], offset + done)
-        if written <= 0:
-            raise OSError(errno.EIO, "short write")
-        done += written
-    return crc
+    while done < len(buf):
+        try:
+            n = op(fd, buf[done:], offset + done)
+        except OSError as exc:
+            if direct and exc.errno == errno.EINVAL and done == 0 and offset == 0:
+                raise _DirectRefused from exc
+            raise
+        if n <= 0:
+            raise OSError(
+                errno.EIO, "the file is shorter than its manifest says" if n == 0 else "I/O error"
+            )
+        if direct and n % ALIGN:
+            # A retry from an unaligned position would fail with EINVAL; this is an I/O error.
+            raise OSError(errno.EIO, f"short O_DIRECT transfer of {n} bytes")
+        done += n
+
+
+def _run_chunks(job, n: int, chunk: int, threads: int) -> list[int]:
+    spans = _chunks(n, chunk)
+    if len(spans) <= 1 or threads <= 1:
+        return [job(o, k) for o, k in spans]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckpt-io") as pool:
+        return [f.result() for f in [pool.submit(job, o, k) for o, k in spans]]
+
+
+def _with_direct_fallback(fs: LocalFS, open_fd, run, direct: bool) -> tuple[int, list[int], str]:
+    """Open (O_DIRECT when asked) and ``run(fd, is_direct)``; fall back to buffered I/O
+    where O_DIRECT is refused.
+
+    Refusal comes as EINVAL, either at open() (tmpfs before Linux 6.6) or at the first
+    transfer (some network file systems). Returns the still-open fd, the CRCs and the mode;
+    on failure the fd is closed.
+    """
+    mode = IO_DIRECT if direct else IO_BUFFERED
+    try:
+        fd = open_fd(direct)
+    except OSError as exc:
+        if not direct or exc.errno != errno.EINVAL:
+            raise
+        mode, fd = IO_BUFFERED_FALLBACK, open_fd(False)
+    try:
+        return fd, run(fd, mode == IO_DIRECT), mode
+    except _DirectRefused:
+        fs.close(fd)
+        mode, fd = IO_BUFFERED_FALLBACK, open_fd(False)
+    except BaseException:
+        fs.close(fd)
+        raise
+    try:
+        return fd, run(fd, False), mode
+    except BaseException:
+        fs.close(fd)
+        raise
 
 
 def write_file(
@@ -111,46 +167,20 @@ def write_file(
 ) -> WrittenFile:
     """Write ``data`` to a new file at ``path`` with several writes in flight.
 
-    ``direct`` needs ``data`` page-aligned in memory and a multiple of ALIGN long; when the
-    file system rejects O_DIRECT the write is redone buffered.
+    ``direct`` needs ``data`` page-aligned in memory and a multiple of ALIGN long. Each
+    chunk's CRC32 is computed by the thread that writes it.
     """
-    mode = IO_BUFFERED
-    fd = -1
-    if direct:
-        try:
-            fd = fs.open_write(path, direct=True)
-            mode = IO_DIRECT
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            mode = IO_BUFFERED_FALLBACK
-    if fd < 0:
-        fd = fs.open_write(path, direct=False)
-    try:
-        crcs = _write_all(fs, fd, data, chunk_bytes, threads)
-    except OSError as exc:
-        # Some file systems accept O_DIRECT at open() and refuse it at the first write.
-        if mode != IO_DIRECT or exc.errno != errno.EINVAL:
-            fs.close(fd)
-            raise
-        fs.close(fd)
-        fd = fs.open_write(path, direct=False)
-        mode = IO_BUFFERED_FALLBACK
-        try:
-            crcs = _write_all(fs, fd, data, chunk_bytes, threads)
-        except OSError:
-            fs.close(fd)
-            raise
-    return WrittenFile(fd=fd, nbytes=len(data), crc32=crcs, io_mode=mode)
 
+    def run(fd: int, is_direct: bool) -> list[int]:
+        def job(offset: int, n: int) -> int:
+            chunk = data[offset : offset + n]
+            _transfer(fs.pwrite, fd, chunk, offset, is_direct)
+            return zlib.crc32(chunk)
 
-def _write_all(fs: LocalFS, fd: int, data: memoryview, chunk: int, threads: int) -> list[int]:
-    spans = _chunks(len(data), chunk)
-    if len(spans) <= 1 or threads <= 1:
-        return [_write_chunk(fs, fd, data[o : o + n], o) for o, n in spans]
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckpt-write") as pool:
-        futures = [pool.submit(_write_chunk, fs, fd, data[o : o + n], o) for o, n in spans]
-        return [f.result() for f in futures]
+        return _run_chunks(job, len(data), chunk_bytes, threads)
+
+    fd, crcs, mode = _with_direct_fallback(fs, lambda d: fs.open_write(path, direct=d), run, direct)
+    return WrittenFile(fd=fd, nbytes=len(data), chunk_bytes=chunk_bytes, crc32=crcs, io_mode=mode)
 
 
 def read_file(
@@ -164,33 +194,19 @@ def read_file(
 ) -> tuple[memoryview, list[int], str]:
     """Read ``nbytes`` of ``path`` into ``buffer``; returns the bytes, chunk CRCs and mode."""
     buffer.ensure(align_up(nbytes))
-    mode = IO_BUFFERED
-    fd = -1
-    if direct and nbytes % ALIGN == 0:
-        try:
-            fd = fs.open_read(path, direct=True)
-            mode = IO_DIRECT
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            mode = IO_BUFFERED_FALLBACK
-    if fd < 0:
-        fd = fs.open_read(path, direct=False)
     view = buffer.view(nbytes)
 
-    def read_chunk(offset: int, n: int) -> int:
-        done = 0
-        while done < n:
-            got = fs.preadinto(fd, view[offset + done : offset + n], offset + done)
-            if got <= 0:
-                raise OSError(errno.EIO, f"{path} is shorter than its manifest says")
-            done += got
-        return zlib.crc32(view[offset : offset + n])
+    def run(fd: int, is_direct: bool) -> list[int]:
+        def job(offset: int, n: int) -> int:
+            _transfer(fs.preadinto, fd, view[offset : offset + n], offset, is_direct)
+            return zlib.crc32(view[offset : offset + n])
 
-    try:
-        spans = _chunks(nbytes, chunk_bytes)
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckpt-read") as pool:
-            crcs = [f.result() for f in [pool.submit(read_chunk, o, n) for o, n in spans]]
-    finally:
-        fs.close(fd)
+        return _run_chunks(job, nbytes, chunk_bytes, threads)
+
+    # O_DIRECT reads need whole blocks: a torch.save file's odd tail is read buffered.
+    use_direct = direct and nbytes % ALIGN == 0 and chunk_bytes % ALIGN == 0
+    fd, crcs, mode = _with_direct_fallback(
+        fs, lambda d: fs.open_read(path, direct=d), run, use_direct
+    )
+    fs.close(fd)
     return view, crcs, mode

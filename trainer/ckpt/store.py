@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from trainer.ckpt.fs import LocalFS
-from trainer.ckpt.io import CHUNK_BYTES, AlignedBuffer, WrittenFile, read_file
+from trainer.ckpt.io import ALIGN, AlignedBuffer, WrittenFile, read_file
 from trainer.errors import CheckpointCorruptError
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_SCHEMA = "checkpoint-manifest/1"
 _FINAL = re.compile(r"^step-(\d{8})$")
-_TMP = re.compile(r"^\.step-(\d{8})\.tmp-(\d+)$")
+# In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint.
+_HIDDEN = re.compile(r"^\.step-(\d{8})\.(?:tmp|old)-(\d+)$")
 
 
 def final_name(step: int) -> str:
@@ -33,6 +34,10 @@ def final_name(step: int) -> str:
 
 def tmp_name(step: int) -> str:
     return f".step-{step:08d}.tmp-{os.getpid()}"
+
+
+def old_name(step: int) -> str:
+    return f".step-{step:08d}.old-{os.getpid()}"
 
 
 def manifest_for(step: int, fmt: str, filename: str, written: WrittenFile) -> dict[str, Any]:
@@ -46,7 +51,7 @@ def manifest_for(step: int, fmt: str, filename: str, written: WrittenFile) -> di
             {
                 "name": filename,
                 "bytes": written.nbytes,
-                "chunk_bytes": CHUNK_BYTES,
+                "chunk_bytes": written.chunk_bytes,
                 "crc32": written.crc32,
             }
         ],
@@ -56,16 +61,23 @@ def manifest_for(step: int, fmt: str, filename: str, written: WrittenFile) -> di
 def commit(
     fs: LocalFS, tmp_dir: Path, final_dir: Path, manifest: dict[str, Any], durable: bool
 ) -> None:
-    """Write the manifest, then atomically publish ``tmp_dir`` as ``final_dir``."""
-    data = json.dumps(manifest, indent=1).encode()
+    """Write the manifest, then atomically publish ``tmp_dir`` as ``final_dir``.
+
+    An existing ``final_dir`` (a resumed run saving a step again, over a copy that failed
+    verification) is moved aside first and deleted only once the new one is published.
+    """
+    fs.write_small(tmp_dir / MANIFEST, json.dumps(manifest, indent=1).encode(), durable=durable)
     if durable:
-        fs.write_small(tmp_dir / MANIFEST, data)
         fs.fsync_dir(tmp_dir)
-    else:
-        (tmp_dir / MANIFEST).write_bytes(data)
+    replaced = None
+    if final_dir.exists():
+        replaced = final_dir.with_name(old_name(manifest["step"]))
+        fs.rename(final_dir, replaced)
     fs.rename(tmp_dir, final_dir)
     if durable:
         fs.fsync_dir(final_dir.parent)
+    if replaced is not None:
+        fs.rmtree(replaced)
 
 
 @dataclass(frozen=True)
@@ -102,42 +114,62 @@ def read_verified(
     """Read a checkpoint's state file and check it against the manifest.
 
     Raises:
-        CheckpointCorruptError: Missing manifest or file, wrong size, or checksum mismatch.
+        CheckpointCorruptError: Missing or malformed manifest, missing or short file, a read
+            error, or a checksum mismatch.
     """
     manifest = read_manifest(path)
-    entry = manifest["files"][0]
-    file = path / entry["name"]
+    try:
+        entry = manifest["files"][0]
+        name, expected_bytes, chunk, expected_crcs = (
+            entry["name"],
+            entry["bytes"],
+            entry["chunk_bytes"],
+            entry["crc32"],
+        )
+    except (KeyError, IndexError, TypeError):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} lacks a file entry") from None
+    if not (isinstance(chunk, int) and chunk > 0 and chunk % ALIGN == 0):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid chunk size {chunk!r}")
+    file = path / name
     try:
         size = file.stat().st_size
     except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path.name}: {entry['name']} is missing") from None
-    if size != entry["bytes"]:
+        raise CheckpointCorruptError(f"{path.name}: {name} is missing") from None
+    if size != expected_bytes:
         raise CheckpointCorruptError(
-            f"{path.name}: {entry['name']} has {size} bytes, manifest says {entry['bytes']}"
+            f"{path.name}: {name} has {size} bytes, manifest says {expected_bytes}"
         )
-    data, crcs, _ = read_file(fs, file, size, buffer, direct=True, chunk_bytes=entry["chunk_bytes"])
-    if crcs != entry["crc32"]:
-        bad = next(i for i, (a, b) in enumerate(zip(crcs, entry["crc32"], strict=False)) if a != b)
-        raise CheckpointCorruptError(
-            f"{path.name}: checksum mismatch in chunk {bad} of {entry['name']}"
+    try:
+        data, crcs, _ = read_file(fs, file, size, buffer, direct=True, chunk_bytes=chunk)
+    except OSError as exc:
+        raise CheckpointCorruptError(f"{path.name}: reading {name} failed: {exc}") from exc
+    if crcs != expected_crcs:
+        bad = next(
+            (i for i, (a, b) in enumerate(zip(crcs, expected_crcs, strict=False)) if a != b),
+            len(crcs),
         )
+        raise CheckpointCorruptError(f"{path.name}: checksum mismatch in chunk {bad} of {name}")
     return manifest, data
 
 
-def apply_retention(fs: LocalFS, directory: Path, keep: int) -> list[Path]:
-    """Delete published checkpoints beyond the newest ``keep``; returns what was removed."""
+def apply_retention(fs: LocalFS, directory: Path, keep: int, newest_step: int) -> list[Path]:
+    """Keep the ``keep`` newest checkpoints up to ``newest_step`` (just made durable).
+
+    Checkpoints above ``newest_step`` are left alone: they are what a resumed run skipped
+    (incomplete or corrupt), and must not push good ones out of the count.
+    """
     removed = []
-    for ref in list_checkpoints(directory)[keep:]:
+    for ref in [r for r in list_checkpoints(directory) if r.step <= newest_step][keep:]:
         fs.rmtree(ref.path)
         removed.append(ref.path)
     return removed
 
 
 def remove_stale_tmp(fs: LocalFS, directory: Path) -> list[Path]:
-    """Delete ``.tmp`` directories left by writers that are no longer alive."""
+    """Delete ``.tmp``/``.old`` directories left by writers that are no longer alive."""
     removed = []
     for entry in directory.iterdir():
-        match = _TMP.match(entry.name)
+        match = _HIDDEN.match(entry.name)
         if not match:
             continue
         pid = int(match.group(2))
@@ -154,5 +186,5 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # it exists, under another user
     return True
