@@ -17,7 +17,7 @@ from sandbox.errors import RunFailedError, SandboxError, ServerUnavailableError
 
 RUN_UUID = re.compile(r"@([0-9a-f]{32})")
 STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
-FAILED = {"failed", "stopped", "upstream_failed"}
+LOG_WAIT = 15.0  # seconds to wait for a failed run's log upload
 
 
 def submit(
@@ -91,14 +91,27 @@ def failure_report(
             "",
         )
         lines.append(f"op {op['name']} {op['status']}: {message}")
-        try:
-            logs = api.logs(owner, project, op["uuid"])
-        except ServerUnavailableError:
-            logs = []
+        logs = _logs_when_uploaded(api, owner, project, op["uuid"])
         if logs:
             lines.append(f"last lines of {op['name']}'s log:")
             lines += ["  " + line for line in logs[-20:]]
     return "\n".join(lines)
+
+
+def _logs_when_uploaded(
+    api: Api, owner: str, project: str, uuid: str, wait: float = LOG_WAIT
+) -> list[str]:
+    """The run's log lines; a run that reported its own failure may still be exiting, so
+    give the agent a moment to upload them."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            logs = api.logs(owner, project, uuid)
+        except ServerUnavailableError:
+            logs = []
+        if logs or time.monotonic() > deadline:
+            return logs
+        time.sleep(1.0)
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:

@@ -28,6 +28,8 @@ from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import RunFailedError
 from sandbox.pipeline import runs_table_url, submit
 
+from .conftest import write_profiles
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 HERE = Path(__file__).parent
@@ -71,15 +73,16 @@ def test_training_runs_carry_inputs_stage_outputs_and_logs(sandbox, mini_pipelin
         profile = {"train-a": "baseline", "train-b": "throughput"}[op["name"]]
         assert run["inputs"]["storage_profile"] == profile
         # /checkpoints was mapped to the sandbox claim path in the command's args.
-        assert run["inputs"]["checkpoint_dir"] == str(claim / f"{profile}-run")
-        assert sorted(p.name for p in (claim / f"{profile}-run").glob("step-*"))
+        run_dir = claim / f"{profile}-run" / op["uuid"]
+        assert run["inputs"]["checkpoint_dir"] == str(run_dir)
+        assert sorted(p.name for p in run_dir.glob("step-*"))
         for stage in ("serialize", "write", "fsync", "pause", "total"):
             assert isinstance(run["outputs"][f"ckpt_{stage}_s_median"], float), stage
         for key in ("ckpt_pause_s_total", "runtime_s", "final_loss"):
             assert isinstance(run["outputs"][key], float), key
         assert run["outputs"]["checkpoint_count"] == 2
         logs = _wait_for_log(api, op["uuid"], "final loss")
-        assert any(f"checkpoints: {claim / (profile + '-run')}" in line for line in logs), logs
+        assert any(f"checkpoints: {run_dir}" in line for line in logs), logs
         # Each run had its own HOME and context dir under the sandbox...
         assert (sandbox.paths.runs / op["uuid"] / "home").is_dir()
         # ...and its metric events landed in the artifacts store, where the UI reads them.
@@ -112,14 +115,34 @@ def test_a_failing_op_fails_the_pipeline_and_the_agent_keeps_serving(sandbox):
     # train-b's checkpoint dir lies on a medium directory that does not exist.
     with pytest.raises(RunFailedError) as err:
         submit_and_follow(
-            sandbox, FILES / "mini-pipeline.yaml", {"dir_b": "missing-medium/run"},
+            sandbox, FILES / "mini-pipeline.yaml", {"dir_b": "missing-medium"},
             PROJECT, False, 240, echo=print,
         )  # fmt: skip
     report = str(err.value)
     assert "ended failed" in report
     assert "op train-b failed: exit code 3" in report
     # The reason, from the run's own output, in the status message and the log tail.
-    assert report.count("missing-medium/run does not exist") >= 2, report
+    assert report.count("neither does") >= 2 and "/missing-medium " in report, report
+    # The storage-profile op itself fails when the profile's medium directory is missing.
+    profiles = sandbox.paths.root / "profiles-with-missing.yaml"
+    write_profiles(
+        sandbox.paths.root,
+        sandbox.paths.root / "shm-unused",
+        extra={"checkpoint-gone": {"path": str(sandbox.paths.root / "no-such-medium")}},
+    ).rename(profiles)
+    with pytest.raises(RunFailedError) as err:
+        submit_and_follow(
+            sandbox, FILES / "switch-then-train.yaml",
+            {"target_class": "checkpoint-gone", "profiles_file": str(profiles)},
+            PROJECT, False, 240, echo=print,
+        )  # fmt: skip
+    report = str(err.value)
+    assert "op switch failed" in report, report
+    # The hook's reason, in the run's status and in its log tail.
+    assert report.count("no-such-medium of profile checkpoint-gone does not exist") >= 2, report
+    assert sandbox.agent.local_mounts["/checkpoints"].resolve() != (
+        sandbox.paths.root / "no-such-medium"
+    )
     # The next run is served as usual.
     uuid_, _ = submit_and_follow(sandbox, FILES / "echo-job.yaml", {}, PROJECT, False, 120)
     assert sandbox.api.run(DEFAULT_OWNER, PROJECT, uuid_)["status"] == "succeeded"
