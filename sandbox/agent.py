@@ -265,6 +265,10 @@ class LocalAgent:
         """Run one queued run to its end and report its status and logs."""
         owner, project, uuid = _run_info(run_data[0])
         name = run_data[2]
+        if self._stop.is_set():
+            # Queued behind other runs when the agent was told to stop: never started.
+            self._status(owner, project, uuid, "stopped", "SandboxAgent", "Agent shut down")
+            return
         try:
             container = self.convert(run_data)
             home, context, log_file = self.prepare_dirs(uuid)
