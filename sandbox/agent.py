@@ -283,21 +283,26 @@ class LocalAgent:
         log.info("run %s (%s): %s", name, uuid, " ".join(command.argv)[:300])
         self._status(owner, project, uuid, "running", "SandboxAgent", "Run started by the agent")
         lines: list[Any] = []
-        try:
-            proc = subprocess.Popen(
-                command.argv,
-                env=command.env,
-                cwd=command.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so a stop ends its children
-            )
-        except OSError as exc:
-            self._status(owner, project, uuid, "failed", "AgentStart", f"cannot start: {exc}")
-            return
-        entry = _Running(proc)
+        # Start and register under the lock: shutdown() then either sees this run or this
+        # run sees the stop, never neither.
         with self._lock:
+            if self._stop.is_set():
+                self._status(owner, project, uuid, "stopped", "SandboxAgent", "Agent shut down")
+                return
+            try:
+                proc = subprocess.Popen(
+                    command.argv,
+                    env=command.env,
+                    cwd=command.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: a stop ends its children
+                )
+            except OSError as exc:
+                self._status(owner, project, uuid, "failed", "AgentStart", f"cannot start: {exc}")
+                return
+            entry = _Running(proc)
             self._running[uuid] = entry
         reader = threading.Thread(target=_read_lines, args=(proc, log_file, lines), daemon=True)
         reader.start()
