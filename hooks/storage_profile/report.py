@@ -14,14 +14,14 @@ SCHEMA = "storage-profile-switch/1"
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def seconds_between(start: str | None, end: str | None) -> float | None:
     if not start or not end:
         return None
     delta = datetime.fromisoformat(end) - datetime.fromisoformat(start)
-    return round(delta.total_seconds(), 3)
+    return round(delta.total_seconds(), 6)
 
 
 @dataclass
