@@ -34,8 +34,8 @@ DEMO_PARAMS = {
     "backend": "local",
     "size_scale": "0.02",
     "fio_runtime": "2",
-    "model_size": "4MiB",
-    "steps": "40",
+    "model_size": "32MiB",
+    "steps": "60",
     "checkpoint_every": "10",
     "device": "cpu",
 }
