@@ -337,6 +337,10 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"training: {s['steps_per_s_plain']:.2f} steps/s plain, {s['steps_per_s_during_write']:.2f} steps/s during an async write"
     )
+    if "spare_core_ratio" in s:
+        lines.append(
+            f"  with one CPU core left to the writer: during/plain = {s['spare_core_ratio']:.2f}"
+        )
     lines.append("targets:")
     for name, t in result["targets"].items():
         measured = "n/a (no fio)" if t["measured"] is None else f"{t['measured']:.2f}"
@@ -407,6 +411,15 @@ def main(
         steps_dir = work / "steps"
         steps_dir.mkdir()
         extra = steps_per_s(steps_dir, train_steps, train_model_size)
+        if threads > 1:
+            # The same with one core left to the background write, as on a GPU node where
+            # the training loop does not use every CPU core.
+            torch.set_num_threads(threads - 1)
+            spare = steps_per_s(steps_dir, train_steps, train_model_size)
+            torch.set_num_threads(threads)
+            extra["spare_core_ratio"] = (
+                spare["steps_per_s_during_write"] / spare["steps_per_s_plain"]
+            )
         result = summarize(bench, extra)
         result["machine"] = {
             "cpus": os.cpu_count(),
