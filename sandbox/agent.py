@@ -84,8 +84,9 @@ def localize(
         base_env: The environment to start from (default: the agent's, minus POLYAXON_*).
 
     Returns:
-        argv (a leading ``python`` is the venv's interpreter), env and cwd (the repo root, so
-        ``python -m trainer`` imports).
+        argv (a leading ``python`` is the venv's interpreter), env (the repo root on
+        PYTHONPATH, so ``python -m trainer`` imports) and cwd (the run's own directory, so
+        relative output paths stay out of the repository).
     """
     argv = [map_mounts(str(a), mounts) for a in (container.command or []) + (container.args or [])]
     if not argv:
@@ -109,7 +110,7 @@ def localize(
         PATH=os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p),
         PYTHONUNBUFFERED="1",
     )
-    return LocalCommand(argv=argv, env=env, cwd=REPO_ROOT)
+    return LocalCommand(argv=argv, env=env, cwd=home.parent)
 
 
 @dataclass

@@ -42,12 +42,23 @@ def _sandbox(args: list[str], timeout: float = 600) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
+def _untracked_repo_files() -> set[str]:
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    return set(out.stdout.splitlines()) if out.returncode == 0 else set()
+
+
 def test_demo_runs_the_pipeline_twice_and_stop_leaves_nothing():
     root = Path(tempfile.mkdtemp(prefix="sandbox-demo-"))
     shm = shm_dir(root)
     profiles = write_profiles(root, shm / "media")
     port = free_port()
     common = ["--root", str(root), "--port", str(port), "--profiles-file", str(profiles)]
+    repo_files_before = _untracked_repo_files()
     try:
         for attempt in (1, 2):
             done = _sandbox(["demo", *common, "--project", "demo", *TINY])
@@ -56,6 +67,8 @@ def test_demo_runs_the_pipeline_twice_and_stop_leaves_nothing():
             assert "runs table: http://127.0.0.1:" in out
             assert f"-m sandbox stop --root {root}" in out
             assert "ERROR" not in out, out
+        # Runs work in their own directories: nothing lands in the repository.
+        assert _untracked_repo_files() == repo_files_before
         api = Api(f"http://127.0.0.1:{port}")
         pipelines = api.runs(DEFAULT_OWNER, "demo", query="kind:dag")
         assert len(pipelines) == 2 and all(p["status"] == "succeeded" for p in pipelines)

@@ -60,7 +60,7 @@ def test_localize_uses_venv_python_own_home_and_mapped_env(tmp_path):
     assert cmd.env["POLYAXON_RUN_INSTANCE"] == "default.p.runs.u"
     assert "POLYAXON_RUN_UUID" not in cmd.env  # the agent's own POLYAXON_* never leak
     assert cmd.env["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)
-    assert cmd.cwd == REPO_ROOT
+    assert cmd.cwd == tmp_path  # the run's own dir: relative outputs stay out of the repo
     assert cmd.env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
 
 
