@@ -1,8 +1,9 @@
 """The hook's errors: each carries the exit code the CLI returns for it.
 
 Permanent errors end the hook at once. Temporary ones (throttling, a flaky API server)
-are retried with backoff until the overall deadline; only when they outlive it do they
-surface, as :class:`DeadlineExceeded`.
+are retried with capped backoff: a single API call gives up after its attempts
+(:class:`TemporaryApiError`, exit 1), the wait retries until the overall deadline
+(:class:`DeadlineExceeded`, exit 5).
 """
 
 from __future__ import annotations

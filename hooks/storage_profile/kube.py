@@ -112,6 +112,9 @@ class Kube:
             DeadlineExceeded: The deadline passed while retrying.
             ApiException: Any other API error (404, 403, 422, …), for the caller to judge.
         """
+        if deadline is not None:
+            # A server that accepts the connection and never answers must not outlive it.
+            kwargs.setdefault("_request_timeout", (10, max(1.0, min(60.0, deadline.remaining()))))
         attempt = 0
         while True:
             try:
@@ -257,6 +260,8 @@ class Kube:
             _request_timeout=(10, seconds + 15),
         )
         for event in stream:
+            if event is None:  # the client yields None for a blank or undecodable line
+                continue
             yield event["type"], event["raw_object"]
 
 

@@ -14,7 +14,7 @@ from hooks.storage_profile.kube import Kube, api_message
 from hooks.storage_profile.preflight import Plan, preflight
 from hooks.storage_profile.providers import PROVIDERS, Provider
 from hooks.storage_profile.report import Report, now_iso
-from hooks.storage_profile.wait import ClaimWaiter
+from hooks.storage_profile.wait import ClaimClassState, ClaimWaiter
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,15 @@ def switch_kubernetes(
         echo(f"warning: {message}")
 
     waiter = ClaimWaiter(
-        kube, cfg.namespace, cfg.claim, deadline, cfg.pending_grace, cfg.watch_timeout, warn=warn
+        kube,
+        cfg.namespace,
+        cfg.claim,
+        deadline,
+        cfg.pending_grace,
+        cfg.watch_timeout,
+        warn=warn,
+        uid=plan.claim["metadata"].get("uid"),
+        stale=ClaimClassState.of(plan.claim) if report.patched else None,
     )
     try:
         waiter.wait(cfg.target)

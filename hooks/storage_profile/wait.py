@@ -31,7 +31,7 @@ KNOWN_STATUSES = ("Pending", "InProgress", "Infeasible")
 
 @dataclass(frozen=True)
 class ClaimClassState:
-    """The three fields that say where a claim's modification stands."""
+    """The fields that say where a claim's modification stands."""
 
     spec: str | None
     current: str | None
@@ -72,6 +72,10 @@ class ClaimWaiter:
         watch_timeout: Longest single watch request.
         warn: Called with each new warning (a ``ModifyVolumeError``, a failed-modify event).
         clock: Monotonic clock for the pending grace (injectable).
+        uid: The claim's uid from preflight; a claim re-created under the same name fails.
+        stale: The claim's state before our patch. A Pending/Infeasible status left from an
+            earlier attempt is not judged until it changes or the grace period passes: the
+            resizer may simply not have seen our patch yet.
     """
 
     def __init__(
@@ -84,6 +88,8 @@ class ClaimWaiter:
         watch_timeout: float = 300.0,
         warn: Callable[[str], None] = log.warning,
         clock: Callable[[], float] = time.monotonic,
+        uid: str | None = None,
+        stale: ClaimClassState | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -93,6 +99,10 @@ class ClaimWaiter:
         self.watch_timeout = watch_timeout
         self.warn = warn
         self.clock = clock
+        self.uid = uid
+        self._stale = (
+            stale if stale is not None and stale.status in ("Pending", "Infeasible") else None
+        )
         self._pending_since: float | None = None
         self._seen_warnings: set[str] = set()
 
@@ -111,6 +121,7 @@ class ClaimWaiter:
         what = f"waiting for claim {self.ref} to settle on {target}"
         self._pending_since = None
         attempt = 0
+        gone = 0
         while True:
             self.deadline.check(what)
             try:
@@ -127,18 +138,24 @@ class ClaimWaiter:
                             continue
                         if self._judge(None if kind == "DELETED" else obj, target):
                             return obj
-                        attempt = 0
+                        attempt = gone = 0
                         if self._grace_ends_before(watch_ends):
-                            break  # list again when the grace is over, not at the watch's end
+                            # A Pending status started in this watch: end it now and list
+                            # again; the next watch is bounded by what is left of the grace.
+                            break
                 # The server ended the stream (its timeout): list again, which also
                 # re-judges a Pending that outlived its grace.
                 continue
             except ApiException as exc:
                 error = classify(exc)
                 if exc.status == 410:
-                    log.info("watch of %s expired (410 Gone); listing again", self.ref)
-                    continue
-                if not isinstance(error, TemporaryApiError):
+                    gone += 1
+                    if gone == 1:
+                        log.info("watch of %s expired (410 Gone); listing again", self.ref)
+                        continue
+                    # Expiring again and again: back off instead of hammering the server.
+                    error = TemporaryApiError(f"watch of {self.ref} expired {gone} times in a row")
+                elif not isinstance(error, TemporaryApiError):
                     raise HookError(f"{what}: {api_message(exc)}") from exc
             except CONNECTION_ERRORS as exc:
                 error = TemporaryApiError(f"watch of {self.ref} dropped: {exc}")
@@ -165,6 +182,8 @@ class ClaimWaiter:
         """True when settled; raise when it never will; False to keep waiting."""
         if claim is None:
             raise UnexpectedState(f"claim {self.ref} was deleted while waiting")
+        if self.uid is not None and claim["metadata"].get("uid") != self.uid:
+            raise UnexpectedState(f"claim {self.ref} was deleted and re-created (its uid changed)")
         state = ClaimClassState.of(claim)
         if state.spec != target:
             raise UnexpectedState(
@@ -174,33 +193,49 @@ class ClaimWaiter:
         if state.settled_on(target):
             return True
         self._surface_conditions(claim)
-        if state.status != "Pending":
+        if self._stale is not None:
+            if (state.status, state.status_target) == (
+                self._stale.status,
+                self._stale.status_target,
+            ):
+                # Still what an earlier attempt left: give the resizer the grace period.
+                self._check_grace(f"{state.status} (as an earlier attempt left it)", claim)
+                return False
+            self._stale, self._pending_since = None, None
+        if state.status is None:
             self._pending_since = None
-        if state.status is None or state.status_target not in (None, target):
-            # The resizer has not picked up this request yet (or still finishes an older one).
+            return False  # the resizer has not picked up this request yet
+        if state.status not in KNOWN_STATUSES:
+            raise UnexpectedState(
+                f"claim {self.ref} has unknown modify status {state.status!r} "
+                f"(known: {', '.join(KNOWN_STATUSES)})"
+            )
+        if state.status == "Pending":
+            # Judged before the target: Pending does not update targetVolumeAttributesClassName.
+            self._check_grace("Pending", claim)
             return False
+        self._pending_since = None
+        if state.status_target not in (None, target):
+            return False  # an older modification is still finishing
         if state.status == "InProgress":
             if self._has_condition(claim, "ModifyVolumeError"):
                 self._surface_events(claim)
-            return False
-        if state.status == "Pending":
-            now = self.clock()
-            if self._pending_since is None:
-                self._pending_since = now
-            if now - self._pending_since >= self.pending_grace:
-                raise Infeasible(
-                    f"claim {self.ref} stayed Pending for "
-                    f"{self.pending_grace:g}s: {self._reason(claim)}"
-                )
             return False
         if state.status == "Infeasible":
             raise Infeasible(
                 f"modification of claim {self.ref} to {target} is Infeasible: {self._reason(claim)}"
             )
-        raise UnexpectedState(
-            f"claim {self.ref} has unknown modify status {state.status!r} "
-            f"(known: {', '.join(KNOWN_STATUSES)})"
-        )
+        raise AssertionError(f"unhandled modify status {state.status!r}")
+
+    def _check_grace(self, what: str, claim: dict) -> None:
+        """Start or continue the grace period; raise Infeasible once it is over."""
+        now = self.clock()
+        if self._pending_since is None:
+            self._pending_since = now
+        if now - self._pending_since >= self.pending_grace:
+            raise Infeasible(
+                f"claim {self.ref} stayed {what} for {self.pending_grace:g}s: {self._reason(claim)}"
+            )
 
     @staticmethod
     def _has_condition(claim: dict, kind: str) -> bool:
