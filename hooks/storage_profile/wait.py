@@ -264,7 +264,11 @@ class ClaimWaiter:
             self.warn(message)
 
     def _reason(self, claim: dict) -> str:
-        """The latest warning event of the claim, else its error condition, else unknown."""
+        """The claim's error condition (it belongs to the current status), else its latest
+        warning event (events outlive the attempt that raised them), else unknown."""
+        for cond in (claim.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "ModifyVolumeError":
+                return f"{cond.get('reason')}: {cond.get('message')}"
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
         except (ApiException, HookError) as exc:
@@ -274,7 +278,4 @@ class ClaimWaiter:
         if warnings:
             last = warnings[-1]
             return f"{last.get('reason')}: {last.get('message')}"
-        for cond in (claim.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "ModifyVolumeError":
-                return f"{cond.get('reason')}: {cond.get('message')}"
         return "no event or condition gives a reason"
