@@ -82,7 +82,12 @@ def write_training_run(
     return uuid
 
 
-def write_hook_run(target: str, driver: str = "ebs.csi.aws.com", **outputs: Any) -> str:
+def write_hook_run(
+    target: str,
+    driver: str = "ebs.csi.aws.com",
+    class_parameters: dict | None = None,
+    **outputs: Any,
+) -> str:
     """Record a storage-profile hook run that switched the claim to ``target``."""
     with tracked_run(f"hook-{target}", tags=["hook"]) as t:
         t.log_inputs(
@@ -92,6 +97,7 @@ def write_hook_run(target: str, driver: str = "ebs.csi.aws.com", **outputs: Any)
             target_class=target,
             driver=driver,
             volume_handle="vol-0123456789abcdef0",
+            **{f"vac_{k}": v for k, v in (class_parameters or {}).items()},
         )
         t.log_outputs(
             applied_class=target,

@@ -87,9 +87,10 @@ def test_faster_checkpoints_but_not_the_whole_run(runs_root: Path, pricing_file)
 
 
 def test_faster_but_costlier(runs_root: Path, pricing_file) -> None:
-    # cheap GPU time (0.01 USD/h) cannot pay for 20 USD/month more storage on a long run
-    write_training_run(BASE, [20.0, 20.0, 21.0, 20.0], runtime_s=10000.0)
-    write_training_run(FAST, [10.0, 10.0, 10.5, 10.0], runtime_s=9700.0)
+    # cheap GPU time (0.01 USD/h) cannot pay for 20 USD/month more storage on a long run;
+    # 30 checkpoints 10 s faster explain the 300 s shorter run
+    write_training_run(BASE, [20.0, 20.5, 21.0] * 10, runtime_s=10000.0)
+    write_training_run(FAST, [10.0, 10.5, 10.0] * 10, runtime_s=9700.0)
     code, output, report, _ = run_cli(
         "--offline-root", str(runs_root), "--pricing", str(pricing_file()), "--gpu-hourly", "0.01"
     )
@@ -102,6 +103,26 @@ def test_faster_but_costlier(runs_root: Path, pricing_file) -> None:
     # the same runs at the default GPU price are a win
     code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
     assert report["verdict"] == FAST
+
+
+def test_too_few_checkpoints_are_no_evidence(runs_root: Path, pricing_file) -> None:
+    write_training_run(BASE, [2.0, 2.0], runtime_s=50.0)
+    write_training_run(FAST, [1.0, 1.0], runtime_s=48.0)
+    code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
+    assert code == 0
+    assert report["verdict"] == "no measurable difference"
+    assert "too few checkpoints" in " ".join(report["comparisons"][0]["notes"])
+
+
+def test_a_shorter_run_that_checkpoints_cannot_explain_is_not_credited(
+    runs_root: Path, pricing_file
+) -> None:
+    write_training_run(BASE, [1.00, 1.01, 1.00], runtime_s=100.0)
+    write_training_run(FAST, [0.90, 0.91, 0.90], runtime_s=90.0)  # 0.3 s saved, 10 s shorter
+    code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
+    assert code == 0
+    assert report["verdict"] == "no measurable difference"
+    assert "cannot explain it" in " ".join(report["comparisons"][0]["notes"])
 
 
 def test_slower_candidate_keeps_baseline(runs_root: Path, pricing_file) -> None:
@@ -133,6 +154,7 @@ def test_missing_profile_exits_3(runs_root: Path, pricing_file) -> None:
         ("dataset_seed", 1),
         ("checkpoint_format", "torch"),
         ("durability", "none"),
+        ("batch_size", 4),
     ],
 )
 def test_incomparable_inputs_exit_3(runs_root: Path, pricing_file, key: str, value) -> None:
@@ -144,6 +166,26 @@ def test_incomparable_inputs_exit_3(runs_root: Path, pricing_file, key: str, val
     assert code == 3
     assert f"not comparable: {key} differs" in output
     assert not out.exists()
+
+
+def test_runs_missing_a_core_input_are_refused(runs_root: Path, pricing_file) -> None:
+    write_training_run(BASE, [1.0, 1.0, 1.0], runtime_s=50.0)
+    write_training_run(FAST, [0.5, 0.5, 0.5], runtime_s=40.0, durability=None)
+    code, output, _, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
+    assert code == 3
+    assert "does not record durability" in output
+
+
+def test_the_hooks_class_parameters_price_the_profile(runs_root: Path, pricing_file) -> None:
+    write_hook_run(BASE, class_parameters={"type": "gp3", "iops": "3000", "throughput": "125"})
+    write_training_run(BASE, [1.0, 1.0, 1.0], runtime_s=50.0)
+    write_hook_run(FAST, class_parameters={"type": "gp3", "iops": "16000", "throughput": "1000"})
+    write_training_run(FAST, [1.0, 1.0, 1.0], runtime_s=50.0)
+    code, output, report, _ = run_cli(
+        "--offline-root", str(runs_root), "--pricing", str(pricing_file())
+    )
+    assert code == 0, output
+    assert "16000 IOPS, 1000 MiB/s (from the hook's record)" in output
 
 
 def test_failed_run_is_reported_not_used(runs_root: Path, pricing_file) -> None:
@@ -192,9 +234,9 @@ def test_unpriced_profile_still_gets_a_timing_verdict(runs_root: Path, pricing_f
 
 
 def test_explicit_runs_and_baseline(runs_root: Path, pricing_file) -> None:
-    a = write_training_run("disk", [1.0, 1.0], runtime_s=50.0)
-    write_training_run("disk", [9.0, 9.0], runtime_s=90.0)  # newer, but not selected
-    b = write_training_run("tmpfs", [0.2, 0.2], runtime_s=45.0)
+    a = write_training_run("disk", [1.0, 1.0, 1.0], runtime_s=50.0)
+    write_training_run("disk", [9.0, 9.0, 9.0], runtime_s=90.0)  # newer, but not selected
+    b = write_training_run("tmpfs", [0.2, 0.2, 0.2], runtime_s=47.6)
     code, output, report, _ = run_cli(
         "--offline-root",
         str(runs_root),

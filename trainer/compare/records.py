@@ -29,8 +29,12 @@ COMPARABLE_INPUTS = (
     "async_checkpoint",
     "steps",
     "checkpoint_every",
+    "batch_size",
+    "seq_len",
     "device",
 )
+# Without these a comparison cannot be vouched for, so a run must record them.
+REQUIRED_INPUTS = ("model_size_bytes", "dataset_seed", "checkpoint_format", "durability")
 
 STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
 _FIO_OUTPUT = re.compile(r"^fio_(?P<case>.+)_(?P<measure>bw_mbps|iops|lat_p99_us)$")

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainer.compare.errors import NotComparable
 from trainer.compare.loading import ProfileRuns
-from trainer.compare.records import COMPARABLE_INPUTS, STAGES, RunRecord, Series
+from trainer.compare.records import COMPARABLE_INPUTS, REQUIRED_INPUTS, STAGES, RunRecord, Series
 
 
 def _num(value: Any) -> float | None:
@@ -26,13 +26,21 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+# Fewer checkpoints than this in a run and its spread says nothing about the noise.
+MIN_CHECKPOINTS = 3
+
+
 @dataclass
 class StageFigures:
-    """One checkpoint stage over a run: median, min and max seconds."""
+    """One checkpoint stage over a run: median, min and max seconds over ``n`` checkpoints.
+
+    ``n`` is 0 when only the run's summary outputs were available, not every checkpoint.
+    """
 
     median: float
     min: float
     max: float
+    n: int = 0
 
     @property
     def spread(self) -> float:
@@ -84,13 +92,16 @@ def _stage_figures(run: RunRecord, stage: str) -> StageFigures | None:
     """From the per-checkpoint events if we have them, else from the run's outputs."""
     values = [v for _, v in run.metrics.get(f"ckpt_{stage}_s", [])]
     if values:
-        return StageFigures(statistics.median(values), min(values), max(values))
+        return StageFigures(statistics.median(values), min(values), max(values), len(values))
     median = _num(run.outputs.get(f"ckpt_{stage}_s_median"))
     if median is None:
         return None
     low = _num(run.outputs.get(f"ckpt_{stage}_s_min"))
     high = _num(run.outputs.get(f"ckpt_{stage}_s_max"))
-    return StageFigures(median, median if low is None else low, median if high is None else high)
+    if low is None or high is None:
+        return StageFigures(median, median, median, 0)  # no spread known: see MIN_CHECKPOINTS
+    count = _num(run.outputs.get("checkpoint_count"))
+    return StageFigures(median, low, high, int(count) if count else 0)
 
 
 def _median_metric(run: RunRecord, metric: str) -> float | None:
@@ -105,6 +116,8 @@ def _hook_figures(hook: RunRecord | None) -> dict[str, Any]:
     keys_out = ("applied_class", "k8s_settle_s", "provider_settle_s", "total_settle_s")
     figures = {k: hook.inputs.get(k) for k in keys_in}
     figures |= {k: hook.outputs.get(k) for k in keys_out}
+    # The class's parameters (vac_type, vac_iops, vac_throughput, ...) price the profile.
+    figures |= {k: v for k, v in hook.inputs.items() if k.startswith("vac_")}
     figures["run"] = hook.label
     return figures
 
@@ -160,6 +173,14 @@ def check_comparable(groups: list[ProfileRuns]) -> None:
     Raises:
         NotComparable: Naming every input that differs and its value per profile.
     """
+    missing = [
+        f"{g.profile} ({g.training.label}) does not record {key}"
+        for g in groups
+        for key in REQUIRED_INPUTS
+        if g.training.inputs.get(key) is None
+    ]
+    if missing:
+        raise NotComparable("runs are not comparable: " + "; ".join(missing))
     differences = []
     for key in COMPARABLE_INPUTS:
         values = {g.profile: g.training.inputs.get(key) for g in groups}
@@ -189,8 +210,8 @@ class Thresholds:
     Attributes:
         runtime_floor: Relative runtime change below which whole runs count as equal,
             for the variation that checkpoints do not explain (data loading, scheduling).
-        loss_tolerance: Relative final-loss difference tolerated before warning that the
-            runs did not train the same model.
+        loss_tolerance: Relative final-loss difference tolerated; beyond it the runs did
+            not train the same model and no profile is declared better.
     """
 
     runtime_floor: float = 0.02
@@ -231,6 +252,7 @@ class Comparison:
     runtime_measurable: bool
     stage_deltas: dict[str, float]
     loss_delta: float | None
+    loss_differs: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -252,9 +274,18 @@ class Comparison:
             and self.pause_delta_s < 0
             and self.runtime_measurable
             and self.runtime_delta_s < 0
+            and self.explained_by_checkpoints
+            and not self.loss_differs
         ):
             return Outcome.BETTER
         return Outcome.NO_DIFFERENCE
+
+    @property
+    def explained_by_checkpoints(self) -> bool:
+        """Whether the time the faster checkpoints save can account for the shorter run:
+        a 10 ms faster checkpoint cannot explain a run 3 s shorter."""
+        checkpoints = max(self.baseline.checkpoint_count, self.candidate.checkpoint_count, 1)
+        return -self.pause_delta_s * checkpoints > self.runtime_noise_s
 
 
 def compare(baseline: ProfileStats, candidate: ProfileStats, thresholds: Thresholds) -> Comparison:
@@ -274,19 +305,44 @@ def compare(baseline: ProfileStats, candidate: ProfileStats, thresholds: Thresho
         if candidate.final_loss is not None and baseline.final_loss is not None
         else None
     )
+    enough = min(baseline.pause.n, candidate.pause.n) >= MIN_CHECKPOINTS
+    # Relative to the baseline's loss; absolute when that is 0.
+    loss_scale = abs(baseline.final_loss) if baseline.final_loss else 1.0
+    loss_differs = (
+        loss_delta is not None and abs(loss_delta) > thresholds.loss_tolerance * loss_scale
+    )
     result = Comparison(
         baseline=baseline,
         candidate=candidate,
         pause_delta_s=pause_delta,
         pause_noise_s=pause_noise,
-        pause_measurable=abs(pause_delta) > pause_noise,
+        # Too few checkpoints and the spread says nothing about the noise.
+        pause_measurable=enough and abs(pause_delta) > pause_noise,
         runtime_delta_s=runtime_delta,
         runtime_noise_s=runtime_noise,
         runtime_measurable=abs(runtime_delta) > runtime_noise,
         stage_deltas=stage_deltas,
         loss_delta=loss_delta,
+        loss_differs=loss_differs,
     )
     result.notes = _notes(result, thresholds)
+    if not enough:
+        result.notes.insert(
+            0,
+            f"too few checkpoints to judge the noise (fewer than {MIN_CHECKPOINTS} in a run): "
+            "no checkpoint difference counts as measurable",
+        )
+    if (
+        result.pause_measurable
+        and pause_delta < 0
+        and result.runtime_measurable
+        and runtime_delta < 0
+        and not result.explained_by_checkpoints
+    ):
+        result.notes.append(
+            f"the run is {-runtime_delta:.2f} s shorter, but {checkpoints} checkpoints "
+            f"{-pause_delta:.3f} s faster cannot explain it: not credited to storage"
+        )
     return result
 
 
@@ -311,11 +367,9 @@ def _notes(c: Comparison, thresholds: Thresholds) -> list[str]:
             "upload": ": it goes to the artifact store, not to this volume",
         }.get(top, "")
         notes.append(f"{base}: the {top} stage is the largest part of a checkpoint{why}")
-    if c.loss_delta is not None and c.baseline.final_loss:
-        rel = abs(c.loss_delta) / abs(c.baseline.final_loss)
-        if rel > thresholds.loss_tolerance:
-            notes.append(
-                f"final loss differs by {rel:.2%} between {base} and {name}: check that both "
-                "runs trained the same model"
-            )
+    if c.loss_differs:
+        notes.append(
+            f"final loss differs by {c.loss_delta:+.4g} between {base} and {name}: the runs "
+            "did not train the same model, so neither is declared better"
+        )
     return notes
