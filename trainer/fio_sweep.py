@@ -96,6 +96,10 @@ def main(
         o = summary["overhead"]
         flag = "  ABOVE 10%: investigate" if o["flagged"] else ""
         click.echo(f"overhead vs {o['reference_dir']}: {o['overhead_pct']:+.1f}%{flag}")
+    elif summary["overhead"] and summary["overhead"].get("note"):
+        click.echo(
+            f"overhead vs {summary['overhead']['reference_dir']}: {summary['overhead']['note']}"
+        )
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ def extract_json(stdout: str) -> dict[str, Any]:
     if start == 0 and not stdout.startswith("{"):
         raise FioOutputError("fio printed no JSON")
     try:
-        doc = json.loads(stdout[start:])
+        # raw_decode: fio may print more lines after the document.
+        doc, _ = json.JSONDecoder().raw_decode(stdout[start:])
     except json.JSONDecodeError as exc:
         raise FioOutputError(f"fio's JSON output is malformed: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list) or not doc["jobs"]:

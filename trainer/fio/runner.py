@@ -265,7 +265,9 @@ def run_fio(
                     on_tick()
     finally:
         if proc.poll() is None:
-            _stop_group(proc)
+            # Not interruptible half-way: the caller removes fio's files right after this.
+            with deferred_signals():
+                _stop_group(proc)
 
 
 def _stop_group(proc: subprocess.Popen[str]) -> None:

@@ -240,18 +240,23 @@ def outputs_for(results: list[CaseResult], overhead: dict[str, Any] | None) -> d
 
 
 def overhead_check(
-    on_target: CaseResult, on_reference: CaseResult, reference_dir: Path
+    on_target: CaseResult, on_reference: CaseResult, reference_dir: Path, same_io: bool = True
 ) -> dict[str, Any]:
     """How much slower the case ran on the target than on the reference path, in percent.
 
     Positive: the target (the claim) is slower. Flagged above 10%, as the seed advises.
+    When one side had to run buffered and the other direct (a tmpfs reference without
+    O_DIRECT), the two are not comparable and no percentage is given.
     """
     target_bw = on_target.measure("bw_mbps")
     reference_bw = on_reference.measure("bw_mbps")
     pct = None
-    if target_bw is not None and reference_bw:
+    if target_bw is not None and reference_bw and same_io:
         pct = (reference_bw - target_bw) / reference_bw * 100
     return {
+        "note": None
+        if same_io
+        else "not compared: one side ran O_DIRECT and the other buffered (no O_DIRECT there)",
         "case": on_target.case.name,
         "reference_dir": str(reference_dir),
         "target_bw_mbps": target_bw,
@@ -330,10 +335,12 @@ def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | Non
     if plan.reference is not None:
         progress.start(len(spec.cases), f"{overhead_case.name}@reference", overhead_case)
         with scratch_dir(plan.reference) as ref_where:
-            on_ref = runner.run(overhead_case, ref_where, False, supports_direct_io(ref_where))
+            ref_direct_ok = supports_direct_io(ref_where)
+            on_ref = runner.run(overhead_case, ref_where, False, ref_direct_ok)
         progress.done(on_ref)
         on_target = next(r for r in results if r.case.name == overhead_case.name)
-        overhead = overhead_check(on_target, on_ref, plan.reference.path)
+        same_io = not overhead_case.direct or direct_ok == ref_direct_ok
+        overhead = overhead_check(on_target, on_ref, plan.reference.path, same_io)
 
     outputs = outputs_for(results, overhead)
     tracker.log_outputs(**outputs)
