@@ -19,14 +19,22 @@ from pathlib import Path
 
 import psutil
 
-from sandbox.api import Api
-from sandbox.config import DEFAULT_HOST, REPO_ROOT, AgentSettings, SandboxPaths, check_loopback
+from sandbox.api import DONE_STATUSES, Api
+from sandbox.config import (
+    DEFAULT_HOST,
+    DEFAULT_OWNER,
+    REPO_ROOT,
+    AgentSettings,
+    SandboxPaths,
+    check_loopback,
+)
 from sandbox.errors import PortInUseError, ServerStartError, ServerUnavailableError
 
 # Seconds, as data: how long the server may take to answer /healthz, the agent to poll it
 # once, and how long a process group gets between SIGTERM and SIGKILL.
 SERVER_START_TIMEOUT = 90.0
 AGENT_START_TIMEOUT = 60.0
+RUNS_STOP_WAIT = 20.0  # how long ``stop`` lets the agent end the runs it asked to stop
 STOP_GRACE = 10.0
 LOG_TAIL_LINES = 40
 
@@ -260,9 +268,42 @@ class Sandbox:
                 )
             time.sleep(0.2)
 
+    def stop_unfinished_runs(
+        self, owner: str = DEFAULT_OWNER, wait: float = RUNS_STOP_WAIT
+    ) -> list[str]:
+        """Ask the server to stop every run that has not finished, so that none resumes at
+        the next ``start``; give the agent up to ``wait`` seconds to end them.
+
+        Returns:
+            The uuids of the runs it asked to stop ([] when no server answers).
+        """
+        if not self.server_pid() or not self.api.healthy():
+            return []
+        try:
+            projects = self.api.get(f"api/v1/{owner}/projects/list", limit=1000)
+            unfinished = [
+                (project["name"], run["uuid"], run.get("status"))
+                for project in projects.get("results") or []
+                for run in self.api.runs(owner, project["name"], limit=1000)
+                if run.get("status") not in DONE_STATUSES
+            ]
+            for project, uuid, status in unfinished:
+                if status != "stopping":
+                    self.api.stop(owner, project, uuid)
+            deadline = time.monotonic() + (wait if self.agent_pid() else 0)
+            while time.monotonic() < deadline and any(
+                self.api.run(owner, project, uuid).get("status") not in DONE_STATUSES
+                for project, uuid, _ in unfinished
+            ):
+                time.sleep(0.5)
+        except ServerUnavailableError:
+            return []  # the processes are stopped all the same
+        return [uuid for _, uuid, _ in unfinished]
+
     def stop(self) -> list[str]:
-        """Stop the agent (and its runs), then the server. Returns what was stopped."""
-        stopped = []
+        """Stop the unfinished runs, the agent, then the server. Returns what was stopped."""
+        runs = self.stop_unfinished_runs()
+        stopped = [f"{len(runs)} unfinished run(s)"] if runs else []
         for name, pid_file in (("agent", self.paths.agent_pid), ("server", self.paths.server_pid)):
             pid = pid_in(pid_file)
             if pid and read_pid(pid_file):
