@@ -129,7 +129,9 @@ class LocalAgent:
         host: The server URL.
         owner: The organization whose runs are executed.
         poll: Seconds between two polls.
-        max_parallel: Runs executed at the same time.
+        max_parallel: Runs executed at the same time. 1 by default: an op's tracking reports
+            it succeeded a moment before its process exits, and the server then queues the
+            next op; one at a time, the next process starts only after the last has exited.
     """
 
     paths: SandboxPaths
@@ -137,8 +139,10 @@ class LocalAgent:
     host: str
     owner: str = "default"
     poll: float = 1.0
-    max_parallel: int = 2
+    max_parallel: int = 1
     _running: dict[str, _Running] = field(default_factory=dict, init=False)
+    # Runs stopped before their process started (queued in the pool, or being prepared).
+    _cancelled: set[str] = field(default_factory=set, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
 
@@ -146,6 +150,7 @@ class LocalAgent:
         # Imported here: polyaxon reads its settings from the environment at import time.
         from polyaxon import settings as plx_settings
         from polyaxon._connections import V1Connection
+        from polyaxon._constants.globals import NO_AUTH
         from polyaxon._runner.agent.client import AgentClient
         from polyaxon._schemas.agent import AgentConfig
         from polyaxon._schemas.client import ClientConfig
@@ -159,7 +164,8 @@ class LocalAgent:
         plx_settings.set_agent_config(self._agent_config)
         plx_settings.CLIENT_CONFIG.host = self.host
         self._client_config = ClientConfig(host=self.host, verify_ssl=False)
-        self._plx = PolyaxonClient(config=self._client_config, token=None)
+        # NO_AUTH: never send the user's own ~/.polyaxon token to the sandbox server.
+        self._plx = PolyaxonClient(config=self._client_config, token=NO_AUTH)
         self.client = AgentClient(owner=self.owner, client=self._plx)
         self.store = Path(self.settings.artifacts_store["schema"]["hostPath"])
 
@@ -170,10 +176,15 @@ class LocalAgent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
         log.info("agent polling %s every %.1fs", self.host, self.poll)
+        ready = False
         with ThreadPoolExecutor(self.max_parallel) as pool:
             while not self._stop.is_set():
                 try:
                     self.poll_once(pool)
+                    if not ready:
+                        # `python -m sandbox start` waits for this file.
+                        self.paths.agent_ready.write_text(str(os.getpid()))
+                        ready = True
                 except Exception as exc:  # noqa: BLE001 - a bad poll must not end the agent
                     log.warning("poll failed: %s", exc)
                 self._stop.wait(self.poll)
@@ -262,13 +273,27 @@ class LocalAgent:
                 local.mkdir(parents=True, exist_ok=True)
         return home, context, run_dir / "main.log"
 
+    def _not_to_start(self, uuid: str) -> str | None:
+        """Why a run must not start (the agent stops, or the run was stopped), else None.
+
+        Call under ``self._lock``.
+        """
+        if self._stop.is_set():
+            return "Agent shut down"
+        if uuid in self._cancelled:
+            self._cancelled.discard(uuid)
+            return "Stopped before it started"
+        return None
+
     def execute(self, run_data: Sequence[Any]) -> None:
         """Run one queued run to its end and report its status and logs."""
         owner, project, uuid = _run_info(run_data[0])
         name = run_data[2]
-        if self._stop.is_set():
-            # Queued behind other runs when the agent was told to stop: never started.
-            self._status(owner, project, uuid, "stopped", "SandboxAgent", "Agent shut down")
+        with self._lock:
+            # Queued behind other runs when the agent or the run was stopped: never started.
+            why = self._not_to_start(uuid)
+        if why:
+            self._status(owner, project, uuid, "stopped", "SandboxAgent", why)
             return
         try:
             container = self.convert(run_data)
@@ -282,14 +307,17 @@ class LocalAgent:
             self._status(owner, project, uuid, "failed", "AgentConvert", f"cannot run: {exc}")
             return
         log.info("run %s (%s): %s", name, uuid, " ".join(command.argv)[:300])
-        self._status(owner, project, uuid, "running", "SandboxAgent", "Run started by the agent")
         lines: list[Any] = []
-        # Start and register under the lock: shutdown() then either sees this run or this
-        # run sees the stop, never neither.
+        # Start and register under the lock: shutdown() and stop_run() then either see this
+        # run or this run sees the stop, never neither.
         with self._lock:
-            if self._stop.is_set():
-                self._status(owner, project, uuid, "stopped", "SandboxAgent", "Agent shut down")
+            why = self._not_to_start(uuid)
+            if why:
+                self._status(owner, project, uuid, "stopped", "SandboxAgent", why)
                 return
+            self._status(
+                owner, project, uuid, "running", "SandboxAgent", "Run started by the agent"
+            )
             try:
                 proc = subprocess.Popen(
                     command.argv,
@@ -307,17 +335,24 @@ class LocalAgent:
             self._running[uuid] = entry
         reader = threading.Thread(target=_read_lines, args=(proc, log_file, lines), daemon=True)
         reader.start()
-        last_upload = 0.0
-        while proc.poll() is None:
-            time.sleep(0.2)
-            if time.monotonic() - last_upload > LOG_UPLOAD_EVERY:
-                self.upload_logs(owner, project, uuid, lines, run_dir=log_file.parent)
-                last_upload = time.monotonic()
-        _kill_group(proc.pid)  # whatever the command left running in its group
+        uploaded = 0  # lines uploaded so far
+        try:
+            last_upload = 0.0
+            while proc.poll() is None:
+                time.sleep(0.2)
+                if time.monotonic() - last_upload > LOG_UPLOAD_EVERY and len(lines) > uploaded:
+                    uploaded = self.upload_logs(owner, project, uuid, lines, log_file.parent)
+                    last_upload = time.monotonic()
+        finally:
+            # Whatever the command left running in its group, and the command itself if
+            # supervising it failed: no run outlives its supervision.
+            _kill_group(proc.pid)
+            proc.wait()
+            with self._lock:
+                self._running.pop(uuid, None)
         reader.join(timeout=10)
-        with self._lock:
-            self._running.pop(uuid, None)
-        self.upload_logs(owner, project, uuid, lines, run_dir=log_file.parent)
+        if len(lines) > uploaded:
+            self.upload_logs(owner, project, uuid, lines, log_file.parent)
         # The server caches a run's logs on first read (the UI reads while it runs); drop
         # that copy so the full log shows once the run is done.
         shutil.rmtree(self.paths.archives / uuid / "plxlogs", ignore_errors=True)
@@ -338,8 +373,10 @@ class LocalAgent:
         owner, project, uuid = _run_info(instance)
         with self._lock:
             entry = self._running.get(uuid)
+            if entry is None:
+                # Not started (yet): if it is queued or being prepared, it never will be.
+                self._cancelled.add(uuid)
         if entry is None:
-            # Not ours (never started or already ended): tell the server it is stopped.
             self._status(owner, project, uuid, "stopped", "SandboxAgent", "Not running here")
             return
         if not entry.stop_requested:
@@ -348,22 +385,31 @@ class LocalAgent:
 
     def upload_logs(
         self, owner: str, project: str, uuid: str, lines: list[Any], run_dir: Path
-    ) -> None:
-        """Upload the captured lines as ``plxlogs/polyaxon-main.jsonl`` of the run."""
-        if not lines:
-            return
+    ) -> int:
+        """Upload the captured lines as ``plxlogs/polyaxon-main.jsonl`` of the run.
+
+        Best effort: a failure is logged, never raised (the run goes on).
+
+        Returns:
+            How many lines were uploaded (0 when the upload failed).
+        """
         from polyaxon.client import RunClient
         from traceml.logging import V1Logs
 
-        path = run_dir / "polyaxon-main.jsonl"
-        path.write_text(V1Logs.model_construct(logs=list(lines)).get_jsonl_events())
+        snapshot = list(lines)  # the reader thread keeps appending
+        if not snapshot:
+            return 0
         try:
+            path = run_dir / "polyaxon-main.jsonl"
+            path.write_text(V1Logs.model_construct(logs=snapshot).get_jsonl_events())
             run = RunClient(owner=owner, project=project, run_uuid=uuid, client=self._plx)
             run.upload_artifact(
                 filepath=str(path), path="plxlogs", overwrite=True, show_progress=False
             )
         except Exception as exc:  # noqa: BLE001 - logs are best effort, the run goes on
             log.warning("run %s: log upload failed: %s", uuid, exc)
+            return 0
+        return len(snapshot)
 
     def _status(
         self, owner: str, project: str, uuid: str, status: str, reason: str, message: str

@@ -1,4 +1,4 @@
-"""A few read-only calls to the sandbox server's REST API (plain HTTP on loopback)."""
+"""A few calls to the sandbox server's REST API (plain HTTP on loopback): reads, and stop."""
 
 from __future__ import annotations
 
@@ -43,6 +43,27 @@ class Api:
             raise ServerUnavailableError(f"GET {url}: HTTP {exc.code}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise ServerUnavailableError(f"GET {url}: {exc}") from exc
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        """POST ``body`` as JSON to ``path`` (relative to the host)."""
+        url = f"{self.host.rstrip('/')}/{path.lstrip('/')}"
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(body or {}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout):
+                pass
+        except urllib.error.HTTPError as exc:
+            raise ServerUnavailableError(f"POST {url}: HTTP {exc.code}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise ServerUnavailableError(f"POST {url}: {exc}") from exc
+
+    def stop(self, owner: str, project: str, uuid: str) -> None:
+        """Ask the server to stop a run (a pipeline stops its ops too)."""
+        self.post(f"api/v1/{owner}/{project}/runs/{uuid}/stop")
 
     def healthy(self) -> bool:
         """Whether the server answers ``/healthz`` (never the agents' state: reading that

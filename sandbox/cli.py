@@ -24,7 +24,7 @@ from sandbox.config import (
     load_agent_settings,
     prepare_media,
 )
-from sandbox.errors import SandboxError
+from sandbox.errors import SandboxError, ServerUnavailableError
 from sandbox.server import Sandbox
 
 DEFAULT_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-pipeline.yaml"
@@ -51,8 +51,9 @@ def demo_params(sb: Sandbox, pipeline: Path, overrides: dict[str, str]) -> dict[
     values = dict(DEMO_PARAMS, api_host=sb.url)
     if sb.agent.profiles_file:
         values["profiles_file"] = str(sb.agent.profiles_file)
-    if sb.agent.profiles and sb.agent.profiles.get("namespace"):
-        values["namespace"] = sb.agent.profiles["namespace"]
+    for key in ("namespace", "claim"):
+        if sb.agent.profiles and sb.agent.profiles.get(key):
+            values[key] = sb.agent.profiles[key]
     values = {k: v for k, v in values.items() if k in declared}
     values.update(overrides)
     return values
@@ -79,14 +80,20 @@ def _common(fn):
                 type=click.Path(file_okay=False, path_type=Path),
                 help="Sandbox root; state goes to ROOT/.sandbox (default $SANDBOX_ROOT or repo).",
             ),
-            click.option("--host", default=DEFAULT_HOST, show_default=True, help="Bind address."),
+            click.option(
+                "--host",
+                default=DEFAULT_HOST,
+                show_default=True,
+                help="The server's address; loopback only (127.0.0.1, ::1, localhost).",
+            ),
             click.option(
                 "--port", type=int, help=f"Server port (default: last used, else {DEFAULT_PORT})."
             ),
             click.option(
                 "--agent-file",
                 type=click.Path(dir_okay=False, exists=True),
-                help="Agent config (default connections/sandbox-agent.yaml).",
+                help="Agent config: connections and artifacts store, for the server and the "
+                "agent (default connections/sandbox-agent.yaml).",
             ),
             click.option(
                 "--profiles-file",
@@ -111,6 +118,15 @@ def _run(fn, *args, **kwargs):
 def _stop_hint(sb: Sandbox) -> str:
     root = "" if sb.paths.root == REPO_ROOT else f" --root {shlex.quote(str(sb.paths.root))}"
     return f"{shlex.quote(sys.executable)} -m sandbox stop{root}"
+
+
+def require_server(sb: Sandbox) -> None:
+    """Raise ServerUnavailableError unless this sandbox's server answers."""
+    if not sb.api.healthy():
+        raise ServerUnavailableError(
+            f"no sandbox server answers at {sb.url}; start it with "
+            f"{shlex.quote(sys.executable)} -m sandbox start"
+        )
 
 
 def _ensure_project(sb: Sandbox, owner: str, project: str) -> None:
@@ -180,7 +196,13 @@ def status(root, host, port, agent_file, profiles_file, as_json) -> None:
 @main.command()
 @_common
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between polls.")
-@click.option("--max-parallel", type=int, default=2, show_default=True)
+@click.option(
+    "--max-parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs at the same time (1: an op starts only after the previous process exited).",
+)
 def agent(root, host, port, agent_file, profiles_file, poll, max_parallel) -> None:
     """Run the local agent in the foreground (``start`` runs it in the background)."""
     from sandbox.agent import LocalAgent
@@ -228,7 +250,9 @@ def register_components(
     if cluster:
         api_host = None
     elif not api_host:
-        api_host = _run(_sandbox, root, host, port, agent_file, profiles_file).url
+        sb = _run(_sandbox, root, host, port, agent_file, profiles_file)
+        _run(require_server, sb)
+        api_host = sb.url
     for ref in _run(register, comps, owner, api_host):
         click.echo(f"registered {ref}")
 
@@ -320,6 +344,7 @@ def submit(
 ) -> None:
     """Submit a polyaxonfile to a running sandbox and follow it; exit 5 if it fails."""
     sb = _run(_sandbox, root, host, port, agent_file, profiles_file)
+    _run(require_server, sb)
     _run(_ensure_project, sb, DEFAULT_OWNER, project)
     _run(
         submit_and_follow,

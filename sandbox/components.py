@@ -2,7 +2,7 @@
 
 ``components/<name>/<version>.yaml`` is registered as ``OWNER/<name>:<version>`` (Polyaxon
 keeps component versions in a project called ``<name>``). The pipeline in git references
-components by ``pathRef`` so CI can check it offline; :func:`hub_twin` rewrites those refs to
+components by ``pathRef`` so CI can check it offline; :func:`pipeline_twin` rewrites those refs to
 ``hubRef`` for a server, so there is one source of truth and no hand-kept copy.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from sandbox.config import is_loopback_http
 from sandbox.errors import ConfigError, SandboxError
 
 
@@ -72,15 +73,19 @@ def polyaxon_cli(
 def api_client(host: str | None) -> Any:
     """A Polyaxon SDK client for ``host``; ``None`` means the user's configured server.
 
-    Either way the token comes from the user's polyaxon config when there is one (a
-    cluster); the sandbox needs none.
+    A plain-http loopback host (the sandbox) gets no token, so the user's own is never sent
+    to it. Any other host keeps TLS verification on and uses the token of the user's
+    polyaxon config when there is one (a cluster).
     """
+    from polyaxon._constants.globals import NO_AUTH
     from polyaxon._schemas.client import ClientConfig
     from polyaxon.client import PolyaxonClient
 
     if host is None:
         return PolyaxonClient()
-    return PolyaxonClient(config=ClientConfig(host=host, verify_ssl=False))
+    if is_loopback_http(host):
+        return PolyaxonClient(config=ClientConfig(host=host, verify_ssl=False), token=NO_AUTH)
+    return PolyaxonClient(config=ClientConfig(host=host, verify_ssl=True))
 
 
 @contextmanager

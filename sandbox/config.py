@@ -7,8 +7,10 @@ whole sandbox at a tmp dir.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,37 @@ DEFAULT_OWNER = "default"  # the sandbox CE server has a single organization, "d
 DEFAULT_PROJECT = "checkpoint-storage"
 DEFAULT_AGENT_FILE = REPO_ROOT / "connections" / "sandbox-agent.yaml"
 DEFAULT_PROFILES_FILE = REPO_ROOT / "connections" / "sandbox-profiles.yaml"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) only reaches this machine."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_loopback(host: str) -> str:
+    """``host`` if it is a loopback address, else a ConfigError.
+
+    The sandbox server has no authentication and its agent runs whatever command a submitted
+    run names, so it must never listen where another machine can reach it.
+    """
+    if not is_loopback(host):
+        raise ConfigError(
+            f"--host {host} is not a loopback address: the sandbox server is unauthenticated "
+            "and its agent runs submitted commands, so it only listens on 127.0.0.1, ::1 or "
+            "localhost"
+        )
+    return host
+
+
+def is_loopback_http(url: str) -> bool:
+    """Whether ``url`` is plain ``http://`` to a loopback host (the sandbox's own server)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "http" and is_loopback(parts.hostname or "")
 
 
 def default_root() -> Path:
@@ -86,6 +119,11 @@ class SandboxPaths:
         return self.state / "agent.log"
 
     @property
+    def agent_ready(self) -> Path:
+        """Written by the agent after its first successful poll of the server."""
+        return self.state / "agent.ready"
+
+    @property
     def server_pid(self) -> Path:
         return self.state / "server.pid"
 
@@ -114,6 +152,8 @@ class AgentSettings:
         connections: Polyaxon connections, the same names the cluster agent declares.
         local_mounts: mountPath -> local directory, for every mounted connection.
         profiles_file: The sandbox storage-profiles file (contracts.md).
+        profiles: That file's content, paths resolved (None without a profiles file).
+        agent_file: The agent config these settings were read from.
     """
 
     artifacts_store: dict[str, Any]
@@ -121,6 +161,7 @@ class AgentSettings:
     local_mounts: dict[str, Path] = field(default_factory=dict)
     profiles_file: Path | None = None
     profiles: dict[str, Any] | None = None
+    agent_file: Path | None = None
 
     def __post_init__(self) -> None:
         names = [c.get("name") for c in self.connections]
@@ -204,6 +245,7 @@ def load_agent_settings(
         local_mounts=mounts,
         profiles_file=Path(profiles_file) if profiles_file else None,
         profiles=profiles,
+        agent_file=Path(agent_file),
     )
 
 

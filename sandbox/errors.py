@@ -3,7 +3,7 @@
 Permanent errors need the user to change something (a port, a file); temporary ones may pass
 on a retry. Exit codes: 0 ok, 1 unexpected, 2 bad arguments, 3 bad sandbox configuration,
 4 port taken or the server failed to start, 5 a run or the pipeline failed,
-6 the server is unreachable / not running.
+6 the server is unreachable / not running, 7 a pipeline did not finish in time (it is stopped).
 """
 
 from __future__ import annotations
@@ -51,3 +51,9 @@ class ServerUnavailableError(TemporaryError):
     """The server does not answer."""
 
     exit_code = 6
+
+
+class FollowTimeoutError(TemporaryError):
+    """A followed pipeline was not done within its timeout (it was stopped)."""
+
+    exit_code = 7

@@ -13,7 +13,12 @@ from typing import Any
 
 from sandbox.api import DONE_STATUSES, Api
 from sandbox.components import polyaxon_cli
-from sandbox.errors import RunFailedError, SandboxError, ServerUnavailableError
+from sandbox.errors import (
+    FollowTimeoutError,
+    RunFailedError,
+    SandboxError,
+    ServerUnavailableError,
+)
 
 RUN_UUID = re.compile(r"@([0-9a-f]{32})")
 STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
@@ -54,7 +59,9 @@ def follow(
 
     Raises:
         RunFailedError: The pipeline did not succeed (with the failed op's log tail).
-        ServerUnavailableError: ``timeout`` passed first.
+        FollowTimeoutError: ``timeout`` passed first; the pipeline is then stopped, so it
+            does not go on running unwatched.
+        ServerUnavailableError: The server stopped answering.
     """
     seen: dict[str, str] = {}
     deadline = time.monotonic() + timeout
@@ -68,8 +75,13 @@ def follow(
         if pipeline["status"] in DONE_STATUSES:
             break
         if time.monotonic() > deadline:
-            raise ServerUnavailableError(
-                f"pipeline {uuid} still {pipeline['status']} after {timeout:.0f}s"
+            try:
+                api.stop(owner, project, uuid)
+                stopped = "; stopped it"
+            except ServerUnavailableError as exc:
+                stopped = f"; could not stop it: {exc}"
+            raise FollowTimeoutError(
+                f"pipeline {uuid} still {pipeline['status']} after {timeout:.0f}s{stopped}"
             )
         time.sleep(every)
     if pipeline["status"] != "succeeded":

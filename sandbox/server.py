@@ -19,13 +19,22 @@ from pathlib import Path
 
 import psutil
 
-from sandbox.api import Api
-from sandbox.config import DEFAULT_HOST, REPO_ROOT, AgentSettings, SandboxPaths
+from sandbox.api import DONE_STATUSES, Api
+from sandbox.config import (
+    DEFAULT_HOST,
+    DEFAULT_OWNER,
+    REPO_ROOT,
+    AgentSettings,
+    SandboxPaths,
+    check_loopback,
+)
 from sandbox.errors import PortInUseError, ServerStartError, ServerUnavailableError
 
-# Seconds, as data: how long the server may take to answer /healthz, and how long a process
-# group gets between SIGTERM and SIGKILL.
+# Seconds, as data: how long the server may take to answer /healthz, the agent to poll it
+# once, and how long a process group gets between SIGTERM and SIGKILL.
 SERVER_START_TIMEOUT = 90.0
+AGENT_START_TIMEOUT = 60.0
+RUNS_STOP_WAIT = 20.0  # how long ``stop`` lets the agent end the runs it asked to stop
 STOP_GRACE = 10.0
 LOG_TAIL_LINES = 40
 
@@ -42,7 +51,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
-    """A port the OS considers free now (for tests and ``--port 0``)."""
+    """A port the OS considers free now (for tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -56,36 +65,52 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+def pid_in(path: Path) -> int | None:
+    """The pid written in ``path``, alive or not."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def read_pid(path: Path) -> int | None:
     """The pid in ``path`` if that process is still alive (zombies count as dead)."""
+    pid = pid_in(path)
+    if pid is None:
+        return None
     try:
-        pid = int(path.read_text().strip())
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
         return pid
-    except (OSError, ValueError, psutil.Error):
+    except psutil.Error:
         return None
 
 
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Every live process in process group ``pgid``."""
+    return [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
+
+
 def stop_group(pid: int, grace: float = STOP_GRACE) -> None:
-    """SIGTERM the process group led by ``pid``, SIGKILL what is left after ``grace``."""
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    """SIGTERM the process group ``pid`` leads, SIGKILL what is left after ``grace``.
+
+    Every sandbox process is started in its own session, so its group id is its pid; the
+    group is signalled by that id even when the leader itself has already died.
+    """
+    members = group_members(pid)
+    _killpg(pid, signal.SIGTERM)
     _, alive = psutil.wait_procs(members, timeout=grace)
-    if alive:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    if alive or group_members(pid):
+        _killpg(pid, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=grace)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _pgid(pid: int) -> int | None:
@@ -132,6 +157,9 @@ class Sandbox:
     agent: AgentSettings
     host: str = DEFAULT_HOST
     port: int = 8000
+
+    def __post_init__(self) -> None:
+        check_loopback(self.host)
 
     @property
     def url(self) -> str:
@@ -183,6 +211,7 @@ class Sandbox:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not read_pid(self.paths.server_pid):
+                stop_group(pid)  # what the server had started before it died
                 raise ServerStartError(
                     f"the server exited while starting; last lines of "
                     f"{self.paths.server_log}:\n{tail(self.paths.server_log)}"
@@ -196,40 +225,109 @@ class Sandbox:
             f"of {self.paths.server_log}:\n{tail(self.paths.server_log)}"
         )
 
-    def start_agent(self, poll: float = 1.0) -> None:
-        """Start the local agent (``python -m sandbox agent``) unless it already runs."""
+    def agent_command(self, poll: float = 1.0) -> list[str]:
+        """``python -m sandbox agent`` with this sandbox's root, server and config files."""
+        cmd = [sys.executable, "-m", "sandbox", "agent", "--root", str(self.paths.root)]
+        cmd += ["--host", self.host, "--port", str(self.port), "--poll", str(poll)]
+        if self.agent.agent_file:
+            cmd += ["--agent-file", str(self.agent.agent_file)]
+        if self.agent.profiles_file:
+            cmd += ["--profiles-file", str(self.agent.profiles_file)]
+        return cmd
+
+    def start_agent(self, poll: float = 1.0, timeout: float = AGENT_START_TIMEOUT) -> None:
+        """Start the local agent (``python -m sandbox agent``) unless it already runs; wait
+        until it has polled the server once (it then writes ``.sandbox/agent.ready``).
+
+        Raises:
+            ServerUnavailableError: No server answers.
+            ServerStartError: The agent exited or did not poll in time (log tail inside).
+        """
         if self.agent_pid():
             return
         if not self.api.healthy():
             raise ServerUnavailableError(f"no server answers at {self.url}; start it first")
+        self.paths.agent_ready.unlink(missing_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
-        cmd = [sys.executable, "-m", "sandbox", "agent", "--root", str(self.paths.root)]
-        cmd += ["--host", self.host, "--port", str(self.port), "--poll", str(poll)]
-        if self.agent.profiles_file:
-            cmd += ["--profiles-file", str(self.agent.profiles_file)]
         self.paths.agent_log.parent.mkdir(parents=True, exist_ok=True)
-        pid = _spawn(cmd, env, self.paths.agent_log, REPO_ROOT)
+        pid = _spawn(self.agent_command(poll), env, self.paths.agent_log, REPO_ROOT)
         self.paths.agent_pid.write_text(str(pid))
-        time.sleep(0.5)
-        if not read_pid(self.paths.agent_pid):
-            raise ServerStartError(
-                f"the agent exited at start; last lines of {self.paths.agent_log}:\n"
-                f"{tail(self.paths.agent_log)}"
-            )
+        deadline = time.monotonic() + timeout
+        while not self.paths.agent_ready.exists():
+            alive = read_pid(self.paths.agent_pid) is not None
+            if not alive or time.monotonic() > deadline:
+                what = f"did not poll the server within {timeout:.0f}s" if alive else "exited"
+                stop_group(pid)
+                self.paths.agent_pid.unlink(missing_ok=True)
+                raise ServerStartError(
+                    f"the agent {what}; last lines of {self.paths.agent_log}:\n"
+                    f"{tail(self.paths.agent_log)}"
+                )
+            time.sleep(0.2)
+
+    def stop_unfinished_runs(
+        self, owner: str = DEFAULT_OWNER, wait: float = RUNS_STOP_WAIT
+    ) -> list[str]:
+        """Ask the server to stop every run that has not finished, so that none resumes at
+        the next ``start``; give the agent up to ``wait`` seconds to end them.
+
+        Returns:
+            The uuids of the runs it asked to stop ([] when no server answers).
+        """
+        if not self.server_pid() or not self.api.healthy():
+            return []
+        try:
+            projects = self.api.get(f"api/v1/{owner}/projects/list", limit=1000)
+            unfinished = [
+                (project["name"], run["uuid"], run.get("status"))
+                for project in projects.get("results") or []
+                for run in self.api.runs(owner, project["name"], limit=1000)
+                if run.get("status") not in DONE_STATUSES
+            ]
+            for project, uuid, status in unfinished:
+                if status != "stopping":
+                    self.api.stop(owner, project, uuid)
+            deadline = time.monotonic() + (wait if self.agent_pid() else 0)
+            while time.monotonic() < deadline and any(
+                self.api.run(owner, project, uuid).get("status") not in DONE_STATUSES
+                for project, uuid, _ in unfinished
+            ):
+                time.sleep(0.5)
+        except ServerUnavailableError:
+            return []  # the processes are stopped all the same
+        return [uuid for _, uuid, _ in unfinished]
 
     def stop(self) -> list[str]:
-        """Stop the agent (and its runs), then the server. Returns what was stopped."""
-        stopped = []
+        """Stop the unfinished runs, the agent, then the server. Returns what was stopped."""
+        runs = self.stop_unfinished_runs()
+        stopped = [f"{len(runs)} unfinished run(s)"] if runs else []
         for name, pid_file in (("agent", self.paths.agent_pid), ("server", self.paths.server_pid)):
-            pid = read_pid(pid_file)
-            if pid:
+            pid = pid_in(pid_file)
+            if pid and read_pid(pid_file):
                 stop_group(pid)
                 stopped.append(f"{name} (pid {pid})")
+            elif pid and self._owns_group(pid):
+                # The leader died but its children live on in its group.
+                stop_group(pid)
+                stopped.append(f"{name}'s leftover processes (group {pid})")
             pid_file.unlink(missing_ok=True)
+        self.paths.agent_ready.unlink(missing_ok=True)
         return stopped
+
+    def _owns_group(self, pgid: int) -> bool:
+        """Whether group ``pgid`` still has members that belong to this sandbox (a stale pid
+        file must never end someone else's processes)."""
+        root = str(self.paths.root)
+        for proc in group_members(pgid):
+            try:
+                if root in " ".join(proc.cmdline()) or root in proc.cwd():
+                    return True
+            except psutil.Error:
+                continue
+        return False
 
     def status(self) -> dict[str, object]:
         """Pids, health and URL of this sandbox."""

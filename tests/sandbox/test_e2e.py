@@ -248,8 +248,9 @@ def test_cli_stop_command_is_printed(sandbox):
 
 
 def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
-    """``stop`` while a run is going: the agent ends the run's process group first, then
-    itself, then the server; nothing of this sandbox is left running."""
+    """``stop`` while a run is going: the run is stopped through the API (so it does not
+    resume at the next start) and the agent ends its process group, then the agent and the
+    server stop; nothing of this sandbox is left running."""
     from sandbox.cli import start_all
     from sandbox.components import pipeline_twin
     from sandbox.config import SandboxPaths, load_agent_settings
@@ -271,14 +272,17 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
             time.sleep(0.5)
         home = str(sb.paths.runs / run_uuid / "home")
         assert _procs_with_home(home)
+        # The server knows the run ended stopped: a later start will not resume it.
+        assert sb.stop_unfinished_runs() == [run_uuid]
+        assert sb.api.run(DEFAULT_OWNER, "stop-test", run_uuid)["status"] == "stopped"
+        assert not _procs_with_home(home)
     finally:
         stopped = sb.stop()
         left = wait_gone(tmp_path)
         shutil.rmtree(shm, ignore_errors=True)
-    assert len(stopped) == 2, stopped
-    assert not _procs_with_home(home)
+    assert [s.split(" ")[0] for s in stopped] == ["agent", "server"], stopped
     assert not left, [p.info["cmdline"] for p in left]
-    assert "stopped run" in sb.paths.agent_log.read_text()
+    assert f"({run_uuid}) ended with exit code" in sb.paths.agent_log.read_text()
 
 
 def test_starting_again_on_another_port_is_refused(sandbox):

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from polyaxon._local_process.process_types import V1Container
@@ -212,3 +215,242 @@ def test_demo_params_pass_only_declared_inputs(tmp_path):
         "namespace": "sandbox",
         "api_host": "http://127.0.0.1:8123",
     }
+
+
+def test_demo_params_pass_the_profiles_claim_when_declared(tmp_path):
+    from sandbox.cli import demo_params
+
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(yaml.safe_dump({"kind": "component", "inputs": [
+        {"name": "claim", "type": "str"}, {"name": "namespace", "type": "str"}]}))  # fmt: skip
+    profiles = write_profiles(tmp_path, tmp_path / "shm")
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles))
+    assert demo_params(sb, pipeline, {}) == {
+        "claim": "training-checkpoints",
+        "namespace": "sandbox",
+    }
+
+
+# -- the agent ---------------------------------------------------------------------------
+
+
+def _agent(tmp_path, monkeypatch, command: list[str]):
+    """A LocalAgent whose server calls are recorded and whose runs execute ``command``."""
+    from sandbox.agent import LocalAgent
+
+    settings = load_agent_settings(
+        tmp_path, profiles_file=write_profiles(tmp_path, tmp_path / "shm")
+    )
+    prepare_media(settings.profiles)
+    agent = LocalAgent(SandboxPaths(tmp_path), settings, "http://127.0.0.1:9")
+    agent.reported = []
+    agent.converted = []
+    monkeypatch.setattr(agent, "_status", lambda o, p, u, status, *_: agent.reported.append(status))
+
+    def convert(run_data):
+        agent.converted.append(run_data[0])
+        return V1Container(name="polyaxon-main", command=command)
+
+    monkeypatch.setattr(agent, "convert", convert)
+    return agent
+
+
+UUID = "0123456789abcdef0123456789abcdef"
+RUN = (f"default.p.runs.{UUID}", "job", "slow", "{}")
+
+
+def test_a_run_stopped_while_queued_never_starts(tmp_path, monkeypatch):
+    agent = _agent(tmp_path, monkeypatch, ["sleep", "30"])
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("the run was started"))
+    agent.stop_run(RUN[0])  # arrives while the run waits in the pool's queue
+    assert agent.reported == ["stopped"]
+    agent.execute(RUN)
+    assert agent.reported == ["stopped", "stopped"] and not agent.converted
+    assert not agent._cancelled and not agent._running
+
+
+def test_a_run_stopped_while_being_prepared_never_starts(tmp_path, monkeypatch):
+    agent = _agent(tmp_path, monkeypatch, ["sleep", "30"])
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("the run was started"))
+    prepare = agent.prepare_dirs
+
+    def prepare_then_stop(uuid):
+        agent.stop_run(RUN[0])  # the stop request lands between convert and Popen
+        return prepare(uuid)
+
+    monkeypatch.setattr(agent, "prepare_dirs", prepare_then_stop)
+    agent.execute(RUN)
+    assert agent.converted and agent.reported == ["stopped", "stopped"]
+    assert "running" not in agent.reported and not agent._running
+
+
+def test_a_failing_log_upload_leaves_no_process_behind(tmp_path, monkeypatch):
+    from sandbox.agent import LocalAgent
+
+    agent = _agent(tmp_path, monkeypatch, ["sh", "-c", "echo started; sleep 30"])
+
+    def broken_upload(*_):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(agent, "upload_logs", broken_upload)
+    with pytest.raises(OSError, match="disk full"):
+        agent.execute(RUN)
+    home = str(agent.paths.runs / UUID / "home")
+    assert not [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(
+        "HOME") == home]  # fmt: skip
+    assert not agent._running
+    # upload_logs itself never raises: a write failure is logged and counts as not uploaded.
+    lines = [object()]
+    assert LocalAgent.upload_logs(agent, "o", "p", UUID, lines, tmp_path / "missing") == 0
+
+
+def test_the_agent_runs_one_op_at_a_time_by_default():
+    from sandbox.agent import LocalAgent
+    from sandbox.cli import agent
+
+    assert LocalAgent.__dataclass_fields__["max_parallel"].default == 1
+    assert next(p for p in agent.params if p.name == "max_parallel").default == 1
+
+
+# -- hosts, clients, processes ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_hosts_are_accepted(tmp_path, host):
+    assert Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), host=host).host == host
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.com"])
+def test_a_non_loopback_host_is_refused(tmp_path, host):
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), host=host)
+
+
+def test_the_cli_refuses_a_non_loopback_host_with_exit_3(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox", "start", "--root", str(tmp_path), "--host", "0.0.0.0"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == ConfigError.exit_code == 3
+    assert "0.0.0.0 is not a loopback address" in done.stderr
+    assert not (tmp_path / ".sandbox" / "server.pid").exists()
+
+
+def test_api_client_sends_no_token_and_skips_tls_only_for_the_local_sandbox(monkeypatch):
+    from polyaxon import settings as plx_settings
+    from polyaxon._schemas.authentication import AccessTokenConfig
+
+    from sandbox.components import api_client
+
+    monkeypatch.setattr(plx_settings, "AUTH_CONFIG", AccessTokenConfig(token="users-secret"))
+    local = api_client("http://127.0.0.1:8000").config
+    assert local.token is None and local.verify_ssl is False
+    remote = api_client("https://polyaxon.example.com").config
+    assert remote.token == "users-secret" and remote.verify_ssl is True
+    # Plain http to another machine is not the sandbox either.
+    assert api_client("http://10.0.0.5:8000").config.verify_ssl is True
+
+
+def test_the_agent_command_carries_the_agent_file(tmp_path):
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text((REPO_ROOT / "connections" / "sandbox-agent.yaml").read_text())
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, agent_file=agent_file))
+    cmd = sb.agent_command()
+    assert cmd[cmd.index("--agent-file") + 1] == str(agent_file)
+
+
+def _orphaned_group(cwd: Path) -> tuple[int, int]:
+    """A process group whose leader has exited while a child lives on: (pgid, child pid)."""
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & echo $!"], cwd=cwd, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    child = int(leader.stdout.readline())
+    leader.wait()
+    assert psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+    return leader.pid, child
+
+
+def test_stop_ends_a_group_whose_leader_is_gone(tmp_path):
+    from sandbox.server import stop_group
+
+    pgid, child = _orphaned_group(tmp_path)
+    stop_group(pgid, grace=5)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    stop_group(pgid, grace=1)  # nothing left: no error
+
+
+def test_sandbox_stop_ends_its_leftovers_but_not_a_stranger_group(tmp_path):
+    paths = SandboxPaths(tmp_path / "root")
+    paths.state.mkdir(parents=True)
+    sb = Sandbox(paths, load_agent_settings(paths.root))
+    ours, our_child = _orphaned_group(paths.state)
+    paths.agent_pid.write_text(str(ours))
+    stranger, strangers_child = _orphaned_group(tmp_path)  # not under the sandbox root
+    paths.server_pid.write_text(str(stranger))
+    try:
+        assert sb.stop() == [f"agent's leftover processes (group {ours})"]
+        assert not psutil.pid_exists(our_child) or (
+            psutil.Process(our_child).status() == psutil.STATUS_ZOMBIE
+        )
+        assert psutil.Process(strangers_child).is_running()
+        assert not paths.agent_pid.exists() and not paths.server_pid.exists()
+    finally:
+        os.killpg(stranger, signal.SIGKILL)
+
+
+# -- server availability and timeouts --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["submit", "-f", str(MINI)], ["register-components", "--components-dir",
+                                    str(HERE / "polyaxonfiles" / "components")]],
+)  # fmt: skip
+def test_commands_need_a_running_server_and_say_so_with_exit_6(tmp_path, args):
+    from sandbox.server import free_port
+
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox", *args, "--root", str(tmp_path),
+         "--port", str(free_port())],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 6, done.stderr
+    assert done.stderr.startswith("sandbox: error: no sandbox server answers at http://127.0.0.1:")
+    assert "Traceback" not in done.stderr
+
+
+def test_follow_stops_a_pipeline_that_outlives_its_timeout():
+    from sandbox.errors import FollowTimeoutError
+    from sandbox.pipeline import follow
+
+    class SlowApi:
+        stopped: list[str] = []
+
+        def run(self, owner, project, uuid):
+            return {"uuid": uuid, "name": "p", "status": "running"}
+
+        def pipeline_runs(self, owner, project, uuid):
+            return [{"uuid": "op1", "name": "train", "status": "running"}]
+
+        def stop(self, owner, project, uuid):
+            self.stopped.append(uuid)
+
+    api = SlowApi()
+    with pytest.raises(FollowTimeoutError, match="still running after 0s; stopped it") as err:
+        follow(api, "default", "p", "pipe", timeout=0.05, echo=lambda _: None, every=0.02)
+    assert api.stopped == ["pipe"]
+    assert err.value.exit_code == 7
+
+
+def test_start_agent_fails_with_the_agent_log_when_it_cannot_poll(tmp_path, monkeypatch):
+    from sandbox.server import free_port
+
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), port=free_port())
+    sb.paths.state.mkdir(parents=True)
+    # The health check passes, yet no server is there: the agent's polls all fail.
+    monkeypatch.setattr(type(sb.api), "healthy", lambda self: True)
+    with pytest.raises(ServerStartError, match="did not poll the server within 10s") as err:
+        sb.start_agent(poll=0.2, timeout=10)
+    assert "poll failed" in str(err.value)
+    assert sb.agent_pid() is None and not sb.paths.agent_ready.exists()
