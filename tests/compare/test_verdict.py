@@ -125,6 +125,17 @@ def test_a_shorter_run_that_checkpoints_cannot_explain_is_not_credited(
     assert "cannot explain it" in " ".join(report["comparisons"][0]["notes"])
 
 
+def test_a_longer_run_with_equal_checkpoints_is_not_blamed_on_storage(
+    runs_root: Path, pricing_file
+) -> None:
+    write_training_run(BASE, [0.07, 0.06, 0.09], runtime_s=10.0)
+    write_training_run(FAST, [0.05, 0.04, 0.08], runtime_s=10.5)  # training noise, not storage
+    code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
+    assert code == 0
+    assert report["verdict"] == "no measurable difference"
+    assert "not put down to storage" in " ".join(report["comparisons"][0]["notes"])
+
+
 def test_slower_candidate_keeps_baseline(runs_root: Path, pricing_file) -> None:
     write_training_run(BASE, [1.0, 1.0, 1.1], runtime_s=50.0)
     write_training_run(FAST, [3.0, 3.0, 3.1], runtime_s=56.0)

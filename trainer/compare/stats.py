@@ -266,7 +266,7 @@ class Comparison:
     def timing_outcome(self) -> Outcome:
         """The outcome on time alone; cost is weighed in by the verdict."""
         if (self.pause_measurable and self.pause_delta_s > 0) or (
-            self.runtime_measurable and self.runtime_delta_s > 0
+            self.runtime_measurable and self.runtime_delta_s > 0 and self.explained_by_checkpoints
         ):
             return Outcome.WORSE
         if (
@@ -282,10 +282,12 @@ class Comparison:
 
     @property
     def explained_by_checkpoints(self) -> bool:
-        """Whether the time the faster checkpoints save can account for the shorter run:
-        a 10 ms faster checkpoint cannot explain a run 3 s shorter."""
+        """Whether the checkpoints' time difference can account for the run's: a 10 ms
+        faster checkpoint cannot explain a run 3 s shorter (nor slower ones a longer run
+        when they are not slower)."""
         checkpoints = max(self.baseline.checkpoint_count, self.candidate.checkpoint_count, 1)
-        return -self.pause_delta_s * checkpoints > self.runtime_noise_s
+        same_direction = (self.pause_delta_s > 0) == (self.runtime_delta_s > 0)
+        return same_direction and abs(self.pause_delta_s) * checkpoints > self.runtime_noise_s
 
 
 def compare(baseline: ProfileStats, candidate: ProfileStats, thresholds: Thresholds) -> Comparison:
@@ -332,16 +334,11 @@ def compare(baseline: ProfileStats, candidate: ProfileStats, thresholds: Thresho
             f"too few checkpoints to judge the noise (fewer than {MIN_CHECKPOINTS} in a run): "
             "no checkpoint difference counts as measurable",
         )
-    if (
-        result.pause_measurable
-        and pause_delta < 0
-        and result.runtime_measurable
-        and runtime_delta < 0
-        and not result.explained_by_checkpoints
-    ):
+    if result.runtime_measurable and not result.explained_by_checkpoints:
+        longer = "longer" if runtime_delta > 0 else "shorter"
         result.notes.append(
-            f"the run is {-runtime_delta:.2f} s shorter, but {checkpoints} checkpoints "
-            f"{-pause_delta:.3f} s faster cannot explain it: not credited to storage"
+            f"the run is {abs(runtime_delta):.2f} s {longer}, but {checkpoints} checkpoints "
+            f"differing by {pause_delta:+.3f} s each cannot explain it: not put down to storage"
         )
     return result
 
