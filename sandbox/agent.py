@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.config import REPO_ROOT, AgentSettings, SandboxPaths
+from sandbox.processes import STOP_GRACE, signal_group
 
 log = logging.getLogger("sandbox.agent")
 
 MAIN_CONTAINER = "polyaxon-main"
 LOG_UPLOAD_EVERY = 3.0  # seconds between log uploads while a run is going
-STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL of a run's process group
 SHUTDOWN_GRACE = 5.0  # the same when the agent itself stops (sandbox.server gives it 10 s)
 FAILURE_TAIL_LINES = 20
 PYTHON_NAMES = {"python", "python3", f"python3.{sys.version_info.minor}"}
@@ -218,13 +218,13 @@ class LocalAgent:
             running = list(self._running.items())
         for _, entry in running:
             entry.stop_requested = True
-            _signal_group(entry.proc.pid, signal.SIGTERM)
+            signal_group(entry.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + SHUTDOWN_GRACE
         for uuid, entry in running:
             try:
                 entry.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(entry.proc.pid, signal.SIGKILL)
+                signal_group(entry.proc.pid, signal.SIGKILL)
                 entry.proc.wait()
             log.info("stopped run %s at agent shutdown", uuid)
 
@@ -346,7 +346,7 @@ class LocalAgent:
         finally:
             # Whatever the command left running in its group, and the command itself if
             # supervising it failed: no run outlives its supervision.
-            _kill_group(proc.pid)
+            signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
             with self._lock:
                 self._running.pop(uuid, None)
@@ -449,22 +449,11 @@ def _read_lines(proc: subprocess.Popen, log_file: Path, lines: list[Any]) -> Non
                 lines.append(entry)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill_group(pgid: int) -> None:
-    _signal_group(pgid, signal.SIGKILL)
-
-
 def _stop_process_group(proc: subprocess.Popen, grace: float = STOP_GRACE) -> None:
     """SIGTERM the run's process group, SIGKILL it after ``grace`` seconds."""
-    _signal_group(proc.pid, signal.SIGTERM)
+    signal_group(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()

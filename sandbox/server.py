@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,13 +28,13 @@ from sandbox.config import (
     check_loopback,
 )
 from sandbox.errors import PortInUseError, ServerStartError, ServerUnavailableError
+from sandbox.processes import group_members, stop_group
 
 # Seconds, as data: how long the server may take to answer /healthz, the agent to poll it
 # once, and how long a process group gets between SIGTERM and SIGKILL.
 SERVER_START_TIMEOUT = 90.0
 AGENT_START_TIMEOUT = 60.0
 RUNS_STOP_WAIT = 20.0  # how long ``stop`` lets the agent end the runs it asked to stop
-STOP_GRACE = 10.0
 LOG_TAIL_LINES = 40
 
 
@@ -84,39 +83,6 @@ def read_pid(path: Path) -> int | None:
             return None
         return pid
     except psutil.Error:
-        return None
-
-
-def group_members(pgid: int) -> list[psutil.Process]:
-    """Every live process in process group ``pgid``."""
-    return [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
-
-
-def stop_group(pid: int, grace: float = STOP_GRACE) -> None:
-    """SIGTERM the process group ``pid`` leads, SIGKILL what is left after ``grace``.
-
-    Every sandbox process is started in its own session, so its group id is its pid; the
-    group is signalled by that id even when the leader itself has already died.
-    """
-    members = group_members(pid)
-    _killpg(pid, signal.SIGTERM)
-    _, alive = psutil.wait_procs(members, timeout=grace)
-    if alive or group_members(pid):
-        _killpg(pid, signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=grace)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
         return None
 
 
