@@ -182,7 +182,8 @@ def run(cfg: TrainConfig, summary_json: Path | None, track: bool) -> None:
     tags = ["checkpoint-training", cfg.storage_profile, cfg.format]
     with tracked_run(f"train-{cfg.storage_profile}", tags=tags, enabled=track) as tracker:
         tracker.log_inputs(**run_inputs(cfg))
-        tracker.log_meta(image_digest=os.environ.get("IMAGE_DIGEST"), code_revision=code_revision())
+        revision = code_revision()
+        tracker.log_meta(image_digest=os.environ.get("IMAGE_DIGEST"), code_revision=revision)
 
         def on_checkpoint(r) -> None:
             tracker.log_metrics(
@@ -218,6 +219,7 @@ def run(cfg: TrainConfig, summary_json: Path | None, track: bool) -> None:
         )
         data = summary.to_json()
         data["inputs"]["image_digest"] = os.environ.get("IMAGE_DIGEST")
+        data["code_revision"] = revision
         data["polyaxon_run_uuid"] = tracker.run_uuid
         tracker.log_outputs(**summary.outputs())
         if summary_json is not None:

@@ -34,6 +34,7 @@ def write_training_run(
     write_share: float = 0.8,
     final_loss: float = 2.5,
     fail: str | None = None,
+    meta: dict[str, Any] | None = None,
     **inputs: Any,
 ) -> str:
     """Record a training run as the trainer does; returns its uuid.
@@ -48,6 +49,8 @@ def write_training_run(
         with tracked_run(f"train-{profile}", tags=["training"]) as t:
             uuid = t.run_uuid
             t.log_inputs(storage_profile=profile, **(TRAINING_INPUTS | inputs))
+            if meta:
+                t.log_meta(**meta)
             for i, pause in enumerate(pauses):
                 write = pause * write_share
                 serialize = pause * 0.1

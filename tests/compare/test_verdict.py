@@ -179,6 +179,14 @@ def test_incomparable_inputs_exit_3(runs_root: Path, pricing_file, key: str, val
     assert not out.exists()
 
 
+def test_runs_of_different_trainer_builds_are_refused(runs_root: Path, pricing_file) -> None:
+    write_training_run(BASE, [1.0, 1.0, 1.0], runtime_s=50.0, meta={"code_revision": "aaa111"})
+    write_training_run(FAST, [0.5, 0.5, 0.5], runtime_s=40.0, meta={"code_revision": "bbb222"})
+    code, output, _, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
+    assert code == 3
+    assert "code_revision differs" in output and "a different trainer build" in output
+
+
 def test_runs_missing_a_core_input_are_refused(runs_root: Path, pricing_file) -> None:
     write_training_run(BASE, [1.0, 1.0, 1.0], runtime_s=50.0)
     write_training_run(FAST, [0.5, 0.5, 0.5], runtime_s=40.0, durability=None)

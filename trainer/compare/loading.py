@@ -98,6 +98,7 @@ def _record_from_run_data(data: dict[str, Any], metrics: dict[str, Any], source:
         finished_at=parse_time(data.get("finished_at")),
         message=_failure_message(data.get("status_conditions") or []),
         source=source,
+        meta=dict(data.get("meta_info") or {}),
     )
 
 
@@ -148,6 +149,10 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         outputs=outputs,
         metrics=metrics,
         source=str(path),
+        meta={
+            "code_revision": data.get("code_revision"),
+            "image_digest": inputs.get("image_digest"),
+        },
     )
 
 

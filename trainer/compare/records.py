@@ -35,6 +35,8 @@ COMPARABLE_INPUTS = (
 )
 # Without these a comparison cannot be vouched for, so a run must record them.
 REQUIRED_INPUTS = ("model_size_bytes", "dataset_seed", "checkpoint_format", "durability")
+# The trainer build: runs of different code or images measure different writers.
+COMPARABLE_META = ("code_revision", "image_digest")
 
 STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
 _FIO_OUTPUT = re.compile(r"^fio_(?P<case>.+)_(?P<measure>bw_mbps|iops|lat_p99_us)$")
@@ -68,6 +70,7 @@ class RunRecord:
         message: The failure reason, when the run failed.
         source: Where it was loaded from (a path or URL), for messages.
         profile_hint: A profile given explicitly (``--run PROFILE=UUID``).
+        meta: Run meta (the trainer's ``code_revision`` and ``image_digest``).
     """
 
     uuid: str
@@ -82,6 +85,7 @@ class RunRecord:
     message: str = ""
     source: str = ""
     profile_hint: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kind(self) -> RunKind:

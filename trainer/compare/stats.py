@@ -17,7 +17,14 @@ from typing import Any
 
 from trainer.compare.errors import NotComparable
 from trainer.compare.loading import ProfileRuns
-from trainer.compare.records import COMPARABLE_INPUTS, REQUIRED_INPUTS, STAGES, RunRecord, Series
+from trainer.compare.records import (
+    COMPARABLE_INPUTS,
+    COMPARABLE_META,
+    REQUIRED_INPUTS,
+    STAGES,
+    RunRecord,
+    Series,
+)
 
 
 def _num(value: Any) -> float | None:
@@ -182,6 +189,12 @@ def check_comparable(groups: list[ProfileRuns]) -> None:
     if missing:
         raise NotComparable("runs are not comparable: " + "; ".join(missing))
     differences = []
+    for key in COMPARABLE_META:
+        values = {g.profile: g.training.meta.get(key) for g in groups}
+        # Only when every run recorded it: a local run may have no image digest.
+        if None not in values.values() and len(set(map(repr, values.values()))) > 1:
+            shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
+            differences.append(f"{key} differs ({shown}): a different trainer build")
     for key in COMPARABLE_INPUTS:
         values = {g.profile: g.training.inputs.get(key) for g in groups}
         if len({repr(v) for v in values.values()}) > 1:
