@@ -33,6 +33,11 @@ def offline_root() -> Path:
     return Path(os.environ.get("POLYAXON_OFFLINE_ROOT", DEFAULT_OFFLINE_ROOT))
 
 
+def output_key(name: str) -> str:
+    """A name as part of a Polyaxon output name: ``.`` and ``-`` become ``_``."""
+    return name.replace(".", "_").replace("-", "_")
+
+
 def _scalar(value: Any) -> Any:
     """Polyaxon columns need scalars: keep numbers, bools and strings, stringify the rest."""
     if value is None or isinstance(value, bool | int | float | str):

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from trainer.tracking import output_key
+
 # A metric series: (step, value) pairs in step order.
 Series = list[tuple[int, float]]
 
@@ -125,7 +127,7 @@ class RunRecord:
         for key, series in self.metrics.items():
             match = FIO_METRIC.match(key)
             if match and series:
-                case = match["case"].replace(".", "_").replace("-", "_")
+                case = output_key(match["case"])
                 cases.setdefault(case, {}).setdefault(match["measure"], series[-1][1])
         return cases
 

@@ -26,6 +26,7 @@ from trainer.compare.stats import (
     compare,
     profile_stats,
 )
+from trainer.tracking import output_key
 
 
 @dataclass
@@ -197,7 +198,7 @@ def op_outputs(report: Report) -> dict[str, Any]:
             "breakeven_checkpoints_per_month": delta.breakeven_checkpoints_month,
         }
     for s in report.stats:
-        key = s.profile.replace("-", "_").replace(".", "_")
+        key = output_key(s.profile)
         out[f"{key}_pause_s_median"] = s.pause.median
         out[f"{key}_runtime_s"] = s.runtime_s
         cost = report.costs[s.profile]

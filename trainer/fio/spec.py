@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from trainer.fio.errors import SpecError
+from trainer.tracking import output_key
 from trainer.units import format_bytes, parse_size
 
 READ_WRITE = ("read", "write", "randread", "randwrite", "rw", "readwrite", "randrw")
@@ -97,7 +98,7 @@ class Case:
     @property
     def output_key(self) -> str:
         """The case name as it appears in Polyaxon output names (``.`` and ``-`` → ``_``)."""
-        return re.sub(r"[.-]", "_", self.name)
+        return output_key(self.name)
 
     def scaled(self, size_scale: float = 1.0, runtime: int | None = None) -> Case:
         """A copy with the size scaled (whole blocks, at least one) and the runtime replaced."""
