@@ -1,5 +1,5 @@
 # The one job image of every component: PyTorch with CUDA, fio, and this package.
-#   docker build -t registry.example.com/ml/checkpoint-storage-bench:0.1.0 .
+#   docker build -t registry.example.com/ml/checkpoint-storage-bench:0.2.0 .
 # The tag's version is the package version (pyproject.toml); the components' `image` input
 # defaults to exactly this tag.
 ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
@@ -22,9 +22,9 @@ COPY . /app
 # torch comes from the base image (pyproject accepts any torch >= 2.4, so pip keeps the
 # CUDA build); everything else comes from pyproject.toml.
 RUN python -m pip install . \
-    && python -c "import torch, trainer, hooks; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+    && python -c "import torch, trainer, hooks, fio_sweep, checkpoint_compare, checkpoint_storage_bench; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && fio --version
 
 LABEL org.opencontainers.image.title="checkpoint-storage-bench" \
-      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.version="0.2.0" \
       org.opencontainers.image.description="Checkpoint training, storage-profile hook and fio sweep for Polyaxon"

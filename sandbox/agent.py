@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.processes import STOP_GRACE, signal_group
 from sandbox.config import REPO_ROOT, AgentSettings, SandboxPaths
-from sandbox.processes import STOP_GRACE, signal_group
 
 log = logging.getLogger("sandbox.agent")
 

@@ -362,17 +362,17 @@ def print_comparison(sb: Sandbox, project: str, pipeline: str, ops: list[dict]) 
     """The verdict module's report when it exists, else our own profile-by-profile table."""
     from sandbox.pipeline import comparison
 
-    if importlib.util.find_spec("trainer.compare") is not None:
+    if importlib.util.find_spec("checkpoint_compare") is not None:
         # --no-track: the pipeline's own compare op already logged the verdict to its run.
         done = subprocess.run(
-            [sys.executable, "-m", "trainer.compare", "--api-host", sb.url, "--no-track"]
+            [sys.executable, "-m", "checkpoint_compare", "--api-host", sb.url, "--no-track"]
             + ["--project", f"{DEFAULT_OWNER}/{project}", "--pipeline", pipeline],
             cwd=REPO_ROOT,
             check=False,
         )
         if done.returncode == 0:
             return
-        click.echo("sandbox: trainer.compare failed; the raw outputs instead:", err=True)
+        click.echo("sandbox: checkpoint_compare failed; the raw outputs instead:", err=True)
     ops = [sb.api.run(DEFAULT_OWNER, project, op["uuid"]) for op in ops]
     click.echo(comparison(ops))
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.contract import STAGES
 from sandbox.api import DONE_STATUSES, Api
 from sandbox.components import polyaxon_cli
 from sandbox.errors import (
@@ -21,7 +22,6 @@ from sandbox.errors import (
 )
 
 RUN_UUID = re.compile(r"@([0-9a-f]{32})")
-STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
 LOG_WAIT = 15.0  # seconds to wait for a failed run's log upload
 
 

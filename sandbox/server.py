@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from checkpoint_storage_bench.processes import group_members, stop_group
 from sandbox.api import DONE_STATUSES, Api
 from sandbox.config import (
     DEFAULT_HOST,
@@ -28,7 +29,6 @@ from sandbox.config import (
     check_loopback,
 )
 from sandbox.errors import PortInUseError, ServerStartError, ServerUnavailableError
-from sandbox.processes import group_members, stop_group
 
 # Seconds, as data: how long the server may take to answer /healthz, the agent to poll it
 # once, and how long a process group gets between SIGTERM and SIGKILL.

@@ -37,12 +37,12 @@ from typing import Any
 import click
 import torch
 
+from checkpoint_storage_bench.units import format_bytes, parse_size
 from trainer.ckpt import store
 from trainer.ckpt.checkpointer import Checkpointer
 from trainer.ckpt.formats import RawFormat
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
-from trainer.units import format_bytes, parse_size
 
 GB = 1e9
 TARGETS = {
@@ -125,8 +125,8 @@ class Bench:
         self.samples[name].append({"seconds": seconds, "gbps": nbytes / seconds / GB, **extra})
 
     def fio_job(self, name: str, rw: str, path: Path, bs: str, iodepth: int, numjobs: int) -> None:
-        from trainer.fio.parse import extract_json, parse_jobs
-        from trainer.fio.runner import run_fio
+        from fio_sweep.parse import extract_json, parse_jobs
+        from fio_sweep.runner import run_fio
 
         block = parse_size(bs)
         size = max(block, self.nbytes // numjobs // block * block)
@@ -272,7 +272,7 @@ def instrumentation_cost(work: Path) -> dict[str, float]:
     logging its nine metrics to an (offline) Polyaxon run."""
     import os as _os
 
-    from trainer.tracking import tracked_run
+    from checkpoint_storage_bench.tracking import tracked_run
 
     n = 100_000
     t0 = time.perf_counter()

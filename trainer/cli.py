@@ -15,10 +15,11 @@ from pathlib import Path
 
 import click
 
+from checkpoint_storage_bench.contract import CHECKPOINT_METRICS
+from checkpoint_storage_bench.tracking import tracked_run
 from trainer.config import DEVICES, DURABILITY, FORMATS, TrainConfig
 from trainer.errors import TrainerError
 from trainer.summary import format_timeline, write_json_atomic
-from trainer.tracking import tracked_run
 
 
 def code_revision() -> str | None:
@@ -187,18 +188,7 @@ def run(cfg: TrainConfig, summary_json: Path | None, track: bool) -> None:
 
         def on_checkpoint(r) -> None:
             tracker.log_metrics(
-                r.step,
-                {
-                    "ckpt_serialize_s": r.serialize_s,
-                    "ckpt_write_s": r.write_s,
-                    "ckpt_fsync_s": r.fsync_s,
-                    "ckpt_upload_s": r.upload_s,
-                    "ckpt_pause_s": r.pause_s,
-                    "ckpt_total_s": r.total_s,
-                    "ckpt_bytes": r.bytes,
-                    "ckpt_write_gbps": r.write_gbps,
-                    "ckpt_upload_gbps": r.upload_gbps,
-                },
+                r.step, {metric: getattr(r, field) for field, metric in CHECKPOINT_METRICS.items()}
             )
             upload = f" upload {r.upload_s:.3f}s" if r.upload_s is not None else ""
             click.echo(

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
-from trainer.units import parse_size
 
 FORMATS = ("raw", "torch")
 DURABILITY = ("fsync", "none")

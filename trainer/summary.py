@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.contract import RUN_OUTPUTS, STAGES, SUMMARY_SCHEMA
 from trainer.ckpt.checkpointer import CheckpointRecord
-
-SCHEMA = "checkpoint-training/1"
-STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
 
 
 @dataclass
@@ -48,7 +46,7 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         pause_total = sum(r.pause_s for r in self.checkpoints)
         return {
-            "schema": SCHEMA,
+            "schema": SUMMARY_SCHEMA,
             "storage_profile": self.storage_profile,
             "checkpoint_dir": self.checkpoint_dir,
             "inputs": self.inputs,
@@ -70,18 +68,7 @@ class RunSummary:
     def outputs(self) -> dict[str, float | int]:
         """The scalar outputs that become Polyaxon comparison-view columns."""
         data = self.to_json()
-        out: dict[str, float | int] = {
-            key: data[key]
-            for key in (
-                "runtime_s",
-                "steps_per_s",
-                "final_loss",
-                "checkpoint_count",
-                "checkpoint_bytes",
-                "ckpt_pause_s_total",
-                "ckpt_pause_share",
-            )
-        }
+        out: dict[str, float | int] = {key: data[key] for key in RUN_OUTPUTS}
         for stage, stats in data["stages"].items():
             out[f"ckpt_{stage}_median"] = stats["median"]
         if "pause_s" in data["stages"]:

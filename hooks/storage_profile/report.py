@@ -8,9 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainer.tracking import in_polyaxon_run, tracked_run
-
-SCHEMA = "storage-profile-switch/1"
+from checkpoint_storage_bench.contract import SWITCH_SCHEMA
+from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
 
 
 def now_iso() -> str:
@@ -70,7 +69,7 @@ class Report:
         return seconds_between(self.requested_at, self.provider_settled_at or self.k8s_settled_at)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"schema": SCHEMA, **asdict(self)}
+        data = {"schema": SWITCH_SCHEMA, **asdict(self)}
         data.update(
             k8s_settle_s=self.k8s_settle_s,
             provider_settle_s=self.provider_settle_s,

@@ -8,6 +8,7 @@ configuration shipped in ``connections/``.
 from __future__ import annotations
 
 import re
+import tomllib
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
@@ -46,6 +47,19 @@ def component_versions(name: str) -> list[Path]:
         (p for p in (COMPONENTS / name).glob("v*.yaml") if VERSION_FILE.match(p.name)),
         key=version_key,
     )
+
+
+def package_version() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def current_versions() -> list[Path]:
+    """The newest numbered version of every component: what this source tree implements.
+
+    Older numbered versions are released history: they stay as released (their commands
+    name the modules of their own image) and are only compiled, never run against this tree.
+    """
+    return [component_versions(name)[-1] for name in component_names()]
 
 
 def component_names() -> list[str]:

@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from tests.bundle.bundle import COMPONENTS, ROOT, compile_component, load_dag
+from tests.bundle.bundle import ROOT, compile_component, current_versions, load_dag
 from tests.bundle.test_polyaxonfiles import REAL_PARAMS, SMALL_PIPELINE
 
 # argv: MODULE, then a JSON list of argument lists. Prints a JSON list of results.
@@ -63,7 +63,7 @@ print(json.dumps(results))
 def command_lines() -> dict[str, list[str]]:
     """Every argv the bundle can run, by where it comes from."""
     lines: dict[str, list[str]] = {}
-    for path in sorted(COMPONENTS.glob("*/v*.yaml")):
+    for path in current_versions():
         for i, params in enumerate(REAL_PARAMS[path.parent.name]):
             pod = compile_component(path, params)
             lines[f"{path.parent.name}/{path.stem}[{i}]"] = pod.argv
@@ -118,7 +118,7 @@ def results() -> dict[tuple[str, ...], dict]:
 
 def test_the_command_lines_cover_every_cli() -> None:
     modules = {module_and_args(argv)[0] for argv in LINES.values()}
-    assert modules == {"trainer", "hooks.storage_profile", "trainer.fio_sweep", "trainer.compare"}
+    assert modules == {"trainer", "hooks.storage_profile", "fio_sweep", "checkpoint_compare"}
 
 
 @pytest.mark.parametrize("source", list(LINES))

@@ -18,8 +18,10 @@ from tests.bundle.bundle import (
     PIPELINE_UUID,
     Pod,
     compile_component,
+    current_versions,
     load_dag,
     op_uuid,
+    package_version,
 )
 
 HOOK_SERVICE_ACCOUNT = "storage-profile-hook"
@@ -35,7 +37,7 @@ def switch_argv(target: str) -> list[str]:
     return [*SWITCH, *CLAIM_ARGS, "--to", target, *SWITCH_TAIL]
 
 
-FIO = ["python", "-m", "trainer.fio_sweep", "--mount", "/checkpoints", "--size-scale", "1.0"]
+FIO = ["python", "-m", "fio_sweep", "--mount", "/checkpoints", "--size-scale", "1.0"]
 
 
 def train_argv(op: str, profile: str) -> list[str]:
@@ -59,7 +61,7 @@ PIPELINE_ARGV = {
     "fio-throughput": FIO,
     "train-throughput": train_argv("train-throughput", "checkpoint-throughput"),
     "compare": [
-        *["python", "-m", "trainer.compare"],
+        *["python", "-m", "checkpoint_compare"],
         *["--project", "acme/checkpoint-storage", "--pipeline", PIPELINE_UUID],
         *["--html", "verdict.html", "--json", "verdict.json"],
         *["--baseline=checkpoint-baseline", "--expect=checkpoint-baseline"],
@@ -117,7 +119,11 @@ def test_component_compiles_to_a_valid_pod(path: Path, agent_config: Path) -> No
     kind, params = KIND_OF_COMPONENT[path.parent.name]
     pod = compile_component(path, params, agent_config=agent_config)
     assert pod.manifest["metadata"]["namespace"] == "ml-team"
-    assert pod.main["image"] == "registry.example.com/ml/checkpoint-storage-bench:0.1.0"
+    image = "registry.example.com/ml/checkpoint-storage-bench"
+    if path.name == "latest.yaml" or path in current_versions():
+        assert pod.main["image"] == f"{image}:{package_version()}"
+    else:
+        assert pod.main["image"].startswith(f"{image}:")
     assert_kind_of_op(pod, kind)
     assert_valid_pod(pod)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import tomllib
 
 import pytest
 
@@ -13,6 +12,7 @@ from tests.bundle.bundle import (
     component_names,
     component_versions,
     load_yaml_documents,
+    package_version,
 )
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -39,10 +39,6 @@ def test_component_folder_holds_only_versions_and_latest(name: str) -> None:
     for path in component_versions(name):
         (doc,) = load_yaml_documents(path)
         assert doc["kind"] == "component" and doc["name"] == name, path
-
-
-def package_version() -> str:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def default_images() -> dict[str, str]:
@@ -87,6 +83,15 @@ def test_the_build_context_keeps_what_the_jobs_need() -> None:
         for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
-    for needed in ("trainer", "hooks", "connections", "pyproject.toml", "README.md"):
+    for needed in (
+        "checkpoint_storage_bench",
+        "trainer",
+        "hooks",
+        "fio_sweep",
+        "checkpoint_compare",
+        "connections",
+        "pyproject.toml",
+        "README.md",
+    ):
         assert needed not in ignored
         assert (ROOT / needed).exists(), needed

@@ -409,7 +409,7 @@ def test_least_privilege_rbac_is_enough(cluster: KubeDouble, kubeconfig: Path):
 def test_logs_to_polyaxon_inside_a_run(
     cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
-    # Inside a run the tracker logs to that run; here trainer.tracking falls back to an
+    # Inside a run the tracker logs to that run; here checkpoint_storage_bench.tracking falls back to an
     # offline run, which records the same inputs and outputs.
     monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
     result = switch(kubeconfig, "--summary-json", str(tmp_path / "s.json"))

@@ -372,7 +372,7 @@ def _orphaned_group(cwd: Path) -> tuple[int, int]:
 
 
 def test_stop_ends_a_group_whose_leader_is_gone(tmp_path):
-    from sandbox.processes import stop_group
+    from checkpoint_storage_bench.processes import stop_group
 
     pgid, child = _orphaned_group(tmp_path)
     stop_group(pgid, grace=5)

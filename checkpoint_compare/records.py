@@ -1,0 +1,136 @@
+"""The plain data every loader produces and every later stage consumes.
+
+A :class:`RunRecord` is one Polyaxon run reduced to what the verdict needs: its status,
+inputs, outputs and metric series. Loaders (offline directories, summary JSONs, the API)
+only have to fill it in; the statistics never see where it came from, so they are tested
+on hand-made records.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from checkpoint_storage_bench.contract import FIO_METRIC, FIO_OUTPUT, output_key
+
+# A metric series: (step, value) pairs in step order.
+Series = list[tuple[int, float]]
+
+
+class RunKind(enum.Enum):
+    """Which part of the pipeline produced a run."""
+
+    TRAINING = "training"
+    FIO = "fio"
+    HOOK = "hook"
+    OTHER = "other"
+
+
+@dataclass
+class RunRecord:
+    """One run, as loaded from any source.
+
+    Attributes:
+        uuid: The Polyaxon run uuid (or a label for summary files).
+        name: The run name.
+        status: Polyaxon status, e.g. ``succeeded``, ``failed``, ``running``.
+        inputs: Run inputs.
+        outputs: Run outputs.
+        metrics: Metric name → series.
+        created_at: When the run was created; orders runs of one pipeline.
+        started_at: Start of the measured interval.
+        finished_at: End of the measured interval.
+        message: The failure reason, when the run failed.
+        source: Where it was loaded from (a path or URL), for messages.
+        profile_hint: A profile given explicitly (``--run PROFILE=UUID``).
+        meta: Run meta (the trainer's ``code_revision`` and ``image_digest``).
+    """
+
+    uuid: str
+    name: str = ""
+    status: str = "succeeded"
+    inputs: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Series] = field(default_factory=dict)
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    message: str = ""
+    source: str = ""
+    profile_hint: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> RunKind:
+        """Classify by the inputs/outputs each part records (docs/contracts.md)."""
+        if "storage_profile" in self.inputs and (
+            "checkpoint_format" in self.inputs or "model_size_bytes" in self.inputs
+        ):
+            return RunKind.TRAINING
+        if "target_class" in self.inputs and "claim" in self.inputs:
+            return RunKind.HOOK
+        if any(FIO_OUTPUT.match(k) for k in self.outputs) or any(
+            FIO_METRIC.match(k) for k in self.metrics
+        ):
+            return RunKind.FIO
+        return RunKind.OTHER
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+    @property
+    def label(self) -> str:
+        """A short identification for messages: name and uuid prefix."""
+        short = self.uuid[:8]
+        return f"{self.name} ({short})" if self.name else short
+
+    def fio_cases(self) -> dict[str, dict[str, float]]:
+        """The fio headline figures: case → {bw_mbps, iops, lat_p99_us, ...}.
+
+        Outputs give the headline three; metric events add the other latency percentiles.
+        """
+        cases: dict[str, dict[str, float]] = {}
+        for key, value in self.outputs.items():
+            match = FIO_OUTPUT.match(key)
+            if match and isinstance(value, int | float):
+                cases.setdefault(match["case"], {})[match["measure"]] = float(value)
+        for key, series in self.metrics.items():
+            match = FIO_METRIC.match(key)
+            if match and series:
+                case = output_key(match["case"])
+                cases.setdefault(case, {}).setdefault(match["measure"], series[-1][1])
+        return cases
+
+
+def parse_metric_events(text: str) -> Series:
+    """Parse a Polyaxon metric event file (``step|timestamp|metric`` lines, with header).
+
+    The same text comes from offline ``events/metric/<name>.plx`` files and from the API's
+    ``orient=csv`` answer, so both loaders use this. Events without a step are skipped.
+    """
+    series: Series = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3 or parts[0] in ("", "step"):
+            continue
+        try:
+            series.append((int(float(parts[0])), float(parts[-1])))
+        except ValueError:
+            continue
+    series.sort(key=lambda point: point[0])
+    return series
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Parse an ISO timestamp as Polyaxon writes it; None when absent or unparsable."""
+    if isinstance(value, datetime):
+        return value
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None

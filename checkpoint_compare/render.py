@@ -1,0 +1,256 @@
+"""Render a report as rows of figures: the terminal table and the JSON document.
+
+``rows`` is shared with the HTML report, so each figure is formatted in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from checkpoint_compare.stats import ProfileStats
+from checkpoint_compare.verdict import Report, op_outputs
+from checkpoint_storage_bench.contract import STAGES
+
+Row = tuple[str, list[str]]
+COST_SECTION = "Cost"  # the assumptions are shown right after this section
+
+
+def _f(value: float | None, fmt: str = "{:.3f}", unit: str = "") -> str:
+    return "–" if value is None else fmt.format(value) + unit
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4f} USD" if abs(value) < 1 else f"{value:,.2f} USD"
+
+
+def _s(value: Any) -> str:
+    return "–" if value in (None, "") else str(value)
+
+
+def sections(report: Report) -> list[tuple[str, list[Row]]]:
+    """The figures per profile, grouped in titled sections (one column per profile)."""
+    stats = report.stats
+
+    def row(label: str, fn) -> Row:  # noqa: ANN001 — a small local formatter
+        return label, [fn(s) for s in stats]
+
+    timing = [
+        row("training run", lambda s: s.runs.training.label),
+        row("measured from", lambda s: _s(s.interval[0])),
+        row("measured until", lambda s: _s(s.interval[1])),
+        row("checkpoints", lambda s: str(s.checkpoint_count)),
+        row(
+            "pause median (min–max) s",
+            lambda s: f"{s.pause.median:.3f} ({s.pause.min:.3f}–{s.pause.max:.3f})",
+        ),
+        row("pause spread s", lambda s: f"{s.pause.spread:.3f}"),
+    ]
+    for stage in STAGES:
+        if stage != "pause" and any(stage in s.stages for s in stats):
+            timing.append(
+                row(
+                    f"{stage} median s",
+                    lambda s, st=stage: _f(s.stages[st].median if st in s.stages else None),
+                )
+            )
+    timing += [
+        row("write GB/s (median)", lambda s: _f(s.write_gbps_median)),
+        row("upload GB/s (median)", lambda s: _f(s.upload_gbps_median)),
+        row("total runtime s", lambda s: f"{s.runtime_s:.2f}"),
+        row("time paused s", lambda s: _f(s.pause_total_s, "{:.2f}")),
+        row("share paused", lambda s: _f(s.pause_share, "{:.1%}")),
+        row("final loss", lambda s: _f(s.final_loss, "{:.4f}")),
+    ]
+
+    cases = sorted({c for s in stats for c in s.fio})
+    fio: list[Row] = []
+    for case in cases:
+        for measure, label, fmt in (
+            ("bw_mbps", "MB/s", "{:.1f}"),
+            ("iops", "IOPS", "{:.0f}"),
+            ("lat_p99_us", "p99 µs", "{:.0f}"),
+        ):
+            fio.append(
+                row(
+                    f"fio {case} {label}",
+                    lambda s, c=case, m=measure, f=fmt: _f(s.fio.get(c, {}).get(m), f),
+                )
+            )
+
+    hook = [
+        row("claim", lambda s: _claim(s)),
+        row("volume handle (driver)", lambda s: _volume(s)),
+        row("applied class", lambda s: _s(s.hook.get("applied_class"))),
+        row("settle: kubernetes s", lambda s: _f(s.hook.get("k8s_settle_s"), "{:.1f}")),
+        row("settle: provider s", lambda s: _f(s.hook.get("provider_settle_s"), "{:.1f}")),
+        row("settle: total s", lambda s: _f(s.hook.get("total_settle_s"), "{:.1f}")),
+    ]
+
+    def cost(attr: str, fmt=_usd):  # noqa: ANN001, ANN202
+        return lambda s: fmt(getattr(report.costs[s.profile], attr))
+
+    costs = [
+        row("volume type", cost("volume_type", _s)),
+        row("IOPS / MiB/s priced", lambda s: _provisioned(report, s)),
+        row("storage per month", cost("storage_month")),
+        row("storage over the run", cost("storage_run")),
+        row("GPU over the run", cost("gpu_run")),
+        row("run total", cost("run_total")),
+    ]
+    result = [("Checkpoints and the whole run", timing)]
+    if fio:
+        result.append(("fio sweep", fio))
+    if any(s.hook for s in stats):
+        result.append(("Storage-profile hook", hook))
+    result.append((COST_SECTION, costs))
+    return result
+
+
+def _claim(s: ProfileStats) -> str:
+    if not s.hook:
+        return "– (no hook run)"
+    return f"{_s(s.hook.get('namespace'))}/{_s(s.hook.get('claim'))}"
+
+
+def _volume(s: ProfileStats) -> str:
+    if not s.hook:
+        return "–"
+    return f"{_s(s.hook.get('volume_handle'))} ({_s(s.hook.get('driver'))})"
+
+
+def _provisioned(report: Report, s: ProfileStats) -> str:
+    c = report.costs[s.profile]
+    return "–" if not c.known else f"{c.iops:g} / {c.throughput_mibps:g}"
+
+
+def comparison_lines(report: Report) -> list[str]:
+    """One paragraph per candidate: deltas, noise, cost differences, notes."""
+    lines = []
+    for cand in report.candidates:
+        c = cand.comparison
+        speedup = f", speedup ×{c.pause_speedup:.2f}" if c.pause_speedup else ""
+        lines.append(f"{c.candidate.profile} vs {c.baseline.profile}: {cand.outcome.value}")
+        lines.append(
+            f"  pause median {c.pause_delta_s:+.3f} s (noise ±{c.pause_noise_s:.3f} s, "
+            f"{'measurable' if c.pause_measurable else 'not measurable'}{speedup})"
+        )
+        lines.append(
+            f"  runtime {c.runtime_delta_s:+.2f} s (noise ±{c.runtime_noise_s:.2f} s, "
+            f"{'measurable' if c.runtime_measurable else 'not measurable'})"
+        )
+        stages = ", ".join(
+            f"{s} {d:+.3f} s" for s, d in c.stage_deltas.items() if s not in ("pause",)
+        )
+        if stages:
+            lines.append(f"  stage medians: {stages}")
+        if cand.cost:
+            d = cand.cost
+            lines.append(
+                f"  GPU time per checkpoint {_usd(d.gpu_per_checkpoint)}, per 1,000 checkpoints "
+                f"{_usd(d.gpu_per_1000_checkpoints)}; storage per month {_usd(d.storage_month)}; "
+                f"one run {_usd(d.run_total)}"
+            )
+            if d.breakeven_checkpoints_month is not None:
+                lines.append(
+                    f"  the extra storage pays for itself above "
+                    f"{d.breakeven_checkpoints_month:,.0f} checkpoints a month"
+                )
+        lines += [f"  note: {n}" for n in c.notes]
+    return lines
+
+
+def _table(header: list[str], rows: list[Row]) -> list[str]:
+    widths = [max(len(r[0]) for r in rows + [(header[0], [])])]
+    for i in range(len(header) - 1):
+        widths.append(max(len(header[i + 1]), *(len(r[1][i]) for r in rows)))
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*header), "  ".join("-" * w for w in widths)]
+    out += [fmt.format(label, *cells) for label, cells in rows]
+    return out
+
+
+def terminal(report: Report) -> str:
+    """The report as plain text for a terminal or a run's log."""
+    header = [""] + [
+        s.profile + (" (baseline)" if s.profile == report.baseline else "") for s in report.stats
+    ]
+    lines = []
+    for title, rows in sections(report):
+        lines += ["", f"== {title}"] + _table(header, rows)
+        if title == COST_SECTION:
+            lines += ["Assumptions:"] + [f"  - {a}" for a in report.assumptions]
+    lines += ["", "== Comparison"] + comparison_lines(report)
+    if report.failed_runs:
+        lines += ["", "== Failed runs (not used)"]
+        lines += [f"  {r.label}: {r.status} {r.message}".rstrip() for r in report.failed_runs]
+    lines += ["", f"VERDICT: {report.verdict} — {report.reason}"]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """The report as a JSON document (schema ``checkpoint-compare/1``)."""
+    profiles = {}
+    for s in report.stats:
+        profiles[s.profile] = {
+            "training_run": s.runs.training.uuid,
+            "hook_run": s.runs.hook.uuid if s.runs.hook else None,
+            "fio_run": s.runs.fio.uuid if s.runs.fio else None,
+            "interval": list(s.interval),
+            "checkpoint_count": s.checkpoint_count,
+            "stages": {k: asdict(v) | {"spread": v.spread} for k, v in s.stages.items()},
+            "pause_per_checkpoint": [[step, v] for step, v in s.pause_series],
+            "write_gbps_median": s.write_gbps_median,
+            "upload_gbps_median": s.upload_gbps_median,
+            "runtime_s": s.runtime_s,
+            "pause_total_s": s.pause_total_s,
+            "pause_share": s.pause_share,
+            "final_loss": s.final_loss,
+            "fio": s.fio,
+            "hook": s.hook,
+            "cost": asdict(report.costs[s.profile]),
+        }
+    comparisons = []
+    for cand in report.candidates:
+        c = cand.comparison
+        comparisons.append(
+            {
+                "baseline": c.baseline.profile,
+                "candidate": c.candidate.profile,
+                "outcome": cand.outcome.value,
+                "reason": cand.reason,
+                "pause_delta_s": c.pause_delta_s,
+                "pause_noise_s": c.pause_noise_s,
+                "pause_measurable": c.pause_measurable,
+                "pause_speedup": c.pause_speedup,
+                "runtime_delta_s": c.runtime_delta_s,
+                "runtime_noise_s": c.runtime_noise_s,
+                "runtime_measurable": c.runtime_measurable,
+                "stage_deltas": c.stage_deltas,
+                "final_loss_delta": c.loss_delta,
+                "cost_delta": asdict(cand.cost) if cand.cost else None,
+                "notes": c.notes,
+            }
+        )
+    return {
+        "schema": "checkpoint-compare/1",
+        "verdict": report.verdict,
+        "reason": report.reason,
+        "baseline": report.baseline,
+        "profiles": profiles,
+        "comparisons": comparisons,
+        "failed_runs": [
+            {"uuid": r.uuid, "name": r.name, "status": r.status, "message": r.message}
+            for r in report.failed_runs
+        ],
+        "thresholds": asdict(report.thresholds),
+        "assumptions": report.assumptions,
+        "outputs": op_outputs(report),
+    }
+
+
+def dumps(report: Report) -> str:
+    return json.dumps(to_json(report), indent=2, default=str) + "\n"

@@ -1,0 +1,207 @@
+"""Put figures, comparisons and costs together into one answer a team can act on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkpoint_compare.cost import (
+    CostDelta,
+    Pricing,
+    ProfileCost,
+    cost_delta,
+    general_assumptions,
+    profile_cost,
+)
+from checkpoint_compare.errors import RunsMissing
+from checkpoint_compare.loading import ProfileRuns
+from checkpoint_compare.records import RunRecord
+from checkpoint_compare.stats import (
+    NO_DIFFERENCE,
+    Comparison,
+    Outcome,
+    ProfileStats,
+    Thresholds,
+    check_comparable,
+    compare,
+    profile_stats,
+)
+from checkpoint_storage_bench.contract import output_key
+
+
+@dataclass
+class Candidate:
+    """A non-baseline profile: its timing comparison, cost difference and outcome."""
+
+    comparison: Comparison
+    cost: CostDelta | None
+    outcome: Outcome
+    reason: str
+
+
+@dataclass
+class Report:
+    """Everything the renderers show.
+
+    Attributes:
+        baseline: The profile the others are compared with.
+        stats: Figures per profile, baseline first.
+        costs: Cost figures per profile.
+        candidates: One entry per non-baseline profile.
+        verdict: The profile to keep, or "no measurable difference".
+        reason: Why, in one sentence.
+        assumptions: Cost assumptions, general then per profile.
+        failed_runs: Failed training runs that were seen and not used.
+        thresholds: The noise floors used.
+    """
+
+    baseline: str
+    stats: list[ProfileStats]
+    costs: dict[str, ProfileCost]
+    candidates: list[Candidate]
+    verdict: str
+    reason: str
+    assumptions: list[str]
+    failed_runs: list[RunRecord] = field(default_factory=list)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    @property
+    def best(self) -> Candidate | None:
+        """The candidate the verdict is about: the winner, else the most informative one."""
+        order = [Outcome.BETTER, Outcome.FASTER_COSTLIER, Outcome.NO_DIFFERENCE, Outcome.WORSE]
+        if not self.candidates:
+            return None
+        return min(
+            self.candidates,
+            key=lambda c: (order.index(c.outcome), c.comparison.runtime_delta_s),
+        )
+
+
+def _fmt_usd(value: float) -> str:
+    return f"{value:+.4f} USD" if abs(value) < 1 else f"{value:+.2f} USD"
+
+
+def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
+    name, base = comp.candidate.profile, comp.baseline.profile
+    timing = comp.timing_outcome
+    runtime = f"{-comp.runtime_delta_s:.2f} s shorter run"
+    if timing is Outcome.WORSE:
+        what = "checkpoint pause" if comp.pause_measurable and comp.pause_delta_s > 0 else "run"
+        return Outcome.WORSE, f"{name} is measurably slower than {base} ({what})"
+    if timing is Outcome.NO_DIFFERENCE:
+        pause_in = "within" if not comp.pause_measurable else "beyond"
+        run_in = "within" if not comp.runtime_measurable else "beyond"
+        return Outcome.NO_DIFFERENCE, (
+            f"{name} vs {base}: pause {comp.pause_delta_s:+.3f} s, {pause_in} the noise of "
+            f"±{comp.pause_noise_s:.3f} s; whole run {comp.runtime_delta_s:+.2f} s, {run_in} "
+            f"the noise of ±{comp.runtime_noise_s:.2f} s"
+        )
+    if delta is None:
+        return Outcome.BETTER, f"{name} is measurably faster ({runtime}); cost not priced"
+    if delta.run_total > 0:
+        return Outcome.FASTER_COSTLIER, (
+            f"{name} is faster ({runtime}) but costs {_fmt_usd(delta.run_total)} more per run: "
+            "the storage change outweighs the saved GPU time"
+        )
+    saving = "costs the same" if delta.run_total == 0 else f"saves {-delta.run_total:.4f} USD"
+    return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
+
+
+def build_report(
+    groups: list[ProfileRuns],
+    pricing: Pricing,
+    thresholds: Thresholds,
+    baseline: str | None = None,
+    failed_runs: list[RunRecord] | None = None,
+) -> Report:
+    """Compare every profile with the baseline and decide.
+
+    Args:
+        groups: The runs per profile (at least two).
+        pricing: Prices.
+        thresholds: Noise floors.
+        baseline: The baseline profile; default the first profile run.
+        failed_runs: Failed training runs to mention.
+
+    Raises:
+        NotComparable: The runs' fixed inputs differ, or a run lacks the figures needed.
+        RunsMissing: The named baseline has no runs.
+    """
+    check_comparable(groups)
+    stats = [profile_stats(g) for g in groups]
+    names = [s.profile for s in stats]
+    baseline = baseline or names[0]
+    if baseline not in names:
+        raise RunsMissing(f"baseline profile {baseline}: no training run found")
+    stats.sort(key=lambda s: s.profile != baseline)
+    base = stats[0]
+    costs = {s.profile: profile_cost(pricing, s.profile, s.runtime_s, s.hook) for s in stats}
+
+    candidates = []
+    for cand in stats[1:]:
+        comp = compare(base, cand, thresholds)
+        delta = cost_delta(pricing, costs[base.profile], costs[cand.profile], comp.pause_delta_s)
+        outcome, reason = _judge(comp, delta)
+        candidates.append(Candidate(comp, delta, outcome, reason))
+
+    report = Report(
+        baseline=baseline,
+        stats=stats,
+        costs=costs,
+        candidates=candidates,
+        verdict=NO_DIFFERENCE,
+        reason="",
+        # dict.fromkeys: the same type note for several profiles is said once
+        assumptions=list(
+            dict.fromkeys(
+                general_assumptions(pricing) + [a for c in costs.values() for a in c.assumptions]
+            )
+        ),
+        failed_runs=failed_runs or [],
+        thresholds=thresholds,
+    )
+    best = report.best
+    assert best is not None  # at least two profiles
+    if best.outcome is Outcome.BETTER:
+        report.verdict = best.comparison.candidate.profile
+    elif best.outcome in (Outcome.FASTER_COSTLIER, Outcome.WORSE):
+        report.verdict = baseline
+    report.reason = best.reason
+    return report
+
+
+def op_outputs(report: Report) -> dict[str, Any]:
+    """The scalars logged as outputs of the compare op (columns of the comparison view)."""
+    best = report.best
+    assert best is not None
+    comp, delta = best.comparison, best.cost
+    out: dict[str, Any] = {
+        "verdict": report.verdict,
+        "verdict_reason": report.reason,
+        "verdict_outcome": best.outcome.value,
+        "baseline_profile": report.baseline,
+        "candidate_profile": comp.candidate.profile,
+        "pause_speedup": comp.pause_speedup,
+        "pause_delta_s": comp.pause_delta_s,
+        "pause_noise_s": comp.pause_noise_s,
+        "runtime_delta_s": comp.runtime_delta_s,
+        "runtime_noise_s": comp.runtime_noise_s,
+        "final_loss_delta": comp.loss_delta,
+        "failed_runs": len(report.failed_runs),
+    }
+    if delta is not None:
+        out |= {
+            "cost_delta_usd_per_checkpoint": delta.gpu_per_checkpoint,
+            "cost_delta_usd_per_1000_ckpt": delta.gpu_per_1000_checkpoints,
+            "storage_delta_usd_per_month": delta.storage_month,
+            "run_cost_delta_usd": delta.run_total,
+            "breakeven_checkpoints_per_month": delta.breakeven_checkpoints_month,
+        }
+    for s in report.stats:
+        key = output_key(s.profile)
+        out[f"{key}_pause_s_median"] = s.pause.median
+        out[f"{key}_runtime_s"] = s.runtime_s
+        cost = report.costs[s.profile]
+        if cost.known:
+            out[f"{key}_run_cost_usd"] = cost.run_total
+    return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,111 @@
+"""The names the parts share, once, in code. docs/contracts.md is the page people read;
+this module mirrors it, and producers and consumers import from here instead of restating.
+
+Who uses what: the trainer writes the summary and the metrics, the fio sweep names its
+outputs, the verdict reads all of them back, the bundle's components declare them.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --------------------------------------------------------------------------- trainer
+
+SUMMARY_SCHEMA = "checkpoint-training/1"
+"""The ``schema`` of the trainer's ``--summary-json``."""
+
+STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
+"""The stages of one checkpoint's timeline, in order (docs/contracts.md, README)."""
+
+CHECKPOINT_METRICS = {f"{s}_s": f"ckpt_{s}_s" for s in STAGES} | {
+    "bytes": "ckpt_bytes",
+    "write_gbps": "ckpt_write_gbps",
+    "upload_gbps": "ckpt_upload_gbps",
+}
+"""Per-checkpoint field of the summary → the Polyaxon metric logged once per checkpoint."""
+
+LOSS_METRIC = "loss"
+
+RUN_OUTPUTS = (
+    "runtime_s",
+    "steps_per_s",
+    "final_loss",
+    "checkpoint_count",
+    "checkpoint_bytes",
+    "ckpt_pause_s_total",
+    "ckpt_pause_share",
+)
+"""Run-level outputs copied from the summary as they are."""
+
+STAGE_OUTPUTS = tuple(f"ckpt_{s}_s_median" for s in STAGES) + (
+    "ckpt_pause_s_min",
+    "ckpt_pause_s_max",
+    "ckpt_write_gbps_median",
+    "ckpt_upload_gbps_median",
+)
+"""Outputs summarizing the per-checkpoint figures (comparison-view columns)."""
+
+TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS
+"""Every output the training job logs, hence every output its component declares."""
+
+# ------------------------------------------------------------- what makes runs comparable
+
+COMPARABLE_INPUTS = (
+    "model_size_bytes",
+    "param_count",
+    "dataset_seed",
+    "checkpoint_format",
+    "durability",
+    "async_checkpoint",
+    "steps",
+    "checkpoint_every",
+    "batch_size",
+    "seq_len",
+    "device",
+)
+"""Trainer inputs that must be equal for two runs to be compared. The seed says "keep the
+checkpoint format, model, dataset, and durability requirements fixed"; the step counts and
+device belong to "the whole run" being the same run."""
+
+REQUIRED_INPUTS = ("model_size_bytes", "dataset_seed", "checkpoint_format", "durability")
+"""Without these a comparison cannot be vouched for, so a training run must record them."""
+
+COMPARABLE_META = ("code_revision", "image_digest")
+"""The trainer build: runs of different code or images measure different writers."""
+
+# ------------------------------------------------------------------------- fio sweep
+
+FIO_SCHEMA = "fio-sweep/1"
+FIO_MEASURES = ("bw_mbps", "iops", "lat_p99_us")
+"""The per-case measures the fio sweep logs as outputs (``fio_<case>_<measure>``)."""
+
+
+def output_key(name: str) -> str:
+    """A name as part of a Polyaxon output name: ``.`` and ``-`` become ``_``.
+
+    >>> output_key("seqwrite-1m.direct")
+    'seqwrite_1m_direct'
+    """
+    return name.replace(".", "_").replace("-", "_")
+
+
+def fio_output(case: str, measure: str) -> str:
+    """The output name of one fio case's measure.
+
+    >>> fio_output("seqwrite-1m", "bw_mbps")
+    'fio_seqwrite_1m_bw_mbps'
+    """
+    return f"fio_{output_key(case)}_{measure}"
+
+
+FIO_OUTPUT = re.compile(rf"^fio_(?P<case>.+)_(?P<measure>{'|'.join(FIO_MEASURES)})$")
+FIO_METRIC = re.compile(r"^fio[.-](?P<case>.+)[.-](?P<measure>bw_mbps|iops|lat_p\d+_us)$")
+"""Metrics are logged as ``fio.<case>.<measure>``; Polyaxon stores the name with ``-``."""
+
+# ---------------------------------------------------------------- storage-profile hook
+
+SWITCH_SCHEMA = "storage-profile-switch/1"
+HOOK_INPUTS = ("claim", "namespace", "driver", "volume_handle", "previous_class", "target_class")
+HOOK_OUTPUTS = ("applied_class", "k8s_settle_s", "provider_settle_s", "total_settle_s")
+VAC_PARAMETER_PREFIX = "vac_"
+"""Each of the target class's parameters is recorded as ``vac_<parameter>``."""

@@ -1,0 +1,76 @@
+"""Bad input gets a clear one-line error and the contract's exit code; the shipped prices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from checkpoint_compare.cli import main
+from checkpoint_compare.cost import DEFAULT_PRICING, load_pricing, profile_cost
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [*args, "--no-track"])
+    return result.exit_code, result.output
+
+
+def test_shipped_pricing_is_the_gp3_list_price() -> None:
+    pricing = load_pricing(DEFAULT_PRICING)
+    gp3 = pricing.types["gp3"]
+    assert (gp3.storage_gib_month, gp3.iops_month, gp3.throughput_mibps_month) == (
+        0.08,
+        0.005,
+        0.040,
+    )
+    assert (gp3.iops_included, gp3.throughput_included_mibps) == (3000, 125)
+    # 200 GiB × 0.08 + 3000 IOPS × 0.005 + 125 MiB/s × 0.040 = 16 + 15 + 5
+    fast = profile_cost(pricing, "checkpoint-throughput", 730 * 3600, hook={})
+    assert fast.storage_month == pytest.approx(36.0)
+    assert fast.storage_run == pytest.approx(36.0)  # a run lasting a whole billing month
+    assert fast.gpu_run == pytest.approx(730 * pricing.gpu_hourly_usd)
+    base = profile_cost(pricing, "checkpoint-baseline", 3600, hook={})
+    assert base.storage_month == pytest.approx(16.0)
+    # the hook's record wins over the file; a local driver is priced at 0
+    from_hook = profile_cost(pricing, "x", 3600, hook={"vac_type": "gp3", "vac_iops": 4000})
+    assert from_hook.storage_month == pytest.approx(16.0 + 5.0)
+    sandbox = profile_cost(pricing, "checkpoint-throughput", 3600, hook={"driver": "local"})
+    assert sandbox.storage_month == 0 and sandbox.volume_type == "local"
+
+
+def test_no_source_is_a_usage_error() -> None:
+    code, output = _invoke()
+    assert code == 2 and "give exactly one source" in output
+    code, output = _invoke("--pipeline", "abc")
+    assert code == 2 and "needs --api-host and --project" in output
+
+
+def test_bad_pricing_file(tmp_path: Path) -> None:
+    pricing = tmp_path / "pricing.yaml"
+    pricing.write_text("defaults: {volume_size_gib: -1, gpu_hourly_usd: 1}\nvolume_types: {}\n")
+    code, output = _invoke("--offline-root", str(tmp_path), "--pricing", str(pricing))
+    assert code == 2 and "volume_size_gib must be a number >= 0" in output
+    pricing.write_text(
+        "defaults: {volume_size_gib: 1, gpu_hourly_usd: 1}\nvolume_types: {}\n"
+        "profiles: {a: {type: io2}}\n"
+    )
+    code, output = _invoke("--offline-root", str(tmp_path), "--pricing", str(pricing))
+    assert code == 2 and "profile a: unknown volume type 'io2'" in output
+
+
+def test_bad_summary_and_offline_root(tmp_path: Path) -> None:
+    summary = tmp_path / "s.json"
+    summary.write_text(json.dumps({"schema": "fio-sweep/1"}))
+    code, output = _invoke("--summary", f"a={summary}", "--summary", f"b={summary}")
+    assert code == 2 and "is not a checkpoint-training/1 summary (schema: 'fio-sweep/1')" in output
+    code, output = _invoke("--summary", str(summary))
+    assert code == 2 and "expected PROFILE=PATH" in output
+    code, output = _invoke("--offline-root", str(tmp_path / "nowhere"))
+    assert code == 2 and "is not a directory" in output
+
+
+def test_empty_offline_root_means_runs_missing(tmp_path: Path) -> None:
+    code, output = _invoke("--offline-root", str(tmp_path))
+    assert code == 3 and "found: none" in output
