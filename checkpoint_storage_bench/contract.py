@@ -7,7 +7,10 @@ outputs, the verdict reads all of them back, the bundle's components declare the
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 # --------------------------------------------------------------------------- trainer
 
@@ -109,3 +112,79 @@ HOOK_INPUTS = ("claim", "namespace", "driver", "volume_handle", "previous_class"
 HOOK_OUTPUTS = ("applied_class", "k8s_settle_s", "provider_settle_s", "total_settle_s")
 VAC_PARAMETER_PREFIX = "vac_"
 """Each of the target class's parameters is recorded as ``vac_<parameter>``."""
+
+# The ledger of switches, kept on the claim itself (docs/contracts.md): every switch the
+# hook makes appends one entry; preflight counts them against the driver's window, and the
+# verdict refuses a profile whose claim was switched inside its measured interval.
+LEDGER_ANNOTATION = "checkpoint-storage-bench.io/class-switches"
+"""Annotation on the claim: a JSON list of ``{"at": ISO-8601 UTC, "from": str|null,
+"to": str, "holder": str|null}``, oldest first, at most :data:`LEDGER_MAX_ENTRIES`."""
+LEDGER_MAX_ENTRIES = 32
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One switch of a claim's class, as recorded in :data:`LEDGER_ANNOTATION`."""
+
+    at: datetime
+    from_class: str | None
+    to_class: str
+    holder: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        at = self.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"at": at, "from": self.from_class, "to": self.to_class, "holder": self.holder}
+
+
+def parse_ledger(text: str | None) -> list[LedgerEntry]:
+    """The entries of a ledger annotation, oldest first; ``None`` or ``""`` is an empty ledger.
+
+    Raises:
+        ValueError: The annotation is not a ledger (someone else wrote it by hand).
+
+    >>> parse_ledger('[{"at": "2026-12-01T10:00:00Z", "from": "a", "to": "b"}]')[0].to_class
+    'b'
+    """
+    if not text:
+        return []
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError(f"{LEDGER_ANNOTATION} is not a JSON list")
+    entries = []
+    for item in data:
+        if not isinstance(item, dict) or not isinstance(item.get("to"), str):
+            raise ValueError(f"{LEDGER_ANNOTATION}: not a ledger entry: {item!r}")
+        at = datetime.fromisoformat(str(item.get("at")).replace("Z", "+00:00"))
+        if at.tzinfo is None:
+            raise ValueError(f"{LEDGER_ANNOTATION}: time without a zone: {item!r}")
+        entries.append(LedgerEntry(at, item.get("from"), item["to"], item.get("holder")))
+    return sorted(entries, key=lambda e: e.at)
+
+
+def format_ledger(entries: list[LedgerEntry]) -> str:
+    """The annotation's value: the newest :data:`LEDGER_MAX_ENTRIES` entries, compact JSON."""
+    kept = sorted(entries, key=lambda e: e.at)[-LEDGER_MAX_ENTRIES:]
+    return json.dumps([e.to_json() for e in kept], separators=(",", ":"))
+
+
+LEASE_PREFIX = "storage-profile-"
+"""The ``coordination.k8s.io`` Lease that makes a pipeline the claim's only switcher is
+named ``storage-profile-<claim>``, in the claim's namespace."""
+
+
+def lease_name(claim: str) -> str:
+    """The name of the Lease guarding ``claim``.
+
+    >>> lease_name("training-checkpoints")
+    'storage-profile-training-checkpoints'
+    """
+    return f"{LEASE_PREFIX}{claim}"
+
+
+MODIFICATION_WINDOWS: dict[str, tuple[int, float]] = {
+    "ebs.csi.aws.com": (4, 24 * 3600.0),
+    "pd.csi.storage.gke.io": (1, 4 * 3600.0),
+}
+"""CSI driver → (modifications allowed, per rolling window in seconds). EBS: 4 per 24 h
+since 2026-01-15, each after the previous one completed; GKE Hyperdisk: once per 4 h. A
+driver not listed has no known limit."""

@@ -14,20 +14,26 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from checkpoint_storage_bench.contract import FIO_SCHEMA
+from checkpoint_storage_bench.fio import (
+    PERCENTILES,
+    FioOutputError,
+    FioRun,
+    Measures,
+    extract_json,
+    parse_jobs,
+    run_fio,
+)
 from checkpoint_storage_bench.tracking import Tracker
 from checkpoint_storage_bench.units import format_bytes
 from fio_sweep.errors import FioJobError
 from fio_sweep.interrupts import deferred_signals
-from fio_sweep.parse import PERCENTILES, FioOutputError, Measures, extract_json, parse_jobs
 from fio_sweep.runner import (
-    FioRun,
     Target,
     check_directory,
     check_space,
     device_supports_direct_io,
     find_fio,
     resolve_target,
-    run_fio,
     scratch_dir,
     supports_direct_io,
 )
@@ -199,11 +205,19 @@ class Runner:
     def _attempt(self, case: Case, where: Path, raw_device: bool) -> FioRun:
         """One fio run; in a directory, its files go into a subdirectory removed afterwards."""
         if raw_device:
-            return run_fio(self._command(case, f"--filename={where}"), self.progress.tick)
+            return run_fio(
+                self._command(case, f"--filename={where}"),
+                self.progress.tick,
+                cleanup_guard=deferred_signals,
+            )
         case_dir = where / case.name
         case_dir.mkdir()
         try:
-            return run_fio(self._command(case, f"--directory={case_dir}"), self.progress.tick)
+            return run_fio(
+                self._command(case, f"--directory={case_dir}"),
+                self.progress.tick,
+                cleanup_guard=deferred_signals,
+            )
         finally:
             with deferred_signals():
                 shutil.rmtree(case_dir, ignore_errors=True)

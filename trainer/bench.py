@@ -125,8 +125,7 @@ class Bench:
         self.samples[name].append({"seconds": seconds, "gbps": nbytes / seconds / GB, **extra})
 
     def fio_job(self, name: str, rw: str, path: Path, bs: str, iodepth: int, numjobs: int) -> None:
-        from fio_sweep.parse import extract_json, parse_jobs
-        from fio_sweep.runner import run_fio
+        from checkpoint_storage_bench.fio import extract_json, parse_jobs, run_fio
 
         block = parse_size(bs)
         size = max(block, self.nbytes // numjobs // block * block)

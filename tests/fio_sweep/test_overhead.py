@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fio_sweep.parse import Measures
+from checkpoint_storage_bench.fio import Measures
 from fio_sweep.spec import load_spec
 from fio_sweep.sweep import CaseResult, overhead_check
 

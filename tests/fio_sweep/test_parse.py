@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fio_sweep.parse import FioOutputError, extract_json, parse_jobs
+from checkpoint_storage_bench.fio import FioOutputError, extract_json, parse_jobs
 
 from .helpers import FIXTURES
 

@@ -1,4 +1,7 @@
-"""Reading fio 3.x ``--output-format=json`` into the few numbers the sweep reports.
+"""Running fio and reading its JSON: shared by the fio sweep and the trainer's
+benchmark (which measures fio as its reference).
+
+Reading fio 3.x ``--output-format=json`` into the few numbers the sweep reports.
 
 fio prints some notes (``fio: pid=..., err=28/...``) on stdout before the JSON, so the
 document starts at the first line that begins with ``{``. With ``group_reporting=1`` the
@@ -7,8 +10,14 @@ document starts at the first line that begins with ``{``. With ``group_reporting
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,3 +113,93 @@ def parse_jobs(doc: dict[str, Any], jobname: str | None = None) -> Measures:
 
 def _has_pct(stats: dict[str, Any], pct: str) -> bool:
     return pct in stats.get("clat_ns", {}).get("percentile", {})
+
+
+KILL_GRACE_S = 5.0
+# fio's messages when an I/O engine cannot be loaded or set up (libaio, io_uring).
+_ENGINE_UNAVAILABLE = re.compile(
+    r"engine \S+ not loadable|failed to load engine|io_queue_init|io_setup|"
+    r"io_uring_(queue_init|setup)"
+)
+
+
+@dataclass(frozen=True)
+class FioRun:
+    """What one fio process returned."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def notes(self) -> list[str]:
+        """fio's messages: stderr, and the lines it prints on stdout before the JSON
+        (``fio: pid=..., err=28/...``)."""
+        preamble = "" if self.stdout.startswith("{") else self.stdout.split("\n{", 1)[0]
+        lines = (line.strip() for line in (self.stderr + "\n" + preamble).splitlines())
+        return [line for line in lines if line]
+
+    @property
+    def message(self) -> str:
+        """fio's last message, for the summary notes."""
+        return self.notes[-1] if self.notes else ""
+
+    @property
+    def engine_error(self) -> str | None:
+        """fio's message when it failed because the I/O engine cannot be used here."""
+        if self.returncode == 0:
+            return None
+        return next((line for line in self.notes if _ENGINE_UNAVAILABLE.search(line)), None)
+
+
+def run_fio(
+    args: list[str],
+    on_tick: Callable[[], None] | None = None,
+    tick_s: float = 1.0,
+    cleanup_guard: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+) -> FioRun:
+    """Run fio with an argument list (never a shell) and wait for it.
+
+    fio runs in its own process group, so a terminal's Ctrl-C reaches only us; whatever ends
+    the wait (an exception from a signal handler, too) first stops fio and its job processes,
+    so no file is written after the caller's cleanup.
+
+    Args:
+        args: The full command, starting with the fio binary.
+        on_tick: Called every ``tick_s`` seconds while fio runs (progress display).
+        tick_s: The tick interval.
+        cleanup_guard: Held while fio is being stopped (the sweep defers signals there).
+    """
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=tick_s)
+                return FioRun(proc.returncode, stdout, stderr)
+            except subprocess.TimeoutExpired:
+                if on_tick is not None:
+                    on_tick()
+    finally:
+        if proc.poll() is None:
+            # Not interruptible half-way: the caller removes fio's files right after this.
+            with cleanup_guard():
+                _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM fio's process group (fio stops its jobs), SIGKILL it if that takes too long."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.communicate(timeout=KILL_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
