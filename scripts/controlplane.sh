@@ -128,10 +128,10 @@ case ${1:-} in
     ;;
   stop) exec "$(python_cmd)" -m tests.kube.controlplane stop --state-dir "$STATE_DIR" ;;
   env)
-    if [ -f "$STATE_DIR/admin.kubeconfig" ]; then
+    if [ -f "$STATE_DIR/pids.json" ] && [ -f "$STATE_DIR/admin.kubeconfig" ]; then
       echo "export KUBECONFIG=$STATE_DIR/admin.kubeconfig"
     else
-      echo "controlplane: not started ($STATE_DIR/admin.kubeconfig missing)" >&2
+      echo "controlplane: not started (no $STATE_DIR/pids.json)" >&2
       exit 1
     fi
     echo "export CONTROLPLANE_BIN_DIR=$BIN_DIR"
