@@ -39,23 +39,68 @@ def _go_available() -> bool:
     return bool(os.environ.get("GO") or shutil.which("go") or Path("/usr/local/go/bin/go").exists())
 
 
+def _missing() -> str | None:
+    """Why the tier cannot run here (one line), or None when the binaries are built."""
+    check = _script("check")
+    if check.returncode == 0:
+        return None
+    missing = check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "?"
+    if not _go_available():
+        return f"kube tier: no Go toolchain (go, GO=) to build the control plane; {missing}"
+    return f"kube tier: {missing}"
+
+
+class _TierSkipped(pytest.Item):
+    """Stands for the whole tier when it cannot run: one SKIPPED line instead of one per test."""
+
+    def __init__(self, *, reason: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reason = reason
+        self.add_marker(pytest.mark.kube)
+
+    def runtest(self) -> None:
+        pytest.skip(self.reason)
+
+    def reportinfo(self):
+        return self.path, None, "kube tier"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the stand-in is marked `kube` too
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    tier = [item for item in items if here in item.path.parents]
+    if not tier or os.environ.get("CI"):
+        return  # under CI the fixture builds (or fails) instead of skipping
+    reason = _missing()
+    if reason is None:
+        return
+    parent = tier[0].parent
+    while parent is not None and parent.path != here:
+        parent = parent.parent
+    stand_in = _TierSkipped.from_parent(parent or tier[0].parent, name="kube-tier", reason=reason)
+    items[items.index(tier[0])] = stand_in
+    for item in tier[1:]:
+        items.remove(item)
+    config.hook.pytest_deselected(items=tier)
+
+
+_build_failure: list[str] = []  # a failed CI build, so that it is tried once per session
+
+
 def _binaries() -> Path:
     """The binary directory, built; skips (or, under CI, builds or fails) otherwise."""
-    check = _script("check")
-    if check.returncode != 0:
-        missing = check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "?"
+    if _build_failure:
+        pytest.fail(_build_failure[0], pytrace=False)
+    reason = _missing()
+    if reason is not None:
         if not os.environ.get("CI"):
-            if not _go_available():
-                pytest.skip(
-                    f"kube tier: no Go toolchain (go, GO=) to build the control plane; {missing}"
-                )
-            pytest.skip(f"kube tier: {missing}")
+            pytest.skip(reason)
         build = _script("build", timeout=BUILD_TIMEOUT)
         if build.returncode != 0:
-            pytest.fail(
-                "kube tier (CI): scripts/controlplane.sh build failed:\n" + build.stderr[-4000:],
-                pytrace=False,
+            _build_failure.append(
+                "kube tier (CI): scripts/controlplane.sh build failed:\n" + build.stderr[-4000:]
             )
+            pytest.fail(_build_failure[0], pytrace=False)
     return Path(_script("bin-dir").stdout.strip())
 
 
