@@ -301,6 +301,9 @@ def switch(kubeconfig: Path, target: str, *extra: str, timeout: float = 120) -> 
         target,
         "--settle",
         "kubernetes",
+        # The hook's own deadline (exit 5) comes well before the subprocess timeout.
+        "--timeout",
+        str(int(timeout / 2)),
         *extra,
         timeout=timeout,
     )
