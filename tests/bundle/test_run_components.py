@@ -66,6 +66,8 @@ def test_training_command_runs_and_logs_every_declared_output(tmp_path: Path) ->
         "batch_size": 2,
         "seq_len": 16,
         "device": "cpu",
+        # The upload outputs are logged only when there is an upload stage.
+        "upload_to": (tmp_path / "store").as_uri(),
     }
     mount = tmp_path / "claim"
     (mount / "checkpoint-baseline-test").mkdir(parents=True)
