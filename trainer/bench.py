@@ -57,6 +57,7 @@ from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
 
 GB = 1e9
+CPU = torch.device("cpu")
 STREAMS = (1, 2, 4, 8)
 TARGETS: dict[str, tuple[float, str]] = {
     "raw-sync whole save vs fio write": (0.9, ">="),
@@ -97,6 +98,16 @@ def make_state(nbytes: int, seed: int = 0) -> dict[str, Any]:
     }
 
 
+def _to(state: Any, device: torch.device) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: _to(v, device) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_to(v, device) for v in state]
+    return state
+
+
 def state_bytes(state: Any) -> int:
     tensors: list[torch.Tensor] = []
     from trainer.ckpt.formats import flatten
@@ -126,10 +137,18 @@ def fsync_path(path: Path) -> None:
 class Bench:
     """Runs the cases and keeps every sample."""
 
-    def __init__(self, directory: Path, size: int, threads: int, streams: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        size: int,
+        threads: int,
+        streams: tuple[int, ...],
+        device: torch.device = CPU,
+    ) -> None:
         self.dir = directory
         self.samples: dict[str, list[dict[str, float]]] = defaultdict(list)
-        self.state = make_state(size)
+        self.device = device
+        self.state = _to(make_state(size), device)
         self.nbytes = state_bytes(self.state)
         self.fio = shutil.which("fio")
         self.streams = streams
@@ -167,7 +186,7 @@ class Bench:
     def fmt(self, name: str) -> Format:
         """One format object per name, reused as a training run reuses its buffers."""
         if name not in self._formats:
-            self._formats[name] = make_format(name)
+            self._formats[name] = make_format(name, pin=self.device.type == "cuda")
             if name == "raw":
                 self._formats[name].stage(self.state)  # allocate once, as a training run does
         return self._formats[name]
@@ -183,6 +202,7 @@ class Bench:
             durable=True,
             keep=8,
             asynchronous=asynchronous,
+            device=self.device,
             options=WriteOptions(**options),
         )
         self.timed(name, lambda: self._save(ckpt), self.nbytes)
@@ -261,24 +281,28 @@ def _remove_glob(directory: Path, pattern: str) -> None:
         path.unlink()
 
 
-def steps_per_s(ckpt_dir: Path, steps: int, model_size: str) -> dict[str, float]:
+def steps_per_s(
+    ckpt_dir: Path, steps: int, model_size: str, device: torch.device = CPU
+) -> dict[str, float]:
     """Training steps/s without checkpoints vs while an async checkpoint is being written."""
     from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
 
     torch.manual_seed(0)
     seq = 64
-    model = TinyGPT(shape_for_bytes(parse_size(model_size), seq), seq)
+    model = TinyGPT(shape_for_bytes(parse_size(model_size), seq), seq).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     data = SyntheticTokens(0, 8, seq)
 
     def step(i: int) -> None:
-        tokens = data.batch(i)
+        tokens = data.batch(i).to(device)
         loss = torch.nn.functional.cross_entropy(
             model(tokens[:, :-1]).reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)
         )
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # a step ends when the device is done with it
 
     for i in range(3):
         step(i)  # warm up
@@ -288,7 +312,15 @@ def steps_per_s(ckpt_dir: Path, steps: int, model_size: str) -> dict[str, float]
         step(i)
         return time.perf_counter() - t0
 
-    ckpt = Checkpointer(ckpt_dir, RawFormat(), LocalFS(), durable=True, keep=1, asynchronous=True)
+    ckpt = Checkpointer(
+        ckpt_dir,
+        RawFormat(pin=device.type == "cuda"),
+        LocalFS(),
+        durable=True,
+        keep=1,
+        asynchronous=True,
+        device=device,
+    )
 
     def state() -> dict[str, Any]:
         return {"model": model.state_dict(), "optimizer": opt.state_dict()}
@@ -535,6 +567,14 @@ def _parse_streams(value: str) -> tuple[int, ...]:
 )
 @click.option("--train-model-size", default="32MiB", show_default=True)
 @click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="Where the state lives: cuda stages through the pinned buffer (device-to-host "
+    "copies overlapping the writes) and trains on the GPU.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(path_type=Path),
@@ -549,6 +589,7 @@ def main(
     streams: str,
     train_steps: int,
     train_model_size: str,
+    device: str,
     json_path: Path | None,
 ) -> None:
     """Benchmark the checkpoint writer against fio, torch.save, DCP and safetensors."""
@@ -559,6 +600,9 @@ def main(
     if repeats < 1:
         raise click.BadParameter("must be at least 1", param_hint="--repeats")
     sweep = _parse_streams(streams)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.ClickException("--device cuda: torch sees no CUDA device here")
+    dev = torch.device(device)
     base = directory or Path("/var/tmp")
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=base))
@@ -566,7 +610,8 @@ def main(
         if shutil.disk_usage(work).free < 6 * nbytes:
             raise click.ClickException(f"{work} needs about {format_bytes(6 * nbytes)} free")
         info = machine(base)
-        bench = Bench(work, nbytes, threads, sweep)
+        info["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        bench = Bench(work, nbytes, threads, sweep, dev)
         if not bench.fio:
             click.echo("fio not found: ratios to fio are skipped (apt-get install fio)", err=True)
         for i in range(repeats):
@@ -574,8 +619,8 @@ def main(
             bench.repeat(i)
         steps_dir = work / "steps"
         steps_dir.mkdir()
-        extra = steps_per_s(steps_dir, train_steps, train_model_size)
-        if threads > 1:
+        extra = steps_per_s(steps_dir, train_steps, train_model_size, dev)
+        if threads > 1 and dev.type == "cpu":
             # The same with one core left to the background write, as on a GPU node where
             # the training loop does not use every CPU core.
             torch.set_num_threads(threads - 1)
