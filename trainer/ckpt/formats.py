@@ -450,21 +450,26 @@ def _library_written(
 ) -> Written:
     """Checksum what a library wrote (reading it back) and open each file for fsync."""
     t0 = time.monotonic()
-    files = []
-    for name in sorted(names):
-        nbytes, values = checksum_file(fs, directory / name, opts.checksum)
-        fd = fs.open_read(directory / name, direct=False)  # fsync needs an fd, not write access
-        files.append(
-            WrittenFile(
-                fd=fd,
-                nbytes=nbytes,
-                chunk_bytes=CHUNK_BYTES,
-                checksums=values,
-                io_mode=IO_BUFFERED,
-                name=name,
-                checksum=opts.checksum,
+    files: list[WrittenFile] = []
+    try:
+        for name in sorted(names):
+            nbytes, values = checksum_file(fs, directory / name, opts.checksum)
+            fd = fs.open_read(directory / name, direct=False)  # fsync needs an fd only
+            files.append(
+                WrittenFile(
+                    fd=fd,
+                    nbytes=nbytes,
+                    chunk_bytes=CHUNK_BYTES,
+                    checksums=values,
+                    io_mode=IO_BUFFERED,
+                    name=name,
+                    checksum=opts.checksum,
+                )
             )
-        )
+    except BaseException:
+        for f in files:
+            fs.close(f.fd)
+        raise
     return Written(
         files=files,
         write_s=write_s,

@@ -299,8 +299,10 @@ class ChunkWriter:
             self.abort()
             raise
         self._pool.shutdown(wait=True)
+        # The open fds now belong to the caller (fsync, close): abort() must not close them.
+        fds, self._fds = self._fds, []
         written = []
-        for i, (fd, path) in enumerate(zip(self._fds, self.paths, strict=True)):
+        for i, (fd, path) in enumerate(zip(fds, self.paths, strict=True)):
             mine = [s for s in self.spans if s.file == i]
             written.append(
                 WrittenFile(
