@@ -98,7 +98,8 @@ def code_revision() -> str | None:
     type=click.Choice(FORMATS),
     default="raw",
     show_default=True,
-    help="raw: direct, checksummed writer; torch: torch.save (the reference).",
+    help="raw: direct, checksummed writer; references: torch (torch.save), dcp "
+    "(torch.distributed.checkpoint; async_save with --async), safetensors (save_file + fsync).",
 )
 @click.option(
     "--async/--sync",
@@ -113,6 +114,19 @@ def code_revision() -> str | None:
     default="fsync",
     show_default=True,
     help="fsync files and directories, or not.",
+)
+@click.option(
+    "--io-streams",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Files (and parallel writers) a checkpoint is spread over.",
+)
+@click.option(
+    "--no-overlap",
+    is_flag=True,
+    help="raw: copy the whole state, then write it (by default chunk k is written while "
+    "chunk k+1 is copied, so serialize + write can exceed the pause).",
 )
 @click.option("--batch-size", type=int, default=8, show_default=True)
 @click.option("--seq-len", type=int, default=64, show_default=True)
@@ -141,6 +155,8 @@ def main(
     fmt: str,
     asynchronous: bool,
     durability: str,
+    io_streams: int,
+    no_overlap: bool,
     batch_size: int,
     seq_len: int,
     lr: float,
@@ -164,6 +180,8 @@ def main(
             format=fmt,
             async_checkpoint=asynchronous,
             durability=durability,
+            io_streams=io_streams,
+            no_overlap=no_overlap,
             batch_size=batch_size,
             seq_len=seq_len,
             lr=lr,

@@ -10,7 +10,7 @@ from typing import Any
 from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
 
-FORMATS = ("raw", "torch")
+FORMATS = ("raw", "torch", "dcp", "safetensors")
 DURABILITY = ("fsync", "none")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -30,9 +30,15 @@ class TrainConfig:
         model_size: fp32 parameter bytes; the checkpoint is about three times this.
         seed: Dataset and initialisation seed.
         device: auto, cpu or cuda.
-        format: raw (our direct writer) or torch (``torch.save``, the reference).
+        format: raw (our direct writer), or a reference: torch (``torch.save``), dcp
+            (``torch.distributed.checkpoint``, ``async_save`` with ``--async``) or
+            safetensors (``save_file`` + fsync).
         async_checkpoint: Write in the background; block only while staging.
         durability: fsync (file and directory) or none.
+        io_streams: Files (and parallel writers) a checkpoint is spread over, for volumes
+            that cap the throughput of one stream.
+        no_overlap: raw: copy the whole state, then write it (the strict stage split);
+            by default chunk k is written while chunk k+1 is being copied.
     """
 
     checkpoint_dir: Path
@@ -48,6 +54,8 @@ class TrainConfig:
     format: str = "raw"
     async_checkpoint: bool = False
     durability: str = "fsync"
+    io_streams: int = 1
+    no_overlap: bool = False
     batch_size: int = 8
     seq_len: int = 64
     lr: float = 3e-4
@@ -55,11 +63,20 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
-        for name in ("steps", "checkpoint_every", "batch_size", "seq_len", "log_every"):
+        for name in (
+            "steps",
+            "checkpoint_every",
+            "batch_size",
+            "seq_len",
+            "log_every",
+            "io_streams",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
                 )
+        if self.io_streams > 64:
+            raise ConfigError(f"--io-streams must be at most 64, got {self.io_streams}")
         if self.keep < 1:
             raise ConfigError(f"--keep must be at least 1, got {self.keep}")
         if not self.lr > 0:
