@@ -1,4 +1,4 @@
-"""The self-contained HTML report: tables from ``render`` plus matplotlib plots as PNGs.
+"""The self-contained HTML report: tables from ``report_tables`` plus matplotlib plots as PNGs.
 
 Everything is inline (base64 ``<img>``, a ``<style>`` block): the file opens from a
 run's artifacts or an air-gapped laptop without fetching anything.
@@ -17,8 +17,8 @@ matplotlib.use("Agg")  # no display, no GUI toolkit: files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from checkpoint_compare.render import COST_SECTION, comparison_lines, sections  # noqa: E402
-from checkpoint_compare.verdict import Report  # noqa: E402
+from checkpoint_compare.report_tables import COST_SECTION, comparison_lines, sections  # noqa: E402
+from checkpoint_compare.verdict import Verdict  # noqa: E402
 
 _STACKED = ("serialize", "write", "fsync", "upload")
 _STYLE = """
@@ -44,19 +44,21 @@ def _png(draw: Callable[[Figure], None], size: tuple[float, float] = (8, 4)) -> 
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _stage_bars(report: Report) -> Callable[[Figure], None]:
+def _stage_bars(verdict: Verdict) -> Callable[[Figure], None]:
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
-        names = [s.profile for s in report.stats]
+        names = [s.profile for s in verdict.profiles]
         bottoms = [0.0] * len(names)
         for stage in _STACKED:
-            heights = [s.stages[stage].median if stage in s.stages else 0.0 for s in report.stats]
+            heights = [
+                s.stages[stage].median if stage in s.stages else 0.0 for s in verdict.profiles
+            ]
             if any(heights):
                 ax.bar(names, heights, bottom=bottoms, label=stage)
                 bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
         ax.scatter(
             names,
-            [s.pause.median for s in report.stats],
+            [s.pause.median for s in verdict.profiles],
             color="black",
             marker="_",
             s=800,
@@ -70,10 +72,10 @@ def _stage_bars(report: Report) -> Callable[[Figure], None]:
     return draw
 
 
-def _pause_over_steps(report: Report) -> Callable[[Figure], None]:
+def _pause_over_steps(verdict: Verdict) -> Callable[[Figure], None]:
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
-        for s in report.stats:
+        for s in verdict.profiles:
             if s.pause_series:
                 steps, values = zip(*s.pause_series, strict=True)
                 ax.plot(steps, values, marker="o", label=s.profile)
@@ -86,16 +88,16 @@ def _pause_over_steps(report: Report) -> Callable[[Figure], None]:
     return draw
 
 
-def _fio_bars(report: Report) -> Callable[[Figure], None]:
-    cases = sorted({c for s in report.stats for c in s.fio})
+def _fio_bars(verdict: Verdict) -> Callable[[Figure], None]:
+    cases = sorted({c for s in verdict.profiles for c in s.fio})
 
     def draw(fig: Figure) -> None:
-        width = 0.8 / len(report.stats)
+        width = 0.8 / len(verdict.profiles)
         for i, (measure, label) in enumerate(
             (("bw_mbps", "bandwidth (MB/s)"), ("lat_p99_us", "p99 latency (µs)"))
         ):
             ax = fig.add_subplot(1, 2, i + 1)
-            for j, s in enumerate(report.stats):
+            for j, s in enumerate(verdict.profiles):
                 xs = [k + j * width for k in range(len(cases))]
                 ax.bar(
                     xs, [s.fio.get(c, {}).get(measure, 0) for c in cases], width, label=s.profile
@@ -107,28 +109,28 @@ def _fio_bars(report: Report) -> Callable[[Figure], None]:
     return draw
 
 
-def to_html(report: Report) -> str:
+def to_html(verdict: Verdict) -> str:
     """Render the report as one self-contained HTML document."""
     esc = html.escape
     header = "".join(
-        f"<th>{esc(s.profile)}{' (baseline)' if s.profile == report.baseline else ''}</th>"
-        for s in report.stats
+        f"<th>{esc(s.profile)}{' (baseline)' if s.profile == verdict.baseline else ''}</th>"
+        for s in verdict.profiles
     )
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         "<title>Storage profile comparison</title>",
         f"<style>{_STYLE}</style></head><body>",
         "<h1>Storage profile comparison</h1>",
-        f"<p class='verdict' id='verdict'><b>Verdict: {esc(report.verdict)}</b><br>"
-        f"{esc(report.reason)}</p>",
+        f"<p class='verdict' id='verdict'><b>Verdict: {esc(verdict.verdict)}</b><br>"
+        f"{esc(verdict.reason)}</p>",
     ]
     plots = [
-        ("plot-stages", "Stage breakdown", _stage_bars(report)),
-        ("plot-pause", "Pause per checkpoint over steps", _pause_over_steps(report)),
+        ("plot-stages", "Stage breakdown", _stage_bars(verdict)),
+        ("plot-pause", "Pause per checkpoint over steps", _pause_over_steps(verdict)),
     ]
-    if any(s.fio for s in report.stats):
-        plots.append(("plot-fio", "fio bandwidth and latency per case", _fio_bars(report)))
-    for title, rows in sections(report):
+    if any(s.fio for s in verdict.profiles):
+        plots.append(("plot-fio", "fio bandwidth and latency per case", _fio_bars(verdict)))
+    for title, rows in sections(verdict):
         parts.append(f"<h2>{esc(title)}</h2><table><tr><th></th>{header}</tr>")
         for label, cells in rows:
             tds = "".join(f"<td>{esc(c)}</td>" for c in cells)
@@ -136,19 +138,20 @@ def to_html(report: Report) -> str:
         parts.append("</table>")
         if title == COST_SECTION:
             parts.append("<p>Assumptions:</p><ul id='assumptions'>")
-            parts += [f"<li>{esc(a)}</li>" for a in report.assumptions]
+            parts += [f"<li>{esc(a)}</li>" for a in verdict.assumptions]
             parts.append("</ul>")
-    parts.append("<h2>Comparison</h2><pre>" + esc("\n".join(comparison_lines(report))) + "</pre>")
+    parts.append("<h2>Comparison</h2><pre>" + esc("\n".join(comparison_lines(verdict))) + "</pre>")
     for plot_id, title, draw in plots:
         size = (10, 4) if plot_id == "plot-fio" else (8, 4)
         parts.append(
             f"<h2>{esc(title)}</h2><img id='{plot_id}' alt='{esc(title)}' "
             f"src='data:image/png;base64,{_png(draw, size)}'>"
         )
-    if report.failed_runs:
+    if verdict.failed_runs:
         parts.append("<h2>Failed runs (not used)</h2><ul>")
         parts += [
-            f"<li>{esc(r.label)}: {esc(r.status)} {esc(r.message)}</li>" for r in report.failed_runs
+            f"<li>{esc(r.label)}: {esc(r.status)} {esc(r.message)}</li>"
+            for r in verdict.failed_runs
         ]
         parts.append("</ul>")
     parts.append("</body></html>")

@@ -1,10 +1,12 @@
-"""Put figures, comparisons and costs together into one answer a team can act on."""
+"""The verdict: figures, comparisons and costs put together into one answer a team can act on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from checkpoint_compare.comparability import check_comparable
+from checkpoint_compare.comparison import NO_DIFFERENCE, Comparison, Outcome, Thresholds, compare
 from checkpoint_compare.cost import (
     CostDelta,
     Pricing,
@@ -14,18 +16,9 @@ from checkpoint_compare.cost import (
     profile_cost,
 )
 from checkpoint_compare.errors import RunsMissing
-from checkpoint_compare.loading import ProfileRuns
+from checkpoint_compare.figures import ProfileFigures, profile_figures
+from checkpoint_compare.grouping import ProfileRuns
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.stats import (
-    NO_DIFFERENCE,
-    Comparison,
-    Outcome,
-    ProfileStats,
-    Thresholds,
-    check_comparable,
-    compare,
-    profile_stats,
-)
 from checkpoint_storage_bench.contract import output_key
 
 
@@ -40,12 +33,12 @@ class Candidate:
 
 
 @dataclass
-class Report:
-    """Everything the renderers show.
+class Verdict:
+    """The answer and everything behind it that the reports show.
 
     Attributes:
         baseline: The profile the others are compared with.
-        stats: Figures per profile, baseline first.
+        profiles: Figures per profile, baseline first.
         costs: Cost figures per profile.
         candidates: One entry per non-baseline profile.
         verdict: The profile to keep, or "no measurable difference".
@@ -56,7 +49,7 @@ class Report:
     """
 
     baseline: str
-    stats: list[ProfileStats]
+    profiles: list[ProfileFigures]
     costs: dict[str, ProfileCost]
     candidates: list[Candidate]
     verdict: str
@@ -107,13 +100,13 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
     return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
 
 
-def build_report(
+def build_verdict(
     groups: list[ProfileRuns],
     pricing: Pricing,
     thresholds: Thresholds,
     baseline: str | None = None,
     failed_runs: list[RunRecord] | None = None,
-) -> Report:
+) -> Verdict:
     """Compare every profile with the baseline and decide.
 
     Args:
@@ -128,25 +121,25 @@ def build_report(
         RunsMissing: The named baseline has no runs.
     """
     check_comparable(groups)
-    stats = [profile_stats(g) for g in groups]
-    names = [s.profile for s in stats]
+    figures = [profile_figures(g) for g in groups]
+    names = [f.profile for f in figures]
     baseline = baseline or names[0]
     if baseline not in names:
         raise RunsMissing(f"baseline profile {baseline}: no training run found")
-    stats.sort(key=lambda s: s.profile != baseline)
-    base = stats[0]
-    costs = {s.profile: profile_cost(pricing, s.profile, s.runtime_s, s.hook) for s in stats}
+    figures.sort(key=lambda f: f.profile != baseline)
+    base = figures[0]
+    costs = {f.profile: profile_cost(pricing, f.profile, f.runtime_s, f.hook) for f in figures}
 
     candidates = []
-    for cand in stats[1:]:
+    for cand in figures[1:]:
         comp = compare(base, cand, thresholds)
         delta = cost_delta(pricing, costs[base.profile], costs[cand.profile], comp.pause_delta_s)
         outcome, reason = _judge(comp, delta)
         candidates.append(Candidate(comp, delta, outcome, reason))
 
-    report = Report(
+    verdict = Verdict(
         baseline=baseline,
-        stats=stats,
+        profiles=figures,
         costs=costs,
         candidates=candidates,
         verdict=NO_DIFFERENCE,
@@ -160,26 +153,26 @@ def build_report(
         failed_runs=failed_runs or [],
         thresholds=thresholds,
     )
-    best = report.best
+    best = verdict.best
     assert best is not None  # at least two profiles
     if best.outcome is Outcome.BETTER:
-        report.verdict = best.comparison.candidate.profile
+        verdict.verdict = best.comparison.candidate.profile
     elif best.outcome in (Outcome.FASTER_COSTLIER, Outcome.WORSE):
-        report.verdict = baseline
-    report.reason = best.reason
-    return report
+        verdict.verdict = baseline
+    verdict.reason = best.reason
+    return verdict
 
 
-def op_outputs(report: Report) -> dict[str, Any]:
+def op_outputs(verdict: Verdict) -> dict[str, Any]:
     """The scalars logged as outputs of the compare op (columns of the comparison view)."""
-    best = report.best
+    best = verdict.best
     assert best is not None
     comp, delta = best.comparison, best.cost
     out: dict[str, Any] = {
-        "verdict": report.verdict,
-        "verdict_reason": report.reason,
+        "verdict": verdict.verdict,
+        "verdict_reason": verdict.reason,
         "verdict_outcome": best.outcome.value,
-        "baseline_profile": report.baseline,
+        "baseline_profile": verdict.baseline,
         "candidate_profile": comp.candidate.profile,
         "pause_speedup": comp.pause_speedup,
         "pause_delta_s": comp.pause_delta_s,
@@ -187,7 +180,7 @@ def op_outputs(report: Report) -> dict[str, Any]:
         "runtime_delta_s": comp.runtime_delta_s,
         "runtime_noise_s": comp.runtime_noise_s,
         "final_loss_delta": comp.loss_delta,
-        "failed_runs": len(report.failed_runs),
+        "failed_runs": len(verdict.failed_runs),
     }
     if delta is not None:
         out |= {
@@ -197,11 +190,11 @@ def op_outputs(report: Report) -> dict[str, Any]:
             "run_cost_delta_usd": delta.run_total,
             "breakeven_checkpoints_per_month": delta.breakeven_checkpoints_month,
         }
-    for s in report.stats:
+    for s in verdict.profiles:
         key = output_key(s.profile)
         out[f"{key}_pause_s_median"] = s.pause.median
         out[f"{key}_runtime_s"] = s.runtime_s
-        cost = report.costs[s.profile]
+        cost = verdict.costs[s.profile]
         if cost.known:
             out[f"{key}_run_cost_usd"] = cost.run_total
     return {k: v for k, v in out.items() if v is not None}

@@ -74,3 +74,47 @@ def test_bad_summary_and_offline_root(tmp_path: Path) -> None:
 def test_empty_offline_root_means_runs_missing(tmp_path: Path) -> None:
     code, output = _invoke("--offline-root", str(tmp_path))
     assert code == 3 and "found: none" in output
+
+
+def test_exit_codes_are_one_table_in_help_and_docs() -> None:
+    from checkpoint_compare.errors import EXIT_CODES, BadInput, NotComparable, RunsMissing
+    from checkpoint_storage_bench.errors import BenchError
+
+    code, output = _invoke("--help")
+    assert code == 0
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "compare.md").read_text()
+    for exit_code, text in EXIT_CODES.items():
+        assert f"{exit_code}  {text}" in output
+        assert f"| `{exit_code}` | {text} |" in docs
+    for error in (BadInput, NotComparable, RunsMissing):
+        assert issubclass(error, BenchError) and error.exit_code in EXIT_CODES
+
+
+def test_api_calls_retry_5xx_and_stop_on_4xx() -> None:
+    from polyaxon.exceptions import ApiException
+
+    from checkpoint_compare.errors import RunsMissing, SourceUnavailable
+    from checkpoint_compare.sources import _with_retries
+    from checkpoint_storage_bench.retry import Backoff
+
+    answers = [ApiException(status=503, reason="Unavailable"), "ok"]
+
+    def flaky() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert _with_retries("listing", flaky, Backoff(delays=(0,))) == "ok"
+
+    def down() -> str:
+        raise ApiException(status=502, reason="Bad Gateway")
+
+    with pytest.raises(SourceUnavailable, match="listing: Polyaxon API unavailable"):
+        _with_retries("listing", down, Backoff(delays=(0, 0)))
+
+    def missing() -> str:
+        raise ApiException(status=404, reason="Not Found")
+
+    with pytest.raises(RunsMissing, match="HTTP 404"):
+        _with_retries("fetching run x", missing, Backoff(delays=(0, 0)))

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from checkpoint_compare.cli import main
-from checkpoint_compare.stats import NO_DIFFERENCE
+from checkpoint_compare.comparison import NO_DIFFERENCE
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = ("checkpoint-baseline", "checkpoint-throughput")

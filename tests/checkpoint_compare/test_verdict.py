@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
-from checkpoint_compare.stats import NO_DIFFERENCE
+from checkpoint_compare.comparison import NO_DIFFERENCE
 from tests.checkpoint_compare.recorded import write_fio_run, write_hook_run, write_training_run
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"

@@ -1,6 +1,5 @@
-"""Load the runs of one pipeline and assign them to storage profiles.
-
-Three sources give the same :class:`~checkpoint_compare.records.RunRecord` list:
+"""Where the runs come from; every source gives the same
+:class:`~checkpoint_compare.records.RunRecord` list:
 
 - an offline root (``<root>/runs/<uuid>/run.plx.json`` plus ``events/metric/*.plx``), what
   ``checkpoint_storage_bench.tracking`` writes outside Polyaxon;
@@ -8,21 +7,19 @@ Three sources give the same :class:`~checkpoint_compare.records.RunRecord` list:
 - the Polyaxon API: the children of a pipeline run, or explicit run uuids (inside the
   pipeline's compare op the client is configured by the agent's environment).
 
-:func:`group_by_profile` then picks, per profile, the training run, the hook run that
-switched the claim to it and the fio sweep measured on it.
+:func:`load_runs` picks the source a :class:`~checkpoint_compare.config.Sources` names.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from checkpoint_compare.config import Sources
 from checkpoint_compare.errors import BadInput, RunsMissing, SourceUnavailable
 from checkpoint_compare.records import (
     RunKind,
@@ -36,6 +33,7 @@ from checkpoint_storage_bench.contract import (
     LOSS_METRIC,
     SUMMARY_SCHEMA,
 )
+from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
 
 log = logging.getLogger(__name__)
 
@@ -157,37 +155,35 @@ def load_summary(profile: str, path: Path) -> RunRecord:
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class Backoff:
-    """Retry policy for API calls: ``attempts`` tries, delays doubling from ``first_s``."""
-
-    attempts: int = 4
-    first_s: float = 0.5
-    max_s: float = 8.0
-
-    def delays(self) -> list[float]:
-        return [min(self.first_s * 2**i, self.max_s) for i in range(self.attempts - 1)]
+API_BACKOFF = Backoff(delays=(0.5, 1.0, 2.0))
+"""Four tries, about 3.5 s in all: a server restarting is worth waiting for, a wrong URL is not."""
 
 
 def _with_retries(what: str, call: Callable[[], T], backoff: Backoff) -> T:
-    """Call, retrying connection errors and 5xx answers; 4xx are permanent."""
+    """Call through the shared retry loop: connection errors and 5xx answers are worth
+    another try, 4xx answers are permanent.
+
+    Raises:
+        RunsMissing: The server answered 4xx (e.g. an unknown run uuid).
+        SourceUnavailable: Every try failed.
+    """
     from polyaxon.exceptions import ApiException, PolyaxonClientException
 
-    last: Exception | None = None
-    for delay in [*backoff.delays(), None]:
+    def once() -> T:
         try:
             return call()
         except ApiException as exc:
             status = getattr(exc, "status", None) or 0
             if 400 <= status < 500:
                 raise RunsMissing(f"{what}: HTTP {status} {exc.reason}") from exc
-            last = exc
+            raise TemporaryError(f"HTTP {status} {exc.reason}") from exc
         except (PolyaxonClientException, OSError) as exc:
-            last = exc
-        if delay is not None:
-            time.sleep(delay)
-    raise SourceUnavailable(f"{what}: Polyaxon API unavailable: {last}")
+            raise TemporaryError(str(exc)) from exc
+
+    try:
+        return retry(once, what=what, backoff=backoff)
+    except TemporaryError as exc:
+        raise SourceUnavailable(f"{what}: Polyaxon API unavailable: {exc}") from exc
 
 
 @dataclass
@@ -204,7 +200,7 @@ class ApiSource:
     host: str | None = None
     project: str | None = None
     token: str | None = None
-    backoff: Backoff = field(default_factory=Backoff)
+    backoff: Backoff = API_BACKOFF
 
     def _client(self) -> Any:
         from polyaxon.client import ClientConfig, PolyaxonClient
@@ -303,112 +299,39 @@ class ApiSource:
         return {e["name"]: parse_metric_events(e.get("data") or "") for e in events if e}
 
 
-# ---------------------------------------------------------------------------- grouping
+# --------------------------------------------------------------------- the chosen source
 
 
-@dataclass
-class ProfileRuns:
-    """The runs that describe one storage profile.
-
-    Attributes:
-        profile: The profile (VolumeAttributesClass) name.
-        training: The training run measured on it.
-        hook: The hook run that switched the claim to it, if any.
-        fio: The fio sweep measured on it, if any.
-        ignored: Older runs of the same profile that were not used.
-    """
-
-    profile: str
-    training: RunRecord
-    hook: RunRecord | None = None
-    fio: RunRecord | None = None
-    ignored: list[RunRecord] = field(default_factory=list)
-
-
-def _run_time(record: RunRecord) -> tuple[bool, datetime | None]:
-    """Sort key: when the run started (else was created); unknown times sort last."""
-    when = record.started_at or record.created_at
-    return when is None, when
-
-
-def _newest_first(records: Iterable[RunRecord]) -> list[RunRecord]:
-    return sorted(records, key=lambda r: (r.created_at is not None, r.created_at), reverse=True)
-
-
-def _profile_of(record: RunRecord, hooks: list[RunRecord]) -> str | None:
-    """A run's profile: given explicitly, recorded as an input, or the class last applied."""
-    if record.profile_hint:
-        return record.profile_hint
-    if record.kind is RunKind.TRAINING:
-        return str(record.inputs["storage_profile"])
-    if record.kind is RunKind.HOOK:
-        return str(record.outputs.get("applied_class") or record.inputs["target_class"])
-    if record.inputs.get("storage_profile"):
-        return str(record.inputs["storage_profile"])
-    # A fio sweep measures whatever class the claim had: the last hook that ran before it.
-    if record.created_at is None:
-        return None
-    before = [h for h in hooks if h.succeeded and h.created_at and h.created_at < record.created_at]
-    return _profile_of(max(before, key=lambda h: h.created_at), []) if before else None
-
-
-def group_by_profile(
-    records: list[RunRecord], expected: Iterable[str] = ()
-) -> tuple[list[ProfileRuns], list[RunRecord]]:
-    """Assign runs to profiles; the newest training run of each profile is the one compared.
-
-    Args:
-        records: All loaded runs (other kinds, e.g. the DAG or a compare op, are ignored).
-        expected: Profiles that must be present.
-
-    Returns:
-        The profiles in the order their training runs were created, and the failed
-        training runs (reported, never used).
+def load_runs(sources: Sources) -> list[RunRecord]:
+    """Load the runs from the one source ``sources`` names.
 
     Raises:
-        RunsMissing: An expected profile has no training run, the newest one of a profile
-            failed or did not finish, or fewer than two profiles remain.
+        BadInput: A file or directory cannot be read.
+        RunsMissing: A run given with ``--run`` does not exist.
+        SourceUnavailable: The Polyaxon API did not answer.
     """
-    hooks = [r for r in records if r.kind is RunKind.HOOK]
-    by_profile: dict[str, list[RunRecord]] = {}
-    for record in records:
-        if record.kind is RunKind.TRAINING:
-            by_profile.setdefault(_profile_of(record, hooks) or "", []).append(record)
-    failed = [r for runs in by_profile.values() for r in runs if not r.succeeded]
+    if sources.summaries:
+        return [load_summary(p, path) for p, path in sources.summaries.items()]
+    if sources.offline_root:
+        records = load_offline(sources.offline_root)
+        if sources.runs:
+            return _select(records, sources.runs, str(sources.offline_root))
+        return records
+    api = ApiSource(host=sources.api_host, project=sources.project, token=sources.token)
+    pipeline = sources.pipeline or (None if sources.runs else api.own_pipeline())
+    records = api.pipeline_runs(pipeline) if pipeline else []
+    if sources.runs:
+        known = {r.uuid for r in records}
+        records += api.runs({u: p for u, p in sources.runs.items() if u not in known})
+        records = _select(records, sources.runs, "the pipeline")
+    return records
 
-    problems = []
-    groups = []
-    for profile, runs in by_profile.items():
-        newest, *older = _newest_first(runs)
-        if not newest.succeeded:
-            why = f": {newest.message}" if newest.message else ""
-            problems.append(
-                f"profile {profile}: run {newest.label} {newest.status}{why} (from {newest.source})"
-            )
-            continue
-        group = ProfileRuns(profile=profile, training=newest, ignored=older)
-        for kind, attr in ((RunKind.HOOK, "hook"), (RunKind.FIO, "fio")):
-            candidates = [
-                r
-                for r in records
-                if r.kind is kind and r.succeeded and _profile_of(r, hooks) == profile
-            ]
-            # The newest one created before the training run: it describes that run's volume.
-            if newest.created_at:
-                candidates = [
-                    r for r in candidates if not r.created_at or r.created_at <= newest.created_at
-                ]
-            if candidates:
-                setattr(group, attr, _newest_first(candidates)[0])
-        groups.append(group)
-    for profile in expected:
-        if profile not in by_profile:
-            problems.append(f"profile {profile}: no training run found")
-    if problems:
-        raise RunsMissing("; ".join(problems))
-    if len(groups) < 2:
-        found = ", ".join(g.profile for g in groups) or "none"
-        raise RunsMissing(f"need training runs of at least two profiles, found: {found}")
-    # Run order decides the default baseline: the profile whose training started first.
-    groups.sort(key=lambda g: _run_time(g.training))
-    return groups, failed
+
+def _select(records: list[RunRecord], runs: dict[str, str | None], where: str) -> list[RunRecord]:
+    by_uuid = {r.uuid: r for r in records}
+    missing = [u for u in runs if u not in by_uuid]
+    if missing:
+        raise RunsMissing(f"run(s) not found in {where}: {', '.join(missing)}")
+    for run_uuid, hint in runs.items():
+        by_uuid[run_uuid].profile_hint = hint
+    return [by_uuid[u] for u in runs]

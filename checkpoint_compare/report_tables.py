@@ -1,16 +1,12 @@
-"""Render a report as rows of figures: the terminal table and the JSON document.
-
-``rows`` is shared with the HTML report, so each figure is formatted in one place.
-"""
+"""A verdict as titled sections of rows (one column per profile) and comparison lines:
+what the terminal and HTML reports show, each figure formatted in one place."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from typing import Any
 
-from checkpoint_compare.stats import ProfileStats
-from checkpoint_compare.verdict import Report, op_outputs
+from checkpoint_compare.figures import ProfileFigures
+from checkpoint_compare.verdict import Verdict
 from checkpoint_storage_bench.contract import STAGES
 
 Row = tuple[str, list[str]]
@@ -31,12 +27,12 @@ def _s(value: Any) -> str:
     return "–" if value in (None, "") else str(value)
 
 
-def sections(report: Report) -> list[tuple[str, list[Row]]]:
+def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
     """The figures per profile, grouped in titled sections (one column per profile)."""
-    stats = report.stats
+    profiles = verdict.profiles
 
     def row(label: str, fn) -> Row:  # noqa: ANN001 — a small local formatter
-        return label, [fn(s) for s in stats]
+        return label, [fn(s) for s in profiles]
 
     timing = [
         row("training run", lambda s: s.runs.training.label),
@@ -50,7 +46,7 @@ def sections(report: Report) -> list[tuple[str, list[Row]]]:
         row("pause spread s", lambda s: f"{s.pause.spread:.3f}"),
     ]
     for stage in STAGES:
-        if stage != "pause" and any(stage in s.stages for s in stats):
+        if stage != "pause" and any(stage in s.stages for s in profiles):
             timing.append(
                 row(
                     f"{stage} median s",
@@ -66,7 +62,7 @@ def sections(report: Report) -> list[tuple[str, list[Row]]]:
         row("final loss", lambda s: _f(s.final_loss, "{:.4f}")),
     ]
 
-    cases = sorted({c for s in stats for c in s.fio})
+    cases = sorted({c for s in profiles for c in s.fio})
     fio: list[Row] = []
     for case in cases:
         for measure, label, fmt in (
@@ -91,11 +87,11 @@ def sections(report: Report) -> list[tuple[str, list[Row]]]:
     ]
 
     def cost(attr: str, fmt=_usd):  # noqa: ANN001, ANN202
-        return lambda s: fmt(getattr(report.costs[s.profile], attr))
+        return lambda s: fmt(getattr(verdict.costs[s.profile], attr))
 
     costs = [
         row("volume type", cost("volume_type", _s)),
-        row("IOPS / MiB/s priced", lambda s: _provisioned(report, s)),
+        row("IOPS / MiB/s priced", lambda s: _provisioned(verdict, s)),
         row("storage per month", cost("storage_month")),
         row("storage over the run", cost("storage_run")),
         row("GPU over the run", cost("gpu_run")),
@@ -104,33 +100,33 @@ def sections(report: Report) -> list[tuple[str, list[Row]]]:
     result = [("Checkpoints and the whole run", timing)]
     if fio:
         result.append(("fio sweep", fio))
-    if any(s.hook for s in stats):
+    if any(s.hook for s in profiles):
         result.append(("Storage-profile hook", hook))
     result.append((COST_SECTION, costs))
     return result
 
 
-def _claim(s: ProfileStats) -> str:
+def _claim(s: ProfileFigures) -> str:
     if not s.hook:
         return "– (no hook run)"
     return f"{_s(s.hook.get('namespace'))}/{_s(s.hook.get('claim'))}"
 
 
-def _volume(s: ProfileStats) -> str:
+def _volume(s: ProfileFigures) -> str:
     if not s.hook:
         return "–"
     return f"{_s(s.hook.get('volume_handle'))} ({_s(s.hook.get('driver'))})"
 
 
-def _provisioned(report: Report, s: ProfileStats) -> str:
-    c = report.costs[s.profile]
+def _provisioned(verdict: Verdict, s: ProfileFigures) -> str:
+    c = verdict.costs[s.profile]
     return "–" if not c.known else f"{c.iops:g} / {c.throughput_mibps:g}"
 
 
-def comparison_lines(report: Report) -> list[str]:
+def comparison_lines(verdict: Verdict) -> list[str]:
     """One paragraph per candidate: deltas, noise, cost differences, notes."""
     lines = []
-    for cand in report.candidates:
+    for cand in verdict.candidates:
         c = cand.comparison
         speedup = f", speedup ×{c.pause_speedup:.2f}" if c.pause_speedup else ""
         lines.append(f"{c.candidate.profile} vs {c.baseline.profile}: {cand.outcome.value}")
@@ -161,96 +157,3 @@ def comparison_lines(report: Report) -> list[str]:
                 )
         lines += [f"  note: {n}" for n in c.notes]
     return lines
-
-
-def _table(header: list[str], rows: list[Row]) -> list[str]:
-    widths = [max(len(r[0]) for r in rows + [(header[0], [])])]
-    for i in range(len(header) - 1):
-        widths.append(max(len(header[i + 1]), *(len(r[1][i]) for r in rows)))
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*header), "  ".join("-" * w for w in widths)]
-    out += [fmt.format(label, *cells) for label, cells in rows]
-    return out
-
-
-def terminal(report: Report) -> str:
-    """The report as plain text for a terminal or a run's log."""
-    header = [""] + [
-        s.profile + (" (baseline)" if s.profile == report.baseline else "") for s in report.stats
-    ]
-    lines = []
-    for title, rows in sections(report):
-        lines += ["", f"== {title}"] + _table(header, rows)
-        if title == COST_SECTION:
-            lines += ["Assumptions:"] + [f"  - {a}" for a in report.assumptions]
-    lines += ["", "== Comparison"] + comparison_lines(report)
-    if report.failed_runs:
-        lines += ["", "== Failed runs (not used)"]
-        lines += [f"  {r.label}: {r.status} {r.message}".rstrip() for r in report.failed_runs]
-    lines += ["", f"VERDICT: {report.verdict} — {report.reason}"]
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def to_json(report: Report) -> dict[str, Any]:
-    """The report as a JSON document (schema ``checkpoint-compare/1``)."""
-    profiles = {}
-    for s in report.stats:
-        profiles[s.profile] = {
-            "training_run": s.runs.training.uuid,
-            "hook_run": s.runs.hook.uuid if s.runs.hook else None,
-            "fio_run": s.runs.fio.uuid if s.runs.fio else None,
-            "interval": list(s.interval),
-            "checkpoint_count": s.checkpoint_count,
-            "stages": {k: asdict(v) | {"spread": v.spread} for k, v in s.stages.items()},
-            "pause_per_checkpoint": [[step, v] for step, v in s.pause_series],
-            "write_gbps_median": s.write_gbps_median,
-            "upload_gbps_median": s.upload_gbps_median,
-            "runtime_s": s.runtime_s,
-            "pause_total_s": s.pause_total_s,
-            "pause_share": s.pause_share,
-            "final_loss": s.final_loss,
-            "fio": s.fio,
-            "hook": s.hook,
-            "cost": asdict(report.costs[s.profile]),
-        }
-    comparisons = []
-    for cand in report.candidates:
-        c = cand.comparison
-        comparisons.append(
-            {
-                "baseline": c.baseline.profile,
-                "candidate": c.candidate.profile,
-                "outcome": cand.outcome.value,
-                "reason": cand.reason,
-                "pause_delta_s": c.pause_delta_s,
-                "pause_noise_s": c.pause_noise_s,
-                "pause_measurable": c.pause_measurable,
-                "pause_speedup": c.pause_speedup,
-                "runtime_delta_s": c.runtime_delta_s,
-                "runtime_noise_s": c.runtime_noise_s,
-                "runtime_measurable": c.runtime_measurable,
-                "stage_deltas": c.stage_deltas,
-                "final_loss_delta": c.loss_delta,
-                "cost_delta": asdict(cand.cost) if cand.cost else None,
-                "notes": c.notes,
-            }
-        )
-    return {
-        "schema": "checkpoint-compare/1",
-        "verdict": report.verdict,
-        "reason": report.reason,
-        "baseline": report.baseline,
-        "profiles": profiles,
-        "comparisons": comparisons,
-        "failed_runs": [
-            {"uuid": r.uuid, "name": r.name, "status": r.status, "message": r.message}
-            for r in report.failed_runs
-        ],
-        "thresholds": asdict(report.thresholds),
-        "assumptions": report.assumptions,
-        "outputs": op_outputs(report),
-    }
-
-
-def dumps(report: Report) -> str:
-    return json.dumps(to_json(report), indent=2, default=str) + "\n"
