@@ -8,6 +8,7 @@ click prints them and exits with it.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import click
@@ -18,6 +19,27 @@ from checkpoint_compare.config import CompareConfig, Sources
 from checkpoint_compare.cost import DEFAULT_PRICING
 from checkpoint_compare.errors import EXIT_CODES
 from checkpoint_storage_bench.errors import exit_codes_help
+
+
+class FiniteFloat(click.ParamType):
+    """A float that is finite and within bounds: click's FloatRange lets ``nan`` through
+    (every comparison with NaN is false) and ``inf`` through an open upper bound."""
+
+    name = "float"
+
+    def __init__(self, low: float = 0.0, high: float = math.inf, high_open: bool = False):
+        self.low, self.high, self.high_open = low, high, high_open
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # noqa: ANN201
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        above = number >= self.high if self.high_open else number > self.high
+        if not math.isfinite(number) or number < self.low or above:
+            bound = f"{self.low:g} ≤ x {'<' if self.high_open else '≤'} {self.high:g}"
+            self.fail(f"{value!r} is not a finite number with {bound}", param, ctx)
+        return number
 
 
 def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str | None]:
@@ -67,8 +89,8 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
     show_default=True,
     help="Pricing file.",
 )
-@click.option("--gpu-hourly", type=click.FloatRange(min=0), help="GPU USD/hour (file default).")
-@click.option("--volume-gib", type=click.FloatRange(min=0), help="Volume size (file default).")
+@click.option("--gpu-hourly", type=FiniteFloat(), help="GPU USD/hour (file default).")
+@click.option("--volume-gib", type=FiniteFloat(), help="Volume size (file default).")
 @click.option("--baseline", help="Baseline profile (default: the first one run).")
 @click.option(
     "--expect",
@@ -79,10 +101,17 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
 )
 @click.option(
     "--runtime-floor",
-    type=click.FloatRange(0, 1, max_open=True),
+    type=FiniteFloat(0, 1, high_open=True),
     default=0.02,
     show_default=True,
     help="Relative runtime change treated as noise.",
+)
+@click.option(
+    "--practical-floor-s",
+    type=FiniteFloat(),
+    default=Thresholds.practical_floor_s,
+    show_default=True,
+    help="A checkpoint pause difference below this many seconds never counts.",
 )
 @click.option("--html", "html_path", type=click.Path(path_type=Path), help="Write the HTML report.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the JSON report.")
@@ -106,6 +135,7 @@ def main(
     baseline: str | None,
     expected: tuple[str, ...],
     runtime_floor: float,
+    practical_floor_s: float,
     html_path: Path | None,
     json_path: Path | None,
     track: bool,
@@ -127,7 +157,7 @@ def main(
         pricing_path=pricing_path,
         gpu_hourly=gpu_hourly,
         volume_gib=volume_gib,
-        thresholds=Thresholds(runtime_floor=runtime_floor),
+        thresholds=Thresholds(runtime_floor=runtime_floor, practical_floor_s=practical_floor_s),
         baseline=baseline,
         expected=expected,
         html_path=html_path,

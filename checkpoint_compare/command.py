@@ -47,8 +47,10 @@ def run(config: CompareConfig) -> Verdict:
         config.json_path.write_text(dumps(verdict))
         written.append(config.json_path)
     if config.html_path:
-        from checkpoint_compare.report_html import to_html
+        from checkpoint_compare.report_html import NO_PLOTS, plots_available, to_html
 
+        if not plots_available():
+            click.echo(f"warning: {config.html_path}: {NO_PLOTS}", err=True)
         config.html_path.parent.mkdir(parents=True, exist_ok=True)
         config.html_path.write_text(to_html(verdict))
         written.append(config.html_path)

@@ -23,9 +23,10 @@ def check_comparable(groups: list[ProfileRuns]) -> None:
         raise NotComparable("runs are not comparable: " + "; ".join(missing))
     differences = []
     for key in COMPARABLE_META:
-        values = {g.profile: g.training.meta.get(key) for g in groups}
-        # Only when every run recorded it: a local run may have no image digest.
-        if None not in values.values() and len(set(map(repr, values.values()))) > 1:
+        # Among the runs that recorded it: a local run may have no image digest, and one
+        # run without it must not switch the check off for the others.
+        values = {g.profile: v for g in groups if (v := g.training.meta.get(key)) not in (None, "")}
+        if len(set(map(repr, values.values()))) > 1:
             shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
             differences.append(f"{key} differs ({shown}): a different trainer build")
     for key in COMPARABLE_INPUTS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from checkpoint_compare.errors import NotComparable
 from checkpoint_compare.grouping import ProfileRuns
 from checkpoint_compare.records import RunRecord, Series
-from checkpoint_storage_bench.contract import STAGES
+from checkpoint_storage_bench.contract import STAGES, VAC_PARAMETER_PREFIX
 
 
 def _num(value: Any) -> float | None:
@@ -54,7 +55,8 @@ class ProfileFigures:
         checkpoint_count: Checkpoints taken.
         pause_total_s: Time the training loop was paused by checkpoints.
         pause_share: pause_total_s / runtime_s.
-        final_loss: The training loss at the end.
+        final_loss: The training loss at the end; None when not recorded or not finite.
+        loss_problem: Why there is no final loss to compare, if there is none.
         fio: fio case → headline figures.
         hook: What the hook recorded: claim identity, applied class, settle times.
         interval: Start and end of the training run (ISO), the measured interval.
@@ -71,6 +73,7 @@ class ProfileFigures:
     pause_total_s: float | None
     pause_share: float | None
     final_loss: float | None
+    loss_problem: str | None = None
     fio: dict[str, dict[str, float]] = field(default_factory=dict)
     hook: dict[str, Any] = field(default_factory=dict)
     interval: tuple[str | None, str | None] = (None, None)
@@ -108,8 +111,10 @@ def _hook_figures(hook: RunRecord | None) -> dict[str, Any]:
     keys_out = ("applied_class", "k8s_settle_s", "provider_settle_s", "total_settle_s")
     figures = {k: hook.inputs.get(k) for k in keys_in}
     figures |= {k: hook.outputs.get(k) for k in keys_out}
-    # The class's parameters (vac_type, vac_iops, vac_throughput, ...) price the profile.
-    figures |= {k: v for k, v in hook.inputs.items() if k.startswith("vac_")}
+    # The class's parameters (vac_type, vac_iops, vac_throughput, ...) price the profile;
+    # the hook may record them as inputs or outputs (outputs win: they are what it applied).
+    for values in (hook.inputs, hook.outputs):
+        figures |= {k: v for k, v in values.items() if k.startswith(VAC_PARAMETER_PREFIX)}
     figures["run"] = hook.label
     return figures
 
@@ -138,6 +143,11 @@ def profile_figures(runs: ProfileRuns) -> ProfileFigures:
     loss = _num(run.outputs.get("final_loss"))
     if loss is None and run.metrics.get("loss"):
         loss = run.metrics["loss"][-1][1]
+    loss_problem = None
+    if loss is None:
+        loss_problem = "recorded no final loss"
+    elif not math.isfinite(loss):
+        loss_problem, loss = f"ended with a final loss of {loss} (the training diverged)", None
     return ProfileFigures(
         profile=runs.profile,
         runs=runs,
@@ -150,6 +160,7 @@ def profile_figures(runs: ProfileRuns) -> ProfileFigures:
         pause_total_s=pause_total,
         pause_share=share,
         final_loss=loss,
+        loss_problem=loss_problem,
         fio=runs.fio.fio_cases() if runs.fio else {},
         hook=_hook_figures(runs.hook),
         interval=(

@@ -27,6 +27,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
             "pause_total_s": s.pause_total_s,
             "pause_share": s.pause_share,
             "final_loss": s.final_loss,
+            "loss_problem": s.loss_problem,
             "fio": s.fio,
             "hook": s.hook,
             "cost": asdict(verdict.costs[s.profile]),
@@ -49,6 +50,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
                 "runtime_measurable": c.runtime_measurable,
                 "stage_deltas": c.stage_deltas,
                 "final_loss_delta": c.loss_delta,
+                "final_loss_unknown": c.loss_unknown,
                 "cost_delta": asdict(cand.cost) if cand.cost else None,
                 "notes": c.notes,
             }
@@ -71,4 +73,6 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
 
 
 def dumps(verdict: Verdict) -> str:
-    return json.dumps(to_json(verdict), indent=2, default=str) + "\n"
+    # allow_nan=False: NaN and Infinity are not JSON; a figure that is not finite is a bug
+    # here (inputs are checked on the way in), not something to hand a reader to trip on.
+    return json.dumps(to_json(verdict), indent=2, default=str, allow_nan=False) + "\n"

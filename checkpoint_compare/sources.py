@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,20 +81,55 @@ def _failure_message(conditions: Iterable[Any]) -> str:
     return message
 
 
-def _record_from_run_data(data: dict[str, Any], metrics: dict[str, Any], source: str) -> RunRecord:
-    return RunRecord(
-        uuid=str(data.get("uuid", "")),
-        name=data.get("name") or "",
-        status=str(data.get("status") or "unknown"),
-        inputs=dict(data.get("inputs") or {}),
-        outputs=dict(data.get("outputs") or {}),
-        metrics=metrics,
-        created_at=parse_time(data.get("created_at")),
-        started_at=parse_time(data.get("started_at")),
-        finished_at=parse_time(data.get("finished_at")),
-        message=_failure_message(data.get("status_conditions") or []),
-        source=source,
-        meta=dict(data.get("meta_info") or {}),
+def _mapping(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """``data[key]`` as a dict (absent or null: empty).
+
+    Raises:
+        BadInput: It is there but not a JSON object.
+    """
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadInput(f"{where}: {key} must be a JSON object, not {type(value).__name__}")
+    return dict(value)
+
+
+def _checked(record: RunRecord) -> RunRecord:
+    try:
+        record.check_numbers()
+    except ValueError as exc:
+        raise BadInput(f"{record.source}: run {record.label}: {exc}") from exc
+    return record
+
+
+def _record_from_run_data(data: Any, metrics: dict[str, Any], source: str) -> RunRecord:
+    """A record from a run's data as Polyaxon keeps it (offline file or API answer).
+
+    Raises:
+        BadInput: The data is not a run (not an object, sections of the wrong type, a
+            non-finite number).
+    """
+    if not isinstance(data, dict):
+        raise BadInput(f"{source}: the run data is not a JSON object ({type(data).__name__})")
+    conditions = data.get("status_conditions") or []
+    if not isinstance(conditions, list):
+        raise BadInput(f"{source}: status_conditions must be a list")
+    return _checked(
+        RunRecord(
+            uuid=str(data.get("uuid", "")),
+            name=str(data.get("name") or ""),
+            status=str(data.get("status") or "unknown"),
+            inputs=_mapping(data, "inputs", source),
+            outputs=_mapping(data, "outputs", source),
+            metrics=metrics,
+            created_at=parse_time(data.get("created_at")),
+            started_at=parse_time(data.get("started_at")),
+            finished_at=parse_time(data.get("finished_at")),
+            message=_failure_message(conditions),
+            source=source,
+            meta=_mapping(data, "meta_info", source),
+        )
     )
 
 
@@ -104,7 +140,9 @@ def load_summary(profile: str, path: Path) -> RunRecord:
     """Turn a trainer summary JSON into a record, as if it had been tracked.
 
     Raises:
-        BadInput: The file is unreadable, not JSON, or not a ``checkpoint-training/1`` summary.
+        BadInput: The file is unreadable, not JSON, not a ``checkpoint-training/1`` summary,
+            or malformed (sections of the wrong type, a checkpoint without its step, a
+            non-finite number).
     """
     try:
         data = json.loads(path.read_text())
@@ -113,7 +151,7 @@ def load_summary(profile: str, path: Path) -> RunRecord:
     if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise BadInput(f"{path} is not a {SUMMARY_SCHEMA} summary (schema: {found!r})")
-    inputs = dict(data.get("inputs") or {})
+    inputs = _mapping(data, "inputs", str(path))
     inputs.setdefault("storage_profile", data.get("storage_profile"))
     if inputs["storage_profile"] != profile:
         log.warning(
@@ -123,31 +161,45 @@ def load_summary(profile: str, path: Path) -> RunRecord:
             profile,
         )
         inputs["storage_profile"] = profile
+    checkpoints = data.get("checkpoints") or []
+    if not isinstance(checkpoints, list):
+        raise BadInput(f"{path}: checkpoints must be a list, not {type(checkpoints).__name__}")
     metrics: dict[str, list[tuple[int, float]]] = {}
-    for ckpt in data.get("checkpoints") or []:
+    for i, ckpt in enumerate(checkpoints):
+        step = ckpt.get("step") if isinstance(ckpt, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise BadInput(f"{path}: checkpoints[{i}] is not a checkpoint with an integer step")
         for field_name, metric in CHECKPOINT_METRICS.items():
             value = ckpt.get(field_name)
-            if isinstance(value, int | float):
-                metrics.setdefault(metric, []).append((int(ckpt["step"]), float(value)))
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if not math.isfinite(value):
+                    raise BadInput(
+                        f"{path}: checkpoints[{i}].{field_name} = {value!r} is not a finite number"
+                    )
+                metrics.setdefault(metric, []).append((step, float(value)))
     outputs = {
         k: v for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    for stage, figures in (data.get("stages") or {}).items():
+    for stage, figures in _mapping(data, "stages", str(path)).items():
+        if not isinstance(figures, dict):
+            raise BadInput(f"{path}: stages.{stage} must be a JSON object")
         for stat in ("median", "min", "max"):
-            if isinstance(figures, dict) and stat in figures:
+            if stat in figures:
                 outputs[f"ckpt_{stage}_{stat}"] = figures[stat]
-    return RunRecord(
-        uuid=f"summary:{path.name}",
-        name=path.stem,
-        status="succeeded",
-        inputs=inputs,
-        outputs=outputs,
-        metrics=metrics,
-        source=str(path),
-        meta={
-            "code_revision": data.get("code_revision"),
-            "image_digest": inputs.get("image_digest"),
-        },
+    return _checked(
+        RunRecord(
+            uuid=f"summary:{path.name}",
+            name=path.stem,
+            status="succeeded",
+            inputs=inputs,
+            outputs=outputs,
+            metrics=metrics,
+            source=str(path),
+            meta={
+                "code_revision": data.get("code_revision"),
+                "image_digest": inputs.get("image_digest"),
+            },
+        )
     )
 
 
@@ -272,6 +324,7 @@ class ApiSource:
             wanted = [k for k in record.outputs if FIO_METRIC.match(k)]
         if wanted and record.status not in ("created", "queued", "scheduled"):
             metrics.update(self._metric_events(record.uuid, wanted))
+            _checked(record)
         if record.status in _FAILED and not record.message:
             # Run lists carry no status conditions: ask for the reason of a failure.
             client = self._run_client(record.uuid)

@@ -15,7 +15,7 @@ from checkpoint_compare.cost import (
     general_assumptions,
     profile_cost,
 )
-from checkpoint_compare.errors import RunsMissing
+from checkpoint_compare.errors import BadInput, RunsMissing
 from checkpoint_compare.figures import ProfileFigures, profile_figures
 from checkpoint_compare.grouping import ProfileRuns
 from checkpoint_compare.records import RunRecord
@@ -59,29 +59,51 @@ class Verdict:
     thresholds: Thresholds = field(default_factory=Thresholds)
 
     @property
+    def winners(self) -> list[Candidate]:
+        """Candidates measurably better than the baseline on the whole: faster and not
+        costlier per run, or slower but cheaper per run (the GPU time lost is worth less
+        than the storage saved)."""
+        return [c for c in self.candidates if c.outcome in _WINS]
+
+    @property
     def best(self) -> Candidate | None:
-        """The candidate the verdict is about: the winner, else the most informative one."""
-        order = [Outcome.BETTER, Outcome.FASTER_COSTLIER, Outcome.NO_DIFFERENCE, Outcome.WORSE]
+        """The candidate the verdict is about: the cheapest winner per run (the fastest
+        when not priced), else the most informative one."""
         if not self.candidates:
             return None
+        if self.winners:
+            return min(self.winners, key=_cheapest)
         return min(
             self.candidates,
-            key=lambda c: (order.index(c.outcome), c.comparison.runtime_delta_s),
+            key=lambda c: (_ORDER.index(c.outcome), c.comparison.runtime_delta_s),
         )
 
 
+_WINS = (Outcome.BETTER, Outcome.SLOWER_CHEAPER)
+_ORDER = [
+    Outcome.BETTER,
+    Outcome.SLOWER_CHEAPER,
+    Outcome.FASTER_COSTLIER,
+    Outcome.WORSE,
+    Outcome.NO_DIFFERENCE,
+]
+
+
+def _cheapest(c: Candidate) -> tuple[float, float]:
+    return (c.cost.run_total if c.cost else 0.0, c.comparison.runtime_delta_s)
+
+
 def _fmt_usd(value: float) -> str:
-    return f"{value:+.4f} USD" if abs(value) < 1 else f"{value:+.2f} USD"
+    return f"{value:.4f} USD" if abs(value) < 1 else f"{value:.2f} USD"
 
 
 def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
+    """The outcome of one pair; swapping the pair gives the mirrored outcome (better ↔
+    worse, faster_costlier ↔ slower_cheaper), so the profile kept does not depend on which
+    one is the baseline."""
     name, base = comp.candidate.profile, comp.baseline.profile
-    timing = comp.timing_outcome
-    runtime = f"{-comp.runtime_delta_s:.2f} s shorter run"
-    if timing is Outcome.WORSE:
-        what = "checkpoint pause" if comp.pause_measurable and comp.pause_delta_s > 0 else "run"
-        return Outcome.WORSE, f"{name} is measurably slower than {base} ({what})"
-    if timing is Outcome.NO_DIFFERENCE:
+    faster = comp.faster
+    if faster is None:
         pause_in = "within" if not comp.pause_measurable else "beyond"
         run_in = "within" if not comp.runtime_measurable else "beyond"
         return Outcome.NO_DIFFERENCE, (
@@ -89,15 +111,28 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
             f"±{comp.pause_noise_s:.3f} s; whole run {comp.runtime_delta_s:+.2f} s, {run_in} "
             f"the noise of ±{comp.runtime_noise_s:.2f} s"
         )
+    runtime = f"a {abs(comp.runtime_delta_s):.2f} s {'shorter' if faster else 'longer'} run"
     if delta is None:
-        return Outcome.BETTER, f"{name} is measurably faster ({runtime}); cost not priced"
-    if delta.run_total > 0:
+        if faster:
+            return Outcome.BETTER, f"{name} is measurably faster ({runtime}); cost not priced"
+        return (
+            Outcome.WORSE,
+            f"{name} is measurably slower than {base} ({runtime}); cost not priced",
+        )
+    if faster and delta.run_total > 0:
         return Outcome.FASTER_COSTLIER, (
             f"{name} is faster ({runtime}) but costs {_fmt_usd(delta.run_total)} more per run: "
             "the storage change outweighs the saved GPU time"
         )
-    saving = "costs the same" if delta.run_total == 0 else f"saves {-delta.run_total:.4f} USD"
-    return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
+    if faster:
+        saving = "costs the same" if delta.run_total == 0 else f"saves {_fmt_usd(-delta.run_total)}"
+        return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
+    if delta.run_total < 0:
+        return Outcome.SLOWER_CHEAPER, (
+            f"{name} is slower ({runtime}) but costs {_fmt_usd(-delta.run_total)} less per run "
+            f"than {base}: the storage saved outweighs the GPU time lost"
+        )
+    return Outcome.WORSE, f"{name} is measurably slower than {base} ({runtime}) and no cheaper"
 
 
 def build_verdict(
@@ -123,6 +158,15 @@ def build_verdict(
     check_comparable(groups)
     figures = [profile_figures(g) for g in groups]
     names = [f.profile for f in figures]
+    untimed = [
+        g.profile for g in groups if g.training.started_at is None and g.training.created_at is None
+    ]
+    if baseline is None and untimed:
+        # Without start times "the first profile run" is only the order of the arguments.
+        raise BadInput(
+            f"the runs of {', '.join(untimed)} have no start time (e.g. summary files), so "
+            "which profile ran first is unknown: give --baseline PROFILE"
+        )
     baseline = baseline or names[0]
     if baseline not in names:
         raise RunsMissing(f"baseline profile {baseline}: no training run found")
@@ -155,7 +199,7 @@ def build_verdict(
     )
     best = verdict.best
     assert best is not None  # at least two profiles
-    if best.outcome is Outcome.BETTER:
+    if best.outcome in _WINS:
         verdict.verdict = best.comparison.candidate.profile
     elif best.outcome in (Outcome.FASTER_COSTLIER, Outcome.WORSE):
         verdict.verdict = baseline

@@ -182,7 +182,8 @@ def test_children_of_a_pipeline(server: str, tmp_path: Path) -> None:
                        dataset_seed=0, durability="fsync")  # fmt: skip
         # 40 checkpoints 1 s apart in pause: a 40 s shorter run that checkpoints explain.
         run.log_outputs(runtime_s=100 + 40 * pause, checkpoint_count=40, ckpt_pause_s_median=pause,
-                        ckpt_pause_s_min=pause - 0.1, ckpt_pause_s_max=pause + 0.1)  # fmt: skip
+                        ckpt_pause_s_min=pause - 0.1, ckpt_pause_s_max=pause + 0.1,
+                        final_loss=2.5)  # fmt: skip
         run.log_status("succeeded", reason="Test")
         _wait_for(server, child.uuid, "succeeded")
 

@@ -51,7 +51,7 @@ def test_bad_pricing_file(tmp_path: Path) -> None:
     pricing = tmp_path / "pricing.yaml"
     pricing.write_text("defaults: {volume_size_gib: -1, gpu_hourly_usd: 1}\nvolume_types: {}\n")
     code, output = _invoke("--offline-root", str(tmp_path), "--pricing", str(pricing))
-    assert code == 2 and "volume_size_gib must be a number >= 0" in output
+    assert code == 2 and "volume_size_gib must be a finite number >= 0" in output
     pricing.write_text(
         "defaults: {volume_size_gib: 1, gpu_hourly_usd: 1}\nvolume_types: {}\n"
         "profiles: {a: {type: io2}}\n"
@@ -118,3 +118,20 @@ def test_api_calls_retry_5xx_and_stop_on_4xx() -> None:
 
     with pytest.raises(RunsMissing, match="HTTP 404"):
         _with_retries("fetching run x", missing, Backoff(delays=(0, 0)))
+
+
+def test_gke_classes_are_priced_as_hyperdisk_balanced() -> None:
+    # What the hook records for the bundle's GKE classes (connections/vac-gke-hyperdisk.yaml).
+    pricing = load_pricing(DEFAULT_PRICING)
+    hook = {"driver": "pd.csi.storage.gke.io", "vac_iops": "6000", "vac_throughput": "290Mi"}
+    cost = profile_cost(pricing, "checkpoint-throughput", 730 * 3600, hook=hook)
+    assert cost.volume_type == "hyperdisk-balanced"
+    assert (cost.iops, cost.throughput_mibps) == (6000, 290)
+    hd = pricing.types["hyperdisk-balanced"]
+    assert (hd.iops_included, hd.throughput_included_mibps) == (3000, 140)
+    assert hd.as_of  # the date the list prices were read
+    expected = 200 * hd.storage_gib_month + 3000 * hd.iops_month + 150 * hd.throughput_mibps_month
+    assert cost.storage_month == pytest.approx(expected)
+    # A quantity the API server would refuse is an input error, not a silent default.
+    with pytest.raises(Exception, match="290 Mi"):
+        profile_cost(pricing, "x", 3600, hook=hook | {"vac_throughput": "290 Mi"})

@@ -100,6 +100,8 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
     # The trainer's summary JSONs give the same answer without any Polyaxon run.
     result = _compare(
         *[a for p in PROFILES for a in ("--summary", f"{p}={tmp_path / f'{p}.json'}")],
+        "--baseline",  # summaries carry no start time to tell which profile ran first
+        PROFILES[0],
         "--json",
         str(out / "summaries.json"),
         "--no-track",
