@@ -18,6 +18,8 @@ from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.config import CompareConfig, Sources
 from checkpoint_compare.cost import DEFAULT_PRICING
 from checkpoint_compare.errors import EXIT_CODES
+from checkpoint_compare.figures import DEFAULT_WARMUP
+from checkpoint_compare.recommendation import Budget
 from checkpoint_storage_bench.errors import exit_codes_help
 
 
@@ -91,7 +93,11 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
 )
 @click.option("--gpu-hourly", type=FiniteFloat(), help="GPU USD/hour (file default).")
 @click.option("--volume-gib", type=FiniteFloat(), help="Volume size (file default).")
-@click.option("--baseline", help="Baseline profile (default: the first one run).")
+@click.option(
+    "--baseline",
+    help="Baseline profile (default: the first one run; required for runs without start "
+    "times, e.g. summaries).",
+)
 @click.option(
     "--expect",
     "expected",
@@ -113,8 +119,43 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
     show_default=True,
     help="A checkpoint pause difference below this many seconds never counts.",
 )
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=DEFAULT_WARMUP,
+    show_default=True,
+    help="Checkpoints at the start of each run reported as warm-up and left out.",
+)
+@click.option(
+    "--confidence",
+    type=FiniteFloat(0.5, 1, high_open=True),
+    default=Thresholds.confidence,
+    show_default=True,
+    help="Confidence of the intervals.",
+)
+@click.option(
+    "--max-pause-s",
+    type=FiniteFloat(),
+    help="Pause budget: the longest acceptable (median) pause per checkpoint, seconds.",
+)
+@click.option(
+    "--max-pause-share",
+    type=FiniteFloat(0, 1),
+    help="Pause budget: the largest acceptable share of the runtime spent paused (0-1).",
+)
+@click.option(
+    "--checkpoints-per-month",
+    type=FiniteFloat(),
+    help="The team's checkpoint cadence, for the net cost (GPU time paused + storage).",
+)
 @click.option("--html", "html_path", type=click.Path(path_type=Path), help="Write the HTML report.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the JSON report.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(path_type=Path),
+    help="Write the markdown report (tracked runs get it as their readme in any case).",
+)
 @click.option(
     "--track/--no-track",
     default=True,
@@ -136,8 +177,14 @@ def main(
     expected: tuple[str, ...],
     runtime_floor: float,
     practical_floor_s: float,
+    warmup: int,
+    confidence: float,
+    max_pause_s: float | None,
+    max_pause_share: float | None,
+    checkpoints_per_month: float | None,
     html_path: Path | None,
     json_path: Path | None,
+    markdown_path: Path | None,
     track: bool,
 ) -> None:
     """Compare the training runs of storage profiles and say which one to keep."""
@@ -157,11 +204,18 @@ def main(
         pricing_path=pricing_path,
         gpu_hourly=gpu_hourly,
         volume_gib=volume_gib,
-        thresholds=Thresholds(runtime_floor=runtime_floor, practical_floor_s=practical_floor_s),
+        thresholds=Thresholds(
+            runtime_floor=runtime_floor,
+            practical_floor_s=practical_floor_s,
+            confidence=confidence,
+            warmup=warmup,
+        ),
         baseline=baseline,
         expected=expected,
+        budget=Budget(max_pause_s, max_pause_share, checkpoints_per_month),
         html_path=html_path,
         json_path=json_path,
+        markdown_path=markdown_path,
         track=track,
     )
     command.run(config)

@@ -11,6 +11,7 @@ import click
 
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING
+from checkpoint_compare.recommendation import Budget
 from checkpoint_storage_bench.tracking import in_polyaxon_run
 
 
@@ -69,9 +70,12 @@ class CompareConfig:
         thresholds: Noise floors.
         baseline: The baseline profile (default: the first one run).
         expected: Profiles that must be present.
+        budget: Pause budget and cadence for the recommendation.
         html_path: Where to write the HTML report.
         json_path: Where to write the JSON report.
-        track: Log the verdict to a Polyaxon run.
+        markdown_path: Where to write the markdown report (also the run's readme).
+        track: Log the verdict to a Polyaxon run (and its readme; inside a pipeline also
+            the pipeline's readme).
     """
 
     sources: Sources
@@ -81,6 +85,8 @@ class CompareConfig:
     thresholds: Thresholds = field(default_factory=Thresholds)
     baseline: str | None = None
     expected: tuple[str, ...] = ()
+    budget: Budget = field(default_factory=Budget)
     html_path: Path | None = None
     json_path: Path | None = None
+    markdown_path: Path | None = None
     track: bool = True

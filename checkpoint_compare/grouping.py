@@ -1,10 +1,10 @@
-"""Assign loaded runs to storage profiles: per profile, its training run, the hook run that
-switched the claim to it and the fio sweep measured on it."""
+"""Assign loaded runs to storage profiles: per profile, its training runs (one, or several
+repeats), the hook run that switched the claim to it and the fio sweep measured on it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from checkpoint_compare.errors import RunsMissing
@@ -17,22 +17,35 @@ class ProfileRuns:
 
     Attributes:
         profile: The profile (VolumeAttributesClass) name.
-        training: The training run measured on it.
+        trainings: Its successful training runs, oldest first: repeats of one measurement
+            (a pipeline's `repeats`, or its return to the first profile at the end).
         hook: The hook run that switched the claim to it, if any.
         fio: The fio sweep measured on it, if any.
-        ignored: Older runs of the same profile that were not used.
     """
 
     profile: str
-    training: RunRecord
+    trainings: list[RunRecord]
     hook: RunRecord | None = None
     fio: RunRecord | None = None
-    ignored: list[RunRecord] = field(default_factory=list)
+
+    @property
+    def training(self) -> RunRecord:
+        """The newest training run (the one the hook and fio runs are matched to)."""
+        return self.trainings[-1]
+
+    @property
+    def first_time(self) -> datetime | None:
+        return run_time(self.trainings[0])
 
 
-def _run_time(record: RunRecord) -> tuple[bool, datetime | None]:
-    """Sort key: when the run started (else was created); unknown times sort last."""
-    when = record.started_at or record.created_at
+def run_time(record: RunRecord) -> datetime | None:
+    """When the run started, else when it was created; None when unknown (summary files)."""
+    return record.started_at or record.created_at
+
+
+def _time_key(record: RunRecord) -> tuple[bool, datetime | None]:
+    """Sort key: by time; unknown times sort last (in the order given)."""
+    when = run_time(record)
     return when is None, when
 
 
@@ -60,15 +73,15 @@ def _profile_of(record: RunRecord, hooks: list[RunRecord]) -> str | None:
 def group_by_profile(
     records: list[RunRecord], expected: Iterable[str] = ()
 ) -> tuple[list[ProfileRuns], list[RunRecord]]:
-    """Assign runs to profiles; the newest training run of each profile is the one compared.
+    """Assign runs to profiles; every successful training run of a profile is used.
 
     Args:
         records: All loaded runs (other kinds, e.g. the DAG or a compare op, are ignored).
         expected: Profiles that must be present.
 
     Returns:
-        The profiles in the order their training runs were created, and the failed
-        training runs (reported, never used).
+        The profiles in the order their first training runs started (the pipeline's order),
+        and the failed training runs (reported, never used).
 
     Raises:
         RunsMissing: An expected profile has no training run, the newest one of a profile
@@ -84,14 +97,15 @@ def group_by_profile(
     problems = []
     groups = []
     for profile, runs in by_profile.items():
-        newest, *older = _newest_first(runs)
+        newest = _newest_first(runs)[0]
         if not newest.succeeded:
             why = f": {newest.message}" if newest.message else ""
             problems.append(
                 f"profile {profile}: run {newest.label} {newest.status}{why} (from {newest.source})"
             )
             continue
-        group = ProfileRuns(profile=profile, training=newest, ignored=older)
+        trainings = sorted((r for r in runs if r.succeeded), key=_time_key)
+        group = ProfileRuns(profile=profile, trainings=trainings)
         for kind, attr in ((RunKind.HOOK, "hook"), (RunKind.FIO, "fio")):
             candidates = [
                 r
@@ -115,5 +129,5 @@ def group_by_profile(
         found = ", ".join(g.profile for g in groups) or "none"
         raise RunsMissing(f"need training runs of at least two profiles, found: {found}")
     # Run order decides the default baseline: the profile whose training started first.
-    groups.sort(key=lambda g: _run_time(g.training))
+    groups.sort(key=lambda g: _time_key(g.trainings[0]))
     return groups, failed

@@ -15,7 +15,13 @@ import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from checkpoint_compare.report_tables import COST_SECTION, comparison_lines, sections
+from checkpoint_compare.comparison import Difference
+from checkpoint_compare.report_tables import (
+    COST_SECTION,
+    comparison_lines,
+    recommendation_lines,
+    sections,
+)
 from checkpoint_compare.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -97,9 +103,11 @@ def _pause_over_steps(verdict: Verdict) -> Callable[[Figure], None]:
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
         for s in verdict.profiles:
-            if s.pause_series:
-                steps, values = zip(*s.pause_series, strict=True)
-                ax.plot(steps, values, marker="o", label=s.profile)
+            for i, series in enumerate(s.pause_series):
+                if series:
+                    steps, values = zip(*series, strict=True)
+                    label = s.profile if len(s.pause_series) == 1 else f"{s.profile} run {i + 1}"
+                    ax.plot(steps, values, marker="o", label=label)
         ax.set_xlabel("training step")
         ax.set_ylabel("pause (s)")
         ax.set_ylim(bottom=0)
@@ -130,6 +138,74 @@ def _fio_bars(verdict: Verdict) -> Callable[[Figure], None]:
     return draw
 
 
+_SVG_W, _ROW_H, _LABEL_W, _PAD = 720, 34, 200, 24
+
+
+def _interval_panel(title: str, rows: list[tuple[str, Difference]], unit: str) -> str:
+    """One forest plot: per candidate its estimate (dot), interval (line) and practical
+    floor (band around zero); zero marked. Drawn as SVG, so it needs no plotting library."""
+    values = [0.0]
+    for _, diff in rows:
+        values += [diff.estimate, diff.floor, -diff.floor]
+        if diff.shift.has_interval:
+            values += [diff.shift.low, diff.shift.high]  # type: ignore[list-item]
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    low, high = low - 0.08 * span, high + 0.08 * span
+    width = _SVG_W - _LABEL_W - _PAD
+
+    def x(value: float) -> float:
+        return _LABEL_W + (value - low) / (high - low) * width
+
+    height = _PAD * 2 + _ROW_H * len(rows)
+    esc = html.escape
+    out = [
+        f"<svg width='{_SVG_W}' height='{height}' role='img' aria-label='{esc(title)}'>",
+        f"<text x='{_LABEL_W}' y='16' font-size='13'>{esc(title)} ({unit}, candidate − "
+        "baseline)</text>",
+        f"<line x1='{x(0):.1f}' y1='{_PAD}' x2='{x(0):.1f}' y2='{height - 8}' stroke='#333' "
+        "stroke-dasharray='3,3'/>",
+    ]
+    for i, (name, diff) in enumerate(rows):
+        y = _PAD + _ROW_H * i + _ROW_H / 2
+        colour = "#888"
+        if diff.counts:
+            colour = "#1a7f37" if diff.estimate < 0 else "#c62828"
+        s = diff.shift
+        attrs = (
+            f"class='interval' data-candidate='{esc(name)}' data-estimate='{s.estimate!r}' "
+            f"data-low='{s.low!r}' data-high='{s.high!r}' data-counts='{str(diff.counts).lower()}'"
+        )
+        out.append(f"<g {attrs}>")
+        out.append(
+            f"<rect x='{x(-diff.floor):.1f}' y='{y - 10:.1f}' width='{x(diff.floor) - x(-diff.floor):.1f}' "
+            "height='20' fill='#eee'><title>practical floor</title></rect>"
+        )
+        out.append(f"<text x='4' y='{y + 4:.1f}' font-size='12'>{esc(name)}</text>")
+        if s.has_interval:
+            out.append(
+                f"<line x1='{x(s.low):.1f}' y1='{y:.1f}' x2='{x(s.high):.1f}' y2='{y:.1f}' "  # type: ignore[arg-type]
+                f"stroke='{colour}' stroke-width='3'/>"
+            )
+        out.append(f"<circle cx='{x(s.estimate):.1f}' cy='{y:.1f}' r='5' fill='{colour}'/>")
+        out.append("</g>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def intervals_svg(verdict: Verdict) -> str:
+    """The pause and whole-run differences of every candidate with their intervals."""
+    pause = [(c.comparison.candidate.profile, c.comparison.pause) for c in verdict.candidates]
+    runtime = [(c.comparison.candidate.profile, c.comparison.runtime) for c in verdict.candidates]
+    level = f"{verdict.thresholds.confidence:.0%}"
+    return (
+        "<div id='plot-intervals'>"
+        + _interval_panel(f"Pause per checkpoint, {level} interval", pause, "s")
+        + _interval_panel("Whole run", runtime, "s")
+        + "</div>"
+    )
+
+
 def to_html(verdict: Verdict) -> str:
     """Render the report as one self-contained HTML document."""
     esc = html.escape
@@ -145,6 +221,17 @@ def to_html(verdict: Verdict) -> str:
         f"<p class='verdict' id='verdict'><b>Verdict: {esc(verdict.verdict)}</b><br>"
         f"{esc(verdict.reason)}</p>",
     ]
+    if verdict.recommendation is not None:
+        rec = verdict.recommendation
+        parts.append(
+            f"<p class='verdict' id='recommendation'><b>Recommended: {esc(rec.profile)}</b><br>"
+            f"{esc(rec.reason)}</p>"
+        )
+    parts.append(
+        "<h2>Differences from the baseline</h2><p>Dot: the Hodges–Lehmann estimate; line: its "
+        "interval; grey band: the practical floor. Green: counts, faster; red: counts, "
+        "slower; grey: does not count.</p>" + intervals_svg(verdict)
+    )
     plots = [
         ("plot-stages", "Stage breakdown", _stage_bars(verdict)),
         ("plot-pause", "Pause per checkpoint over steps", _pause_over_steps(verdict)),
@@ -161,7 +248,8 @@ def to_html(verdict: Verdict) -> str:
             parts.append("<p>Assumptions:</p><ul id='assumptions'>")
             parts += [f"<li>{esc(a)}</li>" for a in verdict.assumptions]
             parts.append("</ul>")
-    parts.append("<h2>Comparison</h2><pre>" + esc("\n".join(comparison_lines(verdict))) + "</pre>")
+    lines = comparison_lines(verdict) + [""] + recommendation_lines(verdict)
+    parts.append("<h2>Comparison</h2><pre>" + esc("\n".join(lines)) + "</pre>")
     if not plots_available():
         parts.append(f"<p id='no-plots'><i>{esc(NO_PLOTS)}</i></p>")
         plots = []

@@ -1,4 +1,4 @@
-"""The verdict as a JSON document (schema ``checkpoint-compare/1``)."""
+"""The verdict as a JSON document (schema ``checkpoint-compare/2``)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,61 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from checkpoint_compare.comparison import Difference
+from checkpoint_compare.figures import RunFigures
+from checkpoint_compare.intervals import Shift
 from checkpoint_compare.verdict import Verdict, op_outputs
+
+SCHEMA = "checkpoint-compare/2"
+
+
+def _shift(shift: Shift | None) -> dict[str, Any] | None:
+    return None if shift is None else asdict(shift)
+
+
+def _difference(diff: Difference) -> dict[str, Any]:
+    return {
+        **asdict(diff.shift),
+        "floor": diff.floor,
+        "counts": diff.counts,
+        "why_not": diff.why_not,
+    }
+
+
+def _run(r: RunFigures) -> dict[str, Any]:
+    return {
+        "uuid": r.run.uuid,
+        "label": r.run.label,
+        "interval": list(r.interval),
+        "runtime_s": r.runtime_s,
+        "checkpoint_count": r.checkpoint_count,
+        "warmup_pauses": [[step, v] for step, v in r.warmup],
+        "pauses": [[step, v] for step, v in r.measured],
+        "pause_total_s": r.pause_total_s,
+        "pause_share": r.pause_share,
+        "final_loss": r.final_loss,
+        "loss_problem": r.loss_problem,
+    }
 
 
 def to_json(verdict: Verdict) -> dict[str, Any]:
-    """The report as a JSON document (schema ``checkpoint-compare/1``)."""
+    """The verdict as a JSON document."""
     profiles = {}
     for s in verdict.profiles:
         profiles[s.profile] = {
+            "training_runs": [_run(r) for r in s.per_run],
             "training_run": s.runs.training.uuid,
             "hook_run": s.runs.hook.uuid if s.runs.hook else None,
             "fio_run": s.runs.fio.uuid if s.runs.fio else None,
             "interval": list(s.interval),
             "checkpoint_count": s.checkpoint_count,
             "stages": {k: asdict(v) | {"spread": v.spread} for k, v in s.stages.items()},
-            "pause_per_checkpoint": [[step, v] for step, v in s.pause_series],
+            "warmup_pause_s_median": s.warmup_median,
+            "pause_per_checkpoint": [[step, v] for series in s.pause_series for step, v in series],
             "write_gbps_median": s.write_gbps_median,
             "upload_gbps_median": s.upload_gbps_median,
             "runtime_s": s.runtime_s,
+            "runtimes_s": s.runtimes,
             "pause_total_s": s.pause_total_s,
             "pause_share": s.pause_share,
             "final_loss": s.final_loss,
@@ -41,13 +78,14 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
                 "candidate": c.candidate.profile,
                 "outcome": cand.outcome.value,
                 "reason": cand.reason,
+                "pause": _difference(c.pause),
                 "pause_delta_s": c.pause_delta_s,
-                "pause_noise_s": c.pause_noise_s,
                 "pause_measurable": c.pause_measurable,
                 "pause_speedup": c.pause_speedup,
+                "runtime": _difference(c.runtime),
                 "runtime_delta_s": c.runtime_delta_s,
-                "runtime_noise_s": c.runtime_noise_s,
                 "runtime_measurable": c.runtime_measurable,
+                "explained_by_checkpoints": c.explained_by_checkpoints,
                 "stage_deltas": c.stage_deltas,
                 "final_loss_delta": c.loss_delta,
                 "final_loss_unknown": c.loss_unknown,
@@ -55,11 +93,31 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
                 "notes": c.notes,
             }
         )
+    drift = verdict.drift
+    rec = verdict.recommendation
     return {
-        "schema": "checkpoint-compare/1",
+        "schema": SCHEMA,
         "verdict": verdict.verdict,
         "reason": verdict.reason,
         "baseline": verdict.baseline,
+        "recommendation": None
+        if rec is None
+        else {
+            "profile": rec.profile,
+            "reason": rec.reason,
+            "budget": asdict(rec.budget),
+            "confidence": rec.confidence,
+            "profiles": [asdict(f) | {"monthly_usd": f.monthly} for f in rec.fits],
+        },
+        "drift": None
+        if drift is None
+        else {
+            "profile": drift.profile,
+            "first_runs": [r.run.uuid for r in drift.first],
+            "last_runs": [r.run.uuid for r in drift.last],
+            "pause": _shift(drift.pause),
+            "runtime_s": drift.runtime_s,
+        },
         "profiles": profiles,
         "comparisons": comparisons,
         "failed_runs": [

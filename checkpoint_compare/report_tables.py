@@ -1,12 +1,14 @@
-"""A verdict as titled sections of rows (one column per profile) and comparison lines:
-what the terminal and HTML reports show, each figure formatted in one place."""
+"""A verdict as titled sections of rows (one column per profile), comparison lines and the
+recommendation: what the terminal, HTML and markdown reports show, each figure formatted in
+one place."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from checkpoint_compare.comparison import Difference
 from checkpoint_compare.figures import ProfileFigures
-from checkpoint_compare.verdict import Verdict
+from checkpoint_compare.verdict import Verdict, interval
 from checkpoint_storage_bench.contract import STAGES
 
 Row = tuple[str, list[str]]
@@ -34,16 +36,18 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
     def row(label: str, fn) -> Row:  # noqa: ANN001 — a small local formatter
         return label, [fn(s) for s in profiles]
 
+    warmup = verdict.thresholds.warmup
     timing = [
-        row("training run", lambda s: s.runs.training.label),
+        row("training runs", lambda s: ", ".join(r.run.label for r in s.per_run)),
         row("measured from", lambda s: _s(s.interval[0])),
         row("measured until", lambda s: _s(s.interval[1])),
-        row("checkpoints", lambda s: str(s.checkpoint_count)),
+        row("checkpoints per run", lambda s: str(s.checkpoint_count)),
+        row(f"warm-up pause s (first {warmup})", lambda s: _f(s.warmup_median)),
+        row("checkpoints compared", lambda s: str(len(s.measured_pauses))),
         row(
             "pause median (min–max) s",
             lambda s: f"{s.pause.median:.3f} ({s.pause.min:.3f}–{s.pause.max:.3f})",
         ),
-        row("pause spread s", lambda s: f"{s.pause.spread:.3f}"),
     ]
     for stage in STAGES:
         if stage != "pause" and any(stage in s.stages for s in profiles):
@@ -56,10 +60,14 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
     timing += [
         row("write GB/s (median)", lambda s: _f(s.write_gbps_median)),
         row("upload GB/s (median)", lambda s: _f(s.upload_gbps_median)),
-        row("total runtime s", lambda s: f"{s.runtime_s:.2f}"),
+        row("total runtime s (median)", lambda s: f"{s.runtime_s:.2f}"),
+        row(
+            "runtime between runs s",
+            lambda s: "– (one run)" if len(s.per_run) < 2 else f"±{s.runtime_spread_s / 2:.2f}",
+        ),
         row("time paused s", lambda s: _f(s.pause_total_s, "{:.2f}")),
         row("share paused", lambda s: _f(s.pause_share, "{:.1%}")),
-        row("final loss", lambda s: _f(s.final_loss, "{:.4f}")),
+        row("final loss", lambda s: _f(s.final_loss, "{:.4f}") if not s.loss_problem else "?"),
     ]
 
     cases = sorted({c for s in profiles for c in s.fio})
@@ -123,20 +131,30 @@ def _provisioned(verdict: Verdict, s: ProfileFigures) -> str:
     return "–" if not c.known else f"{c.iops:g} / {c.throughput_mibps:g}"
 
 
+def _counts(diff: Difference) -> str:
+    return "counts" if diff.counts else f"does not count ({diff.why_not})"
+
+
 def comparison_lines(verdict: Verdict) -> list[str]:
-    """One paragraph per candidate: deltas, noise, cost differences, notes."""
+    """One paragraph per candidate: differences with intervals, cost differences, notes."""
     lines = []
+    drift = verdict.drift
+    if drift is not None:
+        pause = interval(drift.pause) if drift.pause else "–"
+        lines.append(
+            f"drift of {drift.profile} (its last {len(drift.last)} run(s) − its first "
+            f"{len(drift.first)}): pause {pause}, runtime {drift.runtime_s:+.2f} s"
+        )
     for cand in verdict.candidates:
         c = cand.comparison
-        speedup = f", speedup ×{c.pause_speedup:.2f}" if c.pause_speedup else ""
+        speedup = f"; speedup ×{c.pause_speedup:.2f}" if c.pause_speedup else ""
         lines.append(f"{c.candidate.profile} vs {c.baseline.profile}: {cand.outcome.value}")
         lines.append(
-            f"  pause median {c.pause_delta_s:+.3f} s (noise ±{c.pause_noise_s:.3f} s, "
-            f"{'measurable' if c.pause_measurable else 'not measurable'}{speedup})"
+            f"  pause per checkpoint {interval(c.pause.shift)}: {_counts(c.pause)}{speedup}"
         )
         lines.append(
-            f"  runtime {c.runtime_delta_s:+.2f} s (noise ±{c.runtime_noise_s:.2f} s, "
-            f"{'measurable' if c.runtime_measurable else 'not measurable'})"
+            f"  whole run {interval(c.runtime.shift, digits=2)} ({c.runtime.shift.method}): "
+            f"{_counts(c.runtime)}"
         )
         stages = ", ".join(
             f"{s} {d:+.3f} s" for s, d in c.stage_deltas.items() if s not in ("pause",)
@@ -156,4 +174,24 @@ def comparison_lines(verdict: Verdict) -> list[str]:
                     f"{d.breakeven_checkpoints_month:,.0f} checkpoints a month"
                 )
         lines += [f"  note: {n}" for n in c.notes]
+    return lines
+
+
+def recommendation_lines(verdict: Verdict) -> list[str]:
+    """The recommendation, and each profile against the budget."""
+    rec = verdict.recommendation
+    if rec is None:
+        return []
+    lines = [f"RECOMMENDED: {rec.profile} — {rec.reason}"]
+    budget = rec.budget
+    if budget.has_limit:
+        limits = []
+        if budget.max_pause_s is not None:
+            limits.append(f"pause ≤ {budget.max_pause_s:g} s per checkpoint")
+        if budget.max_pause_share is not None:
+            limits.append(f"≤ {budget.max_pause_share:.1%} of the run paused")
+        lines.append(f"  budget: {', '.join(limits)} ({rec.confidence:.0%} confidence)")
+        for fit in rec.fits:
+            verdict_word = "meets it" if fit.meets else "does not"
+            lines.append(f"  {fit.profile}: {verdict_word}: {fit.why}")
     return lines

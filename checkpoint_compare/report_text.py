@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from checkpoint_compare.report_tables import COST_SECTION, Row, comparison_lines, sections
+from checkpoint_compare.report_tables import (
+    COST_SECTION,
+    Row,
+    comparison_lines,
+    recommendation_lines,
+    sections,
+)
 from checkpoint_compare.verdict import Verdict
 
 
@@ -32,4 +38,5 @@ def terminal(verdict: Verdict) -> str:
         lines += ["", "== Failed runs (not used)"]
         lines += [f"  {r.label}: {r.status} {r.message}".rstrip() for r in verdict.failed_runs]
     lines += ["", f"VERDICT: {verdict.verdict} — {verdict.reason}"]
+    lines += recommendation_lines(verdict)
     return "\n".join(lines).lstrip("\n") + "\n"

@@ -313,6 +313,20 @@ class ApiSource:
             records.append(record)
         return records
 
+    def set_readme(self, run_uuid: str, markdown: str) -> None:
+        """Set a run's readme (Polyaxon renders it on the run's page).
+
+        Raises:
+            RunsMissing: The server refused (4xx).
+            SourceUnavailable: The server did not answer.
+        """
+        client = self._run_client(run_uuid)
+        _with_retries(
+            f"setting the readme of run {run_uuid}",
+            lambda: client.set_readme(markdown, async_req=False),
+            self.backoff,
+        )
+
     def _record(self, data: dict[str, Any]) -> RunRecord:
         metrics: dict[str, list[tuple[int, float]]] = {}
         record = _record_from_run_data(data, metrics, source=f"{self.host or 'api'}")
@@ -355,7 +369,17 @@ class ApiSource:
 # --------------------------------------------------------------------- the chosen source
 
 
-def load_runs(sources: Sources) -> list[RunRecord]:
+@dataclass
+class Loaded:
+    """What a source gave: the runs, and the pipeline they belong to when they came from a
+    pipeline on a Polyaxon server (its page gets the verdict as its readme)."""
+
+    records: list[RunRecord]
+    pipeline: str | None = None
+    api: ApiSource | None = None
+
+
+def load_runs(sources: Sources) -> Loaded:
     """Load the runs from the one source ``sources`` names.
 
     Raises:
@@ -364,12 +388,12 @@ def load_runs(sources: Sources) -> list[RunRecord]:
         SourceUnavailable: The Polyaxon API did not answer.
     """
     if sources.summaries:
-        return [load_summary(p, path) for p, path in sources.summaries.items()]
+        return Loaded([load_summary(p, path) for p, path in sources.summaries.items()])
     if sources.offline_root:
         records = load_offline(sources.offline_root)
         if sources.runs:
-            return _select(records, sources.runs, str(sources.offline_root))
-        return records
+            return Loaded(_select(records, sources.runs, str(sources.offline_root)))
+        return Loaded(records)
     api = ApiSource(host=sources.api_host, project=sources.project, token=sources.token)
     pipeline = sources.pipeline or (None if sources.runs else api.own_pipeline())
     records = api.pipeline_runs(pipeline) if pipeline else []
@@ -377,7 +401,7 @@ def load_runs(sources: Sources) -> list[RunRecord]:
         known = {r.uuid for r in records}
         records += api.runs({u: p for u, p in sources.runs.items() if u not in known})
         records = _select(records, sources.runs, "the pipeline")
-    return records
+    return Loaded(records, pipeline, api)
 
 
 def _select(records: list[RunRecord], runs: dict[str, str | None], where: str) -> list[RunRecord]:

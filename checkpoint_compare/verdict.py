@@ -6,7 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoint_compare.comparability import check_comparable
-from checkpoint_compare.comparison import NO_DIFFERENCE, Comparison, Outcome, Thresholds, compare
+from checkpoint_compare.comparison import (
+    NO_DIFFERENCE,
+    Comparison,
+    Difference,
+    Drift,
+    Outcome,
+    Thresholds,
+    compare,
+    measure_drift,
+)
 from checkpoint_compare.cost import (
     CostDelta,
     Pricing,
@@ -17,7 +26,9 @@ from checkpoint_compare.cost import (
 )
 from checkpoint_compare.errors import BadInput, RunsMissing
 from checkpoint_compare.figures import ProfileFigures, profile_figures
-from checkpoint_compare.grouping import ProfileRuns
+from checkpoint_compare.grouping import ProfileRuns, run_time
+from checkpoint_compare.intervals import Shift
+from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
 from checkpoint_storage_bench.contract import output_key
 
@@ -46,6 +57,8 @@ class Verdict:
         assumptions: Cost assumptions, general then per profile.
         failed_runs: Failed training runs that were seen and not used.
         thresholds: The noise floors used.
+        drift: The baseline's drift, when the pipeline returned to it at the end.
+        recommendation: The profile to use given the budget and cadence, and why.
     """
 
     baseline: str
@@ -57,6 +70,8 @@ class Verdict:
     assumptions: list[str]
     failed_runs: list[RunRecord] = field(default_factory=list)
     thresholds: Thresholds = field(default_factory=Thresholds)
+    drift: Drift | None = None
+    recommendation: Recommendation | None = None
 
     @property
     def winners(self) -> list[Candidate]:
@@ -97,6 +112,19 @@ def _fmt_usd(value: float) -> str:
     return f"{value:.4f} USD" if abs(value) < 1 else f"{value:.2f} USD"
 
 
+def interval(shift: Shift, digits: int = 3) -> str:
+    """``+0.123 s [+0.100, +0.150] 95 %``, or the estimate and why there is no interval."""
+    est = f"{shift.estimate:+.{digits}f} s"
+    if not shift.has_interval:
+        return f"{est} (no interval: {shift.method})"
+    level = f" {shift.confidence:.0%}" if shift.confidence is not None else ""
+    return f"{est} [{shift.low:+.{digits}f}, {shift.high:+.{digits}f}]{level}"
+
+
+def _counted(diff: Difference) -> str:
+    return "counts" if diff.counts else "does not count"
+
+
 def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
     """The outcome of one pair; swapping the pair gives the mirrored outcome (better ↔
     worse, faster_costlier ↔ slower_cheaper), so the profile kept does not depend on which
@@ -104,12 +132,20 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
     name, base = comp.candidate.profile, comp.baseline.profile
     faster = comp.faster
     if faster is None:
-        pause_in = "within" if not comp.pause_measurable else "beyond"
-        run_in = "within" if not comp.runtime_measurable else "beyond"
         return Outcome.NO_DIFFERENCE, (
-            f"{name} vs {base}: pause {comp.pause_delta_s:+.3f} s, {pause_in} the noise of "
-            f"±{comp.pause_noise_s:.3f} s; whole run {comp.runtime_delta_s:+.2f} s, {run_in} "
-            f"the noise of ±{comp.runtime_noise_s:.2f} s"
+            f"{name} vs {base}: pause per checkpoint {interval(comp.pause.shift)}, "
+            f"{_counted(comp.pause)}; whole run {interval(comp.runtime.shift, digits=2)}, "
+            f"{_counted(comp.runtime)}"
+            + (
+                "; the checkpoints cannot account for the run's difference"
+                if comp.pause.counts and comp.runtime.counts and not comp.explained_by_checkpoints
+                else ""
+            )
+            + (
+                "; the final losses differ or are unknown"
+                if comp.loss_differs or comp.loss_unknown
+                else ""
+            )
         )
     runtime = f"a {abs(comp.runtime_delta_s):.2f} s {'shorter' if faster else 'longer'} run"
     if delta is None:
@@ -141,6 +177,7 @@ def build_verdict(
     thresholds: Thresholds,
     baseline: str | None = None,
     failed_runs: list[RunRecord] | None = None,
+    budget: Budget | None = None,
 ) -> Verdict:
     """Compare every profile with the baseline and decide.
 
@@ -150,17 +187,16 @@ def build_verdict(
         thresholds: Noise floors.
         baseline: The baseline profile; default the first profile run.
         failed_runs: Failed training runs to mention.
+        budget: Pause budget and cadence for the recommendation.
 
     Raises:
         NotComparable: The runs' fixed inputs differ, or a run lacks the figures needed.
         RunsMissing: The named baseline has no runs.
     """
     check_comparable(groups)
-    figures = [profile_figures(g) for g in groups]
+    figures = [profile_figures(g, thresholds.warmup) for g in groups]
     names = [f.profile for f in figures]
-    untimed = [
-        g.profile for g in groups if g.training.started_at is None and g.training.created_at is None
-    ]
+    untimed = [g.profile for g in groups if any(run_time(r) is None for r in g.trainings)]
     if baseline is None and untimed:
         # Without start times "the first profile run" is only the order of the arguments.
         raise BadInput(
@@ -173,10 +209,11 @@ def build_verdict(
     figures.sort(key=lambda f: f.profile != baseline)
     base = figures[0]
     costs = {f.profile: profile_cost(pricing, f.profile, f.runtime_s, f.hook) for f in figures}
+    drift = measure_drift(base, figures[1:], thresholds.confidence)
 
     candidates = []
     for cand in figures[1:]:
-        comp = compare(base, cand, thresholds)
+        comp = compare(base, cand, thresholds, drift)
         delta = cost_delta(pricing, costs[base.profile], costs[cand.profile], comp.pause_delta_s)
         outcome, reason = _judge(comp, delta)
         candidates.append(Candidate(comp, delta, outcome, reason))
@@ -196,6 +233,7 @@ def build_verdict(
         ),
         failed_runs=failed_runs or [],
         thresholds=thresholds,
+        drift=drift,
     )
     best = verdict.best
     assert best is not None  # at least two profiles
@@ -204,7 +242,22 @@ def build_verdict(
     elif best.outcome in (Outcome.FASTER_COSTLIER, Outcome.WORSE):
         verdict.verdict = baseline
     verdict.reason = best.reason
+    verdict.recommendation = recommend(
+        figures,
+        costs,
+        [c.comparison for c in candidates],
+        None if verdict.verdict == NO_DIFFERENCE else verdict.verdict,
+        budget or Budget(),
+        pricing,
+        thresholds.confidence,
+    )
     return verdict
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    """Outputs are comparison-view columns: a figure to the microsecond (or micro-dollar)
+    says all the measurement can, not 1.6497099000000617."""
+    return None if value is None else round(value, digits)
 
 
 def op_outputs(verdict: Verdict) -> dict[str, Any]:
@@ -212,20 +265,31 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
     best = verdict.best
     assert best is not None
     comp, delta = best.comparison, best.cost
+    rec = verdict.recommendation
     out: dict[str, Any] = {
         "verdict": verdict.verdict,
         "verdict_reason": verdict.reason,
         "verdict_outcome": best.outcome.value,
+        "recommended_profile": rec.profile if rec else None,
+        "recommendation_reason": rec.reason if rec else None,
         "baseline_profile": verdict.baseline,
         "candidate_profile": comp.candidate.profile,
+        "profile_count": len(verdict.profiles),
+        "confidence": verdict.thresholds.confidence,
         "pause_speedup": comp.pause_speedup,
         "pause_delta_s": comp.pause_delta_s,
-        "pause_noise_s": comp.pause_noise_s,
+        "pause_delta_ci_low_s": comp.pause.shift.low,
+        "pause_delta_ci_high_s": comp.pause.shift.high,
         "runtime_delta_s": comp.runtime_delta_s,
-        "runtime_noise_s": comp.runtime_noise_s,
+        "runtime_delta_ci_low_s": comp.runtime.shift.low,
+        "runtime_delta_ci_high_s": comp.runtime.shift.high,
         "final_loss_delta": comp.loss_delta,
         "failed_runs": len(verdict.failed_runs),
     }
+    if verdict.drift is not None:
+        out["baseline_drift_runtime_s"] = verdict.drift.runtime_s
+        if verdict.drift.pause is not None:
+            out["baseline_drift_pause_s"] = verdict.drift.pause.estimate
     if delta is not None:
         out |= {
             "cost_delta_usd_per_checkpoint": delta.gpu_per_checkpoint,
@@ -237,8 +301,14 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
     for s in verdict.profiles:
         key = output_key(s.profile)
         out[f"{key}_pause_s_median"] = s.pause.median
+        out[f"{key}_warmup_pause_s_median"] = s.warmup_median
         out[f"{key}_runtime_s"] = s.runtime_s
+        out[f"{key}_runs"] = len(s.per_run)
         cost = verdict.costs[s.profile]
         if cost.known:
             out[f"{key}_run_cost_usd"] = cost.run_total
-    return {k: v for k, v in out.items() if v is not None}
+    for cand in verdict.candidates:
+        key = output_key(cand.comparison.candidate.profile)
+        out[f"pause_diff_ci_low_{key}"] = cand.comparison.pause.shift.low
+        out[f"pause_diff_ci_high_{key}"] = cand.comparison.pause.shift.high
+    return {k: _round(v) if isinstance(v, float) else v for k, v in out.items() if v is not None}

@@ -62,6 +62,8 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
     result = _compare(
         "--offline-root",
         str(runs_root),
+        "--warmup",  # every checkpoint, to check the figures against the trainer's own
+        "0",
         "--json",
         str(out / "offline.json"),
         "--html",
@@ -102,6 +104,8 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
         *[a for p in PROFILES for a in ("--summary", f"{p}={tmp_path / f'{p}.json'}")],
         "--baseline",  # summaries carry no start time to tell which profile ran first
         PROFILES[0],
+        "--warmup",
+        "0",
         "--json",
         str(out / "summaries.json"),
         "--no-track",
