@@ -148,6 +148,12 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
     type=FiniteFloat(),
     help="The team's checkpoint cadence, for the net cost (GPU time paused + storage).",
 )
+@click.option(
+    "--allow-resumed",
+    is_flag=True,
+    help="Rank runs resumed part-way (their timings cover only part of a run) against "
+    "uninterrupted ones; refused (exit 3) without it.",
+)
 @click.option("--html", "html_path", type=click.Path(path_type=Path), help="Write the HTML report.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the JSON report.")
 @click.option(
@@ -182,6 +188,7 @@ def main(
     max_pause_s: float | None,
     max_pause_share: float | None,
     checkpoints_per_month: float | None,
+    allow_resumed: bool,
     html_path: Path | None,
     json_path: Path | None,
     markdown_path: Path | None,
@@ -213,6 +220,7 @@ def main(
         baseline=baseline,
         expected=expected,
         budget=Budget(max_pause_s, max_pause_share, checkpoints_per_month),
+        allow_resumed=allow_resumed,
         html_path=html_path,
         json_path=json_path,
         markdown_path=markdown_path,

@@ -12,6 +12,7 @@ from checkpoint_compare.config import CompareConfig
 from checkpoint_compare.cost import load_pricing
 from checkpoint_compare.errors import CompareError
 from checkpoint_compare.grouping import group_by_profile
+from checkpoint_compare.records import RunKind
 from checkpoint_compare.sources import Loaded, load_runs
 from checkpoint_compare.verdict import Verdict, build_verdict, op_outputs
 from checkpoint_storage_bench.tracking import tracked_run
@@ -37,6 +38,8 @@ def judge(config: CompareConfig) -> tuple[Verdict, Loaded]:
         baseline=config.baseline,
         failed_runs=failed,
         budget=config.budget,
+        hook_runs=[r for r in loaded.records if r.kind is RunKind.HOOK],
+        allow_resumed=config.allow_resumed,
     )
     return verdict, loaded
 

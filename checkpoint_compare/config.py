@@ -71,6 +71,7 @@ class CompareConfig:
         baseline: The baseline profile (default: the first one run).
         expected: Profiles that must be present.
         budget: Pause budget and cadence for the recommendation.
+        allow_resumed: Rank runs resumed part-way against uninterrupted ones anyway.
         html_path: Where to write the HTML report.
         json_path: Where to write the JSON report.
         markdown_path: Where to write the markdown report (also the run's readme).
@@ -86,6 +87,7 @@ class CompareConfig:
     baseline: str | None = None
     expected: tuple[str, ...] = ()
     budget: Budget = field(default_factory=Budget)
+    allow_resumed: bool = False
     html_path: Path | None = None
     json_path: Path | None = None
     markdown_path: Path | None = None

@@ -1,5 +1,9 @@
 """The figures of one profile, from its runs: checkpoint stages, runtime, loss, fio, hook.
 
+A distributed run's checkpoint pauses training until its slowest rank is done, so where a
+run recorded the slowest rank's pause (``ckpt_slowest_pause_s``) that is its pause; a
+single-process run's pause is its only rank's.
+
 A profile may have several training runs (repeats). The checkpoints of each run are split
 into warm-up (the first ``--warmup`` ones: a cold buffer, the first file in a directory)
 and measured ones; the measured pauses of all runs are pooled for the comparison, the
@@ -18,7 +22,15 @@ from typing import Any
 from checkpoint_compare.errors import NotComparable
 from checkpoint_compare.grouping import ProfileRuns
 from checkpoint_compare.records import RunRecord, Series
-from checkpoint_storage_bench.contract import STAGES, VAC_PARAMETER_PREFIX
+from checkpoint_storage_bench.contract import (
+    AGGREGATE_GBPS_METRIC,
+    IMAGE_INPUT,
+    RESUMED_FROM_STEP,
+    SLOWEST_PAUSE_METRIC,
+    STAGES,
+    VAC_PARAMETER_PREFIX,
+    WORLD_SIZE,
+)
 
 DEFAULT_WARMUP = 1
 """Checkpoints at the start of each run reported as warm-up and left out of the comparison."""
@@ -68,6 +80,10 @@ class RunFigures:
         loss_problem: Why there is no final loss to compare, if there is none.
         write_gbps_median: Median write bandwidth, GB/s.
         upload_gbps_median: Median upload bandwidth, GB/s.
+        aggregate_gbps_median: Median aggregate write rate of all ranks (distributed runs).
+        world_size: Ranks that wrote each checkpoint (None: a single process).
+        slowest_rank: Whether the pauses are the slowest rank's (a distributed run).
+        resumed_from_step: The step a resumed run continued from (None: uninterrupted).
     """
 
     run: RunRecord
@@ -82,6 +98,22 @@ class RunFigures:
     loss_problem: str | None
     write_gbps_median: float | None
     upload_gbps_median: float | None
+    aggregate_gbps_median: float | None = None
+    world_size: int | None = None
+    slowest_rank: bool = False
+    resumed_from_step: int | None = None
+
+    @property
+    def node(self) -> str | None:
+        return self.run.meta.get("node_name")
+
+    @property
+    def gpu_model(self) -> str | None:
+        return self.run.meta.get("gpu_model")
+
+    @property
+    def image(self) -> str | None:
+        return self.run.inputs.get(IMAGE_INPUT)
 
     @property
     def started(self) -> datetime | None:
@@ -158,6 +190,10 @@ class ProfileFigures:
         return _median_or_none([r.upload_gbps_median for r in self.per_run])
 
     @property
+    def aggregate_gbps_median(self) -> float | None:
+        return _median_or_none([r.aggregate_gbps_median for r in self.per_run])
+
+    @property
     def final_loss(self) -> float | None:
         """The median final loss of the runs; None when any run has none to compare."""
         if self.loss_problem:
@@ -191,6 +227,9 @@ def _median_or_none(values: list[float | None]) -> float | None:
 
 def _outputs_stage(run: RunRecord, stage: str) -> StageFigures | None:
     """A stage from the run's summary outputs (a source without per-checkpoint events)."""
+    slowest = _num(run.outputs.get(f"{SLOWEST_PAUSE_METRIC}_median"))
+    if stage == "pause" and slowest is not None:
+        return StageFigures(slowest, slowest, slowest)
     median = _num(run.outputs.get(f"ckpt_{stage}_s_median"))
     if median is None:
         return None
@@ -219,9 +258,17 @@ def _hook_figures(hook: RunRecord | None) -> dict[str, Any]:
     return figures
 
 
+def _stage_metric(run: RunRecord, stage: str) -> str:
+    """The metric that holds a stage per checkpoint: for the pause of a distributed run,
+    the slowest rank's."""
+    if stage == "pause" and run.metrics.get(SLOWEST_PAUSE_METRIC):
+        return SLOWEST_PAUSE_METRIC
+    return f"ckpt_{stage}_s"
+
+
 def pause_series(run: RunRecord) -> Series:
-    """The pause of every checkpoint of a run, by step."""
-    return sorted(run.metrics.get("ckpt_pause_s", []))
+    """The pause of every checkpoint of a run, by step (the slowest rank's when recorded)."""
+    return sorted(run.metrics.get(_stage_metric(run, "pause"), []))
 
 
 def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
@@ -240,7 +287,7 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
     warm_steps = {step for step, _ in pauses[:warmup]}
     stages: dict[str, StageFigures] = {}
     for stage in STAGES:
-        series = run.metrics.get(f"ckpt_{stage}_s", [])
+        series = run.metrics.get(_stage_metric(run, stage), [])
         values = [v for step, v in series if step not in warm_steps]
         if values:
             stages[stage] = StageFigures.of(values)
@@ -274,6 +321,13 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
         loss_problem=loss_problem,
         write_gbps_median=_median_metric(run, "ckpt_write_gbps"),
         upload_gbps_median=_median_metric(run, "ckpt_upload_gbps"),
+        aggregate_gbps_median=_median_metric(run, AGGREGATE_GBPS_METRIC),
+        world_size=int(world) if (world := _num(run.outputs.get(WORLD_SIZE))) else None,
+        slowest_rank=bool(run.metrics.get(SLOWEST_PAUSE_METRIC))
+        or _num(run.outputs.get(f"{SLOWEST_PAUSE_METRIC}_median")) is not None,
+        resumed_from_step=int(step)
+        if (step := _num(run.outputs.get(RESUMED_FROM_STEP))) is not None
+        else None,
     )
 
 
@@ -292,7 +346,7 @@ def profile_figures(runs: ProfileRuns, warmup: int = DEFAULT_WARMUP) -> ProfileF
         values = [
             v
             for r in per_run
-            for step, v in r.run.metrics.get(f"ckpt_{stage}_s", [])
+            for step, v in r.run.metrics.get(_stage_metric(r.run, stage), [])
             if step not in {s for s, _ in r.warmup}
         ]
         if values:

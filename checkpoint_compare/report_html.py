@@ -249,6 +249,7 @@ def to_html(verdict: Verdict) -> str:
             parts += [f"<li>{esc(a)}</li>" for a in verdict.assumptions]
             parts.append("</ul>")
     lines = comparison_lines(verdict) + [""] + recommendation_lines(verdict)
+    lines += [f"note: {n}" for n in verdict.notes]
     parts.append("<h2>Comparison</h2><pre>" + esc("\n".join(lines)) + "</pre>")
     if not plots_available():
         parts.append(f"<p id='no-plots'><i>{esc(NO_PLOTS)}</i></p>")

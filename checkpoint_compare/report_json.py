@@ -40,6 +40,13 @@ def _run(r: RunFigures) -> dict[str, Any]:
         "pause_share": r.pause_share,
         "final_loss": r.final_loss,
         "loss_problem": r.loss_problem,
+        "node_name": r.node,
+        "gpu_model": r.gpu_model,
+        "image": r.image,
+        "world_size": r.world_size,
+        "pause_is_slowest_rank": r.slowest_rank,
+        "aggregate_gbps_median": r.aggregate_gbps_median,
+        "resumed_from_step": r.resumed_from_step,
     }
 
 
@@ -120,6 +127,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
         },
         "profiles": profiles,
         "comparisons": comparisons,
+        "notes": verdict.notes,
         "failed_runs": [
             {"uuid": r.uuid, "name": r.name, "status": r.status, "message": r.message}
             for r in verdict.failed_runs

@@ -78,6 +78,8 @@ def to_markdown(verdict: Verdict) -> str:
         parts.append("")
     parts += rows
     parts += ["", "## Comparison", "", "```text", *comparison_lines(verdict), "```", ""]
+    if verdict.notes:
+        parts += ["## Notes", ""] + [f"- {n}" for n in verdict.notes] + [""]
     parts += ["## Assumptions", ""] + [f"- {a}" for a in verdict.assumptions]
     if verdict.failed_runs:
         parts += ["", "## Failed runs (not used)", ""]

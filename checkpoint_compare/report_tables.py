@@ -4,6 +4,7 @@ one place."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from checkpoint_compare.comparison import Difference
@@ -59,6 +60,11 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
             )
     timing += [
         row("write GB/s (median)", lambda s: _f(s.write_gbps_median)),
+        *(
+            [row("aggregate GB/s, all ranks (median)", lambda s: _f(s.aggregate_gbps_median))]
+            if any(s.aggregate_gbps_median is not None for s in profiles)
+            else []
+        ),
         row("upload GB/s (median)", lambda s: _f(s.upload_gbps_median)),
         row("total runtime s (median)", lambda s: f"{s.runtime_s:.2f}"),
         row(
@@ -69,6 +75,24 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
         row("share paused", lambda s: _f(s.pause_share, "{:.1%}")),
         row("final loss", lambda s: _f(s.final_loss, "{:.4f}") if not s.loss_problem else "?"),
     ]
+
+    def runs(fn) -> Callable[[ProfileFigures], str]:  # noqa: ANN001 — one value per run
+        return lambda s: ", ".join(_s(fn(r)) for r in s.per_run)
+
+    provenance = [row("node (per run)", runs(lambda r: r.node))]
+    for label, fn in (
+        ("GPU (per run)", lambda r: r.gpu_model),
+        ("image (per run)", lambda r: r.image),
+        ("ranks writing (per run)", lambda r: r.world_size),
+        ("resumed from step (per run)", lambda r: r.resumed_from_step),
+    ):
+        if any(fn(r) is not None for s in profiles for r in s.per_run):
+            provenance.append(row(label, runs(fn)))
+    if any(r.slowest_rank for s in profiles for r in s.per_run):
+        provenance.append(
+            row("pause measured", lambda s: ", ".join(
+                "slowest rank" if r.slowest_rank else "single process" for r in s.per_run))
+        )  # fmt: skip
 
     cases = sorted({c for s in profiles for c in s.fio})
     fio: list[Row] = []
@@ -105,7 +129,7 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
         row("GPU over the run", cost("gpu_run")),
         row("run total", cost("run_total")),
     ]
-    result = [("Checkpoints and the whole run", timing)]
+    result = [("Checkpoints and the whole run", timing), ("Where and what ran", provenance)]
     if fio:
         result.append(("fio sweep", fio))
     if any(s.hook for s in profiles):

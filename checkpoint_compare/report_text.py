@@ -34,6 +34,8 @@ def terminal(verdict: Verdict) -> str:
         if title == COST_SECTION:
             lines += ["Assumptions:"] + [f"  - {a}" for a in verdict.assumptions]
     lines += ["", "== Comparison"] + comparison_lines(verdict)
+    if verdict.notes:
+        lines += ["", "== Notes"] + [f"  - {n}" for n in verdict.notes]
     if verdict.failed_runs:
         lines += ["", "== Failed runs (not used)"]
         lines += [f"  {r.label}: {r.status} {r.message}".rstrip() for r in verdict.failed_runs]

@@ -29,16 +29,26 @@ from checkpoint_compare.records import (
     parse_time,
 )
 from checkpoint_storage_bench.contract import (
+    AGGREGATE_GBPS_METRIC,
     CHECKPOINT_METRICS,
     FIO_METRIC,
+    IMAGE_INPUT,
     LOSS_METRIC,
+    PROVENANCE_META,
+    SLOWEST_PAUSE_METRIC,
     SUMMARY_SCHEMA,
 )
 from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
 
 log = logging.getLogger(__name__)
 
-METRIC_NAMES = (*CHECKPOINT_METRICS.values(), LOSS_METRIC)
+# What a summary's checkpoint records → the metric the tracked run logs for it: the stages,
+# and for a distributed run the slowest rank's pause and the aggregate rate.
+SUMMARY_CHECKPOINT_FIELDS = CHECKPOINT_METRICS | {
+    "slowest_pause_s": SLOWEST_PAUSE_METRIC,
+    "aggregate_gbps": AGGREGATE_GBPS_METRIC,
+}
+METRIC_NAMES = (*SUMMARY_CHECKPOINT_FIELDS.values(), LOSS_METRIC)
 _FAILED = ("failed", "upstream_failed", "stopped")
 
 
@@ -169,7 +179,7 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         step = ckpt.get("step") if isinstance(ckpt, dict) else None
         if isinstance(step, bool) or not isinstance(step, int):
             raise BadInput(f"{path}: checkpoints[{i}] is not a checkpoint with an integer step")
-        for field_name, metric in CHECKPOINT_METRICS.items():
+        for field_name, metric in SUMMARY_CHECKPOINT_FIELDS.items():
             value = ckpt.get(field_name)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 if not math.isfinite(value):
@@ -186,6 +196,15 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         for stat in ("median", "min", "max"):
             if stat in figures:
                 outputs[f"ckpt_{stage}_{stat}"] = figures[stat]
+    # What ran and where: the summary's "provenance" (older summaries: top-level
+    # code_revision, the image digest among the inputs).
+    provenance = _mapping(data, "provenance", str(path))
+    meta = {
+        "code_revision": data.get("code_revision"),
+        "image_digest": inputs.get("image_digest"),
+    } | {k: provenance[k] for k in PROVENANCE_META if k in provenance}
+    if provenance.get(IMAGE_INPUT):
+        inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(
         RunRecord(
             uuid=f"summary:{path.name}",
@@ -195,10 +214,7 @@ def load_summary(profile: str, path: Path) -> RunRecord:
             outputs=outputs,
             metrics=metrics,
             source=str(path),
-            meta={
-                "code_revision": data.get("code_revision"),
-                "image_digest": inputs.get("image_digest"),
-            },
+            meta={k: v for k, v in meta.items() if v is not None},
         )
     )
 

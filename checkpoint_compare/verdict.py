@@ -30,6 +30,7 @@ from checkpoint_compare.grouping import ProfileRuns, run_time
 from checkpoint_compare.intervals import Shift
 from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
+from checkpoint_compare.switches import check_switches
 from checkpoint_storage_bench.contract import output_key
 
 
@@ -59,6 +60,7 @@ class Verdict:
         thresholds: The noise floors used.
         drift: The baseline's drift, when the pipeline returned to it at the end.
         recommendation: The profile to use given the budget and cadence, and why.
+        notes: About the whole comparison (checks that could not be made, resumed runs).
     """
 
     baseline: str
@@ -72,6 +74,7 @@ class Verdict:
     thresholds: Thresholds = field(default_factory=Thresholds)
     drift: Drift | None = None
     recommendation: Recommendation | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def winners(self) -> list[Candidate]:
@@ -178,6 +181,8 @@ def build_verdict(
     baseline: str | None = None,
     failed_runs: list[RunRecord] | None = None,
     budget: Budget | None = None,
+    hook_runs: list[RunRecord] | None = None,
+    allow_resumed: bool = False,
 ) -> Verdict:
     """Compare every profile with the baseline and decide.
 
@@ -188,12 +193,17 @@ def build_verdict(
         baseline: The baseline profile; default the first profile run.
         failed_runs: Failed training runs to mention.
         budget: Pause budget and cadence for the recommendation.
+        hook_runs: Every hook run seen: their ledgers show switches of the claim.
+        allow_resumed: Rank resumed runs against uninterrupted ones anyway.
 
     Raises:
-        NotComparable: The runs' fixed inputs differ, or a run lacks the figures needed.
+        NotComparable: The runs' fixed inputs, build, GPU or image differ, a resumed run
+            meets an uninterrupted one, the claim was switched inside a measured interval,
+            or a run lacks the figures needed.
         RunsMissing: The named baseline has no runs.
     """
-    check_comparable(groups)
+    notes = check_comparable(groups, allow_resumed)
+    notes += check_switches(groups, hook_runs or [])
     figures = [profile_figures(g, thresholds.warmup) for g in groups]
     names = [f.profile for f in figures]
     untimed = [g.profile for g in groups if any(run_time(r) is None for r in g.trainings)]
@@ -234,6 +244,7 @@ def build_verdict(
         failed_runs=failed_runs or [],
         thresholds=thresholds,
         drift=drift,
+        notes=notes,
     )
     best = verdict.best
     assert best is not None  # at least two profiles

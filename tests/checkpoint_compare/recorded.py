@@ -35,12 +35,15 @@ def write_training_run(
     final_loss: float | None = 2.5,
     fail: str | None = None,
     meta: dict[str, Any] | None = None,
+    outputs: dict[str, Any] | None = None,
+    per_checkpoint: dict[str, list[float]] | None = None,
     **inputs: Any,
 ) -> str:
     """Record a training run as the trainer does; returns its uuid.
 
     ``pauses`` are the per-checkpoint pause seconds (synchronous checkpoints: pause equals
-    total = serialize + write + fsync, split 10% / write_share / rest).
+    total = serialize + write + fsync, split 10% / write_share / rest). ``outputs`` adds run
+    outputs; ``per_checkpoint`` adds metric series (name → one value per checkpoint).
     """
     every = inputs.get("checkpoint_every", TRAINING_INPUTS["checkpoint_every"])
     nbytes = 16 * 2**20
@@ -64,7 +67,8 @@ def write_training_run(
                         "ckpt_total_s": pause,
                         "ckpt_bytes": nbytes,
                         "ckpt_write_gbps": nbytes / write / 1e9,
-                    },
+                    }
+                    | {name: values[i] for name, values in (per_checkpoint or {}).items()},
                 )
             if final_loss is not None:
                 t.log_metrics(len(pauses) * every, {"loss": final_loss})
@@ -79,6 +83,7 @@ def write_training_run(
                 ckpt_pause_s_median=statistics.median(pauses),
                 ckpt_pause_s_min=min(pauses),
                 ckpt_pause_s_max=max(pauses),
+                **(outputs or {}),
             )
     except RuntimeError:
         pass
