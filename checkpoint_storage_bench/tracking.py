@@ -79,6 +79,11 @@ class Tracker:
         if self._run and tags:
             self._run.log_tags(tags)
 
+    def set_readme(self, markdown: str) -> None:
+        """The run's readme: Polyaxon renders it on the run's page."""
+        if self._run:
+            self._run.set_readme(markdown, async_req=False)
+
     def log_artifact(self, path: Path, name: str | None = None, kind: str = "file") -> None:
         if self._run:
             self._run.log_artifact(path=str(path), name=name, kind=kind)
