@@ -62,6 +62,11 @@ def current_versions() -> list[Path]:
     return [component_versions(name)[-1] for name in component_names()]
 
 
+def current(name: str) -> Path:
+    """The newest numbered version of one component (what this source tree implements)."""
+    return component_versions(name)[-1]
+
+
 def component_names() -> list[str]:
     """Every component folder under ``components/``."""
     return sorted(p.name for p in COMPONENTS.iterdir() if p.is_dir())

@@ -18,6 +18,7 @@ from tests.bundle.bundle import (
     PIPELINE_UUID,
     Pod,
     compile_component,
+    current,
     current_versions,
     load_dag,
     op_uuid,
@@ -190,4 +191,4 @@ def test_an_unknown_connection_fails_to_compile(tmp_path: Path) -> None:
     agent = tmp_path / "agent.yaml"
     agent.write_text(yaml.safe_dump(config))
     with pytest.raises(Exception, match="checkpoints"):
-        compile_component(COMPONENTS / "fio-sweep" / "v1.0.yaml", {}, agent_config=agent)
+        compile_component(current("fio-sweep"), {}, agent_config=agent)

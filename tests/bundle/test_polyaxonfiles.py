@@ -20,6 +20,7 @@ from tests.bundle.bundle import (
     all_polyaxonfiles,
     check,
     component_names,
+    current,
 )
 
 POLYAXON = [sys.executable, "-m", "polyaxon"]
@@ -219,7 +220,7 @@ def test_check_polyaxonfile_with_real_params(path: Path, params: dict) -> None:
 )
 def test_bad_params_are_refused(name: str, params: dict, message: str) -> None:
     with pytest.raises(PolyaxonfileError) as error:
-        check(COMPONENTS / name / "v1.0.yaml", params)
+        check(current(name), params)
     assert re.search(message, str(error.value.__cause__ or error.value))
 
 
@@ -228,5 +229,6 @@ def test_every_component_input_has_a_type_and_a_description() -> None:
         component = check(path, REAL_PARAMS[path.parent.name][0]).component
         assert re.fullmatch(r"[-a-zA-Z0-9_]+", component.name), path
         assert component.name == path.parent.name, path
+        assert component.description, path
         for io in [*component.inputs, *(component.outputs or [])]:
             assert io.type and io.description, f"{path}: {io.name}"
