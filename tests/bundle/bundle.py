@@ -153,6 +153,33 @@ class Pod:
     def env(self) -> dict[str, Any]:
         return {e["name"]: e.get("value") for e in self.main.get("env") or []}
 
+    def field_ref(self, name: str) -> str | None:
+        """The pod field an env variable of the main container comes from (downward API)."""
+        (var,) = [e for e in self.main.get("env") or [] if e["name"] == name]
+        return ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+
+    @property
+    def termination(self) -> dict[str, Any]:
+        """What Polyaxon's operator puts on the Kubernetes Job: backoffLimit, deadline, policy."""
+        return self.manifest.get("termination") or {}
+
+    def as_job(self) -> dict[str, Any]:
+        """The batch/v1 Job the operator makes of it, for kubernetes-validate.
+
+        Polyaxon's CRD carries the pod template and the termination separately; the operator
+        sets ``backoffLimit``, ``activeDeadlineSeconds`` and ``podFailurePolicy`` on the Job.
+        """
+        spec = {"template": self.manifest["batchJobSpec"]["template"]}
+        for key in ("backoffLimit", "activeDeadlineSeconds", "podFailurePolicy"):
+            if key in self.termination:
+                spec[key] = self.termination[key]
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "job", "namespace": self.manifest["metadata"]["namespace"]},
+            "spec": spec,
+        }
+
     def mounts(self) -> dict[str, str]:
         """Mount path -> claim name of every persistentVolumeClaim mounted in the main container."""
         claims = {
@@ -178,11 +205,18 @@ class Pod:
 
 
 def compile_component(
-    path: Path, params: Mapping[str, Any] | None = None, agent_config: Path = AGENT_CONFIG
+    path: Path,
+    params: Mapping[str, Any] | None = None,
+    agent_config: Path = AGENT_CONFIG,
+    run_uuid: str | None = None,
 ) -> Pod:
     """Validate a component or operation file with params and compile it to a pod."""
     operation = check(path, params)
-    return Pod(to_kubernetes(operation, run_name=path.parent.name, agent_config=agent_config))
+    return Pod(
+        to_kubernetes(
+            operation, run_name=path.parent.name, run_uuid=run_uuid, agent_config=agent_config
+        )
+    )
 
 
 # ---- DAG ops --------------------------------------------------------------------------------
