@@ -24,6 +24,9 @@ COMPONENTS = ROOT / "components"
 POLYAXONFILES = ROOT / "polyaxonfiles"
 CONNECTIONS = ROOT / "connections"
 PIPELINE = POLYAXONFILES / "checkpoint-storage-pipeline.yaml"
+"""The two-profile pipeline (a wrapper over the general one), as released before."""
+PROFILES_PIPELINE = POLYAXONFILES / "checkpoint-storage-profiles.yaml"
+"""The general pipeline: any number of profiles, in order."""
 AGENT_CONFIGS = sorted(CONNECTIONS.glob("agent-config*.yaml"))
 AGENT_CONFIG = CONNECTIONS / "agent-config.yaml"
 
@@ -70,6 +73,17 @@ def current(name: str) -> Path:
 def component_names() -> list[str]:
     """Every component folder under ``components/``."""
     return sorted(p.name for p in COMPONENTS.iterdir() if p.is_dir())
+
+
+def is_dag(path: Path) -> bool:
+    """Whether a component file runs a DAG (it has no Kubernetes resource of its own)."""
+    (doc,) = load_yaml_documents(path)
+    return doc["run"]["kind"] == "dag"
+
+
+def job_component_names() -> list[str]:
+    """The components that run one job (a pod, or replicas of one), not a DAG."""
+    return [name for name in component_names() if not is_dag(current(name))]
 
 
 def all_polyaxonfiles() -> list[Path]:
@@ -146,6 +160,15 @@ class Pod:
         return main
 
     @property
+    def run_uuid(self) -> str:
+        return self.manifest["metadata"]["labels"]["operation.polyaxon.com/uuid"]
+
+    @property
+    def run_name(self) -> str:
+        """The run's name: for a pipeline op, the op's name (mapping runs share it)."""
+        return self.manifest["metadata"]["annotations"]["operation.polyaxon.com/name"]
+
+    @property
     def argv(self) -> list[str]:
         return list(self.main.get("command") or []) + list(self.main.get("args") or [])
 
@@ -220,6 +243,12 @@ def compile_component(
 
 
 # ---- DAG ops --------------------------------------------------------------------------------
+#
+# A DAG has no Kubernetes resource of its own: each op is compiled on its own, with its params
+# resolved the way the server resolves them (DAG inputs, upstream outputs, globals). Matrix
+# (mapping) values and join queries are rendered with Polyaxon's own parser and the op's
+# params, as the server's scheduler does before it creates the runs; a mapping's runs are made
+# with Polyaxon's own ``get_ops_from_suggestions``, and a nested DAG becomes a Dag of its own.
 
 
 def op_uuid(op_name: str) -> str:
@@ -229,10 +258,19 @@ def op_uuid(op_name: str) -> str:
 
 @dataclass
 class Dag:
-    """The pipeline as Polyaxon reads it, with its inputs resolved to values."""
+    """A pipeline (or a nested DAG run) as Polyaxon reads it, its inputs resolved to values.
+
+    Attributes:
+        operation: The operation whose component runs the DAG.
+        inputs: The DAG's input values (defaults, then params).
+        uuid: This DAG run's uuid (``globals.uuid`` in its ops' params).
+        path: Where this run sits in the tree of runs (stand-in uuids derive from it).
+    """
 
     operation: Any
     inputs: dict[str, Any]
+    uuid: str = PIPELINE_UUID
+    path: str = "pipeline"
 
     @property
     def run(self) -> Any:
@@ -241,6 +279,9 @@ class Dag:
     @property
     def ops(self) -> dict[str, Any]:
         return {op.name: op for op in self.run.operations}
+
+    def op_uuid(self, op_name: str) -> str:
+        return op_uuid(op_name if self.path == "pipeline" else f"{self.path}/{op_name}")
 
     def order(self) -> list[str]:
         """Polyaxon's own topological order of the ops, one per stage."""
@@ -267,36 +308,160 @@ class Dag:
             return value
         kind, _, name = value.partition(".")
         if ref == "dag":
-            return PIPELINE_UUID if value == "globals.uuid" else self.inputs[name]
+            return self.uuid if value == "globals.uuid" else self.inputs[name]
         assert ref.startswith("ops."), f"unexpected ref {ref}"
         upstream = ref.removeprefix("ops.")
         if value == "globals.uuid":
-            return op_uuid(upstream)
+            return self.op_uuid(upstream)
         assert kind == "outputs", f"unexpected ref value {value}"
         return self.stand_in_output(upstream, name)
 
-    def resolve_params(self, op_name: str) -> dict[str, Any]:
-        """An op's params as plain values; context-only params are not component inputs."""
+    def resolve_params(self, op_name: str, context: bool = False) -> dict[str, Any]:
+        """An op's params as plain values; context-only params (not component inputs) only
+        with ``context``."""
         params = self.ops[op_name].params or {}
-        return {k: self.resolve_param(p) for k, p in params.items() if not p.context_only}
+        return {
+            k: self.resolve_param(p) for k, p in params.items() if context or not p.context_only
+        }
 
-    def compile_op(self, op_name: str, agent_config: Path = AGENT_CONFIG) -> Pod:
-        """Compile one op of the DAG to the pod the agent would create for it."""
+    def standalone(
+        self, op_name: str, extra: Mapping[str, Any] | None = None, sections: bool = False
+    ) -> Any:
+        """The op as one operation with its params resolved (context-only ones kept as such).
+
+        With ``sections`` the op keeps its matrix and joins; otherwise it is one run of it
+        (``extra`` being, e.g., one mapping's values).
+        """
         from polyaxon._polyaxonfile import OperationSpecification
 
         op = self.ops[op_name]
+        params = {
+            k: {"value": self.resolve_param(p), **({"contextOnly": True} if p.context_only else {})}
+            for k, p in (op.params or {}).items()
+        }
+        params.update({k: {"value": v} for k, v in (extra or {}).items()})
+        content = {
+            "kind": "operation",
+            "name": op_name,
+            "component": op.component.to_dict(),
+            "params": params,
+        }
+        if sections:
+            content |= {
+                k: v
+                for k, v in {
+                    "matrix": op.matrix.to_dict() if op.matrix else None,
+                    "joins": [j.to_dict() for j in op.joins] if op.joins else None,
+                }.items()
+                if v
+            }
         with quiet_polyaxon():
-            standalone = OperationSpecification.read(
-                {
-                    "kind": "operation",
-                    "name": op_name,
-                    "component": op.component.to_dict(),
-                    "params": {k: {"value": v} for k, v in self.resolve_params(op_name).items()},
-                }
+            return OperationSpecification.read(content)
+
+    def _compiled(self, op_name: str) -> tuple[Any, dict[str, Any]]:
+        """The op compiled with its matrix/joins, and its param spec (the template context)."""
+        from polyaxon._polyaxonfile import CompiledOperationSpecification, OperationSpecification
+
+        operation = self.standalone(op_name, sections=True)
+        with quiet_polyaxon():
+            compiled = OperationSpecification.compile_operation(operation)
+            # As the scheduler does: the run's params (context-only ones too) onto the spec.
+            compiled = CompiledOperationSpecification.apply_params(
+                config=compiled, params={k: p.to_dict() for k, p in operation.params.items()}
             )
+            spec = CompiledOperationSpecification.calculate_context_spec(
+                config=compiled, contexts={"globals": {"uuid": self.op_uuid(op_name)}}
+            )
+        return compiled, spec
+
+    def mapping(self, op_name: str) -> list[dict[str, Any]]:
+        """The values of an op's mapping matrix, rendered as the scheduler renders them."""
+        from polyaxon._polyaxonfile import CompiledOperationSpecification
+        from polyaxon.tuners.mapping import MappingManager
+
+        compiled, spec = self._compiled(op_name)
+        with quiet_polyaxon():
+            matrix = compiled.matrix.__class__.read(
+                CompiledOperationSpecification.apply_section_contexts(
+                    config=compiled, section=compiled.matrix.to_dict(), param_spec=spec
+                )
+            )
+        assert matrix.kind == "mapping", matrix
+        return list(MappingManager(matrix).get_suggestions())
+
+    def matrix(self, op_name: str) -> Any:
+        """The op's matrix as written (kind, concurrency)."""
+        return self.ops[op_name].matrix
+
+    def joins(self, op_name: str) -> list[Any]:
+        """An op's joins with their queries rendered, as the scheduler renders them."""
+        from polyaxon._polyaxonfile import CompiledOperationSpecification
+        from polyaxon.schemas import V1Join
+
+        compiled, spec = self._compiled(op_name)
+        with quiet_polyaxon():
+            return [
+                V1Join.read(
+                    CompiledOperationSpecification.apply_section_contexts(
+                        config=compiled, section=join.to_dict(), param_spec=spec
+                    )
+                )
+                for join in compiled.joins or []
+            ]
+
+    def children(self, op_name: str) -> list[Dag]:
+        """The nested DAG runs a mapping op makes, one per value, built the server's way."""
+        from polyaxon._polyaxonfile.manager import get_ops_from_suggestions
+
+        values = self.mapping(op_name)
+        compiled, _ = self._compiled(op_name)
+        content = self.standalone(op_name, sections=True).to_json()
+        with quiet_polyaxon():
+            runs = list(get_ops_from_suggestions(content, compiled, values))
+        dags = []
+        for i, run in enumerate(runs):
+            component = run.component
+            assert component.run.kind == "dag", f"{op_name} does not run a DAG"
+            inputs = {io.name: io.value for io in component.inputs or []}
+            inputs.update({k: p.value for k, p in (run.params or {}).items()})
+            path = f"{self.path}/{op_name}[{i}]"
+            dags.append(Dag(operation=run, inputs=inputs, uuid=op_uuid(path), path=path))
+        return dags
+
+    def compile_op(
+        self,
+        op_name: str,
+        agent_config: Path = AGENT_CONFIG,
+        extra: Mapping[str, Any] | None = None,
+        index: int | None = None,
+    ) -> Pod:
+        """Compile one op of the DAG to its pod; for a mapping op, its ``index``-th run, whose
+        values are ``extra``."""
+        standalone = self.standalone(op_name, extra)
+        name = op_name if index is None else f"{op_name}[{index}]"
         return Pod(
-            to_kubernetes(standalone, op_name, run_uuid=op_uuid(op_name), agent_config=agent_config)
+            to_kubernetes(
+                standalone, op_name, run_uuid=self.op_uuid(name), agent_config=agent_config
+            )
         )
+
+    def jobs(self, agent_config: Path = AGENT_CONFIG) -> dict[str, Pod]:
+        """Every job this DAG runs, nested DAGs and mapping runs included, compiled, by path,
+        in the order the tree runs them."""
+        pods: dict[str, Pod] = {}
+        for name in self.order():
+            op = self.ops[name]
+            if op.component.run.kind == "dag":
+                for child in self.children(name):
+                    pods.update(child.jobs(agent_config))
+            elif op.matrix is not None:
+                for i, values in enumerate(self.mapping(name)):
+                    pods[f"{self.path}/{name}[{i}]"] = self.compile_op(
+                        name, agent_config, extra=values, index=i
+                    )
+            else:
+                pods[f"{self.path}/{name}"] = self.compile_op(name, agent_config)
+        return pods
 
 
 def load_dag(path: Path = PIPELINE, params: Mapping[str, Any] | None = None) -> Dag:
@@ -305,3 +470,9 @@ def load_dag(path: Path = PIPELINE, params: Mapping[str, Any] | None = None) -> 
     inputs = {io.name: io.value for io in operation.component.inputs or []}
     inputs.update({k: p.value for k, p in (operation.params or {}).items()})
     return Dag(operation=operation, inputs=inputs)
+
+
+def joined(pods: Mapping[str, Pod], names: set[str]) -> list[str]:
+    """The uuids a join on ``name: a|b|c`` of a comparison's jobs returns, in creation order
+    (the server creates the ops in the order the tree runs them)."""
+    return [pod.run_uuid for pod in pods.values() if pod.run_name in names]

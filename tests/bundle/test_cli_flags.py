@@ -22,8 +22,17 @@ import sys
 
 import pytest
 
-from tests.bundle.bundle import ROOT, compile_component, current_versions, load_dag
-from tests.bundle.test_polyaxonfiles import REAL_PARAMS, SMALL_PIPELINE
+from tests.bundle.bundle import (
+    PIPELINE,
+    PROFILES_PIPELINE,
+    ROOT,
+    compile_component,
+    current_versions,
+    is_dag,
+    joined,
+    load_dag,
+)
+from tests.bundle.test_polyaxonfiles import REAL_PARAMS, SMALL_PIPELINE, SMALL_THREE
 
 # argv: MODULE, then a JSON list of argument lists. Prints a JSON list of results.
 # Leaf commands stop once their arguments are parsed and converted. A group runs its own
@@ -64,14 +73,32 @@ def command_lines() -> dict[str, list[str]]:
     """Every argv the bundle can run, by where it comes from."""
     lines: dict[str, list[str]] = {}
     for path in current_versions():
+        if is_dag(path):
+            continue  # its jobs come through the pipelines below
         for i, params in enumerate(REAL_PARAMS[path.parent.name]):
             pod = compile_component(path, params)
             lines[f"{path.parent.name}/{path.stem}[{i}]"] = pod.argv
-    for name, params in (("pipeline", {}), ("pipeline-small", SMALL_PIPELINE)):
-        dag = load_dag(params=params)
-        for op in dag.ops:
-            lines[f"{name}:{op}"] = dag.compile_op(op).argv
+    pipelines = {
+        "pipeline": (PIPELINE, {}),
+        "pipeline-small": (PIPELINE, SMALL_PIPELINE),
+        "profiles-small": (PROFILES_PIPELINE, SMALL_THREE),
+    }
+    for name, (path, params) in pipelines.items():
+        dag = load_dag(path, params)
+        jobs = dag.jobs()
+        for job, pod in jobs.items():
+            lines[f"{name}:{job}"] = pod.argv
+        # compare as the server runs it: with the runs its join found (every job below).
+        (general, compare) = _compare_of(dag, jobs)
+        runs = joined(jobs, {"switch", "fio", "train"})
+        lines[f"{name}:{compare}+joins"] = general.compile_op("compare", extra={"runs": runs}).argv
     return lines
+
+
+def _compare_of(dag, jobs) -> tuple:
+    """The DAG that holds the compare op (the general pipeline, maybe nested) and its path."""
+    (path,) = [job for job in jobs if job.endswith("/compare")]
+    return (dag if path == "pipeline/compare" else dag.children("comparison")[0]), path
 
 
 def module_and_args(argv: list[str]) -> tuple[str, list[str]]:
@@ -140,7 +167,7 @@ def test_the_cli_accepts_the_command_line(source: str, results) -> None:
 
 def test_a_wrong_flag_or_value_is_refused() -> None:
     # The checks above must be able to fail: the trainer's pipeline command, slightly wrong.
-    module, args = module_and_args(LINES["pipeline:train-baseline"])
+    module, args = module_and_args(LINES["pipeline:pipeline/comparison[0]/stages[0]/train[0]"])
     wrong_flag = [a.replace("--checkpoint-every", "--checkpoint-each") for a in args]
     # A value only the dry parse converts: --help stops before values are checked.
     wrong_value = [*args, "--device", "gpu"]

@@ -6,6 +6,7 @@ Everything is read from the compiled job (Polyaxon's converter, the agent config
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -14,10 +15,12 @@ import pytest
 from tests.bundle.bundle import (
     COMPONENTS,
     Pod,
+    check,
     compile_component,
     current,
     load_yaml_documents,
 )
+from tests.bundle.test_polyaxonfiles import REAL_PARAMS
 
 IMAGE = "registry.example.com/ml/checkpoint-storage-bench:9.9.9"
 FIXED_UUID = "0123456789abcdef0123456789abcdef"
@@ -115,7 +118,17 @@ def test_training_retries_the_loss_of_its_node(training: Pod) -> None:
     assert 1 <= training.termination["backoffLimit"] <= 3
 
 
-@pytest.mark.parametrize("fixture", ["training", "hook"])
+@pytest.fixture(scope="module")
+def plan() -> Pod:
+    return compile_component(current("storage-profile-plan"), {"profiles": ["a", "b"]})
+
+
+@pytest.fixture(scope="module")
+def release() -> Pod:
+    return compile_component(current("storage-profile-release"), {"holder": FIXED_UUID})
+
+
+@pytest.mark.parametrize("fixture", ["training", "hook", "plan", "release"])
 def test_pod_failure_policy_is_valid_on_a_kubernetes_job(fixture: str, request) -> None:
     pod: Pod = request.getfixturevalue(fixture)
     policy = pod.termination["podFailurePolicy"]
@@ -144,6 +157,19 @@ def test_the_hook_is_never_retried_on_failure(hook: Pod) -> None:
     assert retried(hook, None, ("DisruptionTarget",))
 
 
+def test_a_refused_plan_is_final(plan: Pod) -> None:
+    # Exit 3: the modifications do not fit the window now; trying again at once cannot help.
+    for code in (1, 2, 3):
+        assert not retried(plan, code), code
+    assert plan.termination["activeDeadlineSeconds"] > 0
+
+
+def test_the_release_is_tried_again(release: Pod) -> None:
+    # Idempotent, and a lease left behind blocks the claim until it expires.
+    assert retried(release, 1)
+    assert not retried(release, 2)  # bad arguments stay bad
+
+
 @pytest.mark.parametrize("timeout", [60, 1800, 7200])
 def test_the_hook_has_a_backstop_above_its_own_deadline(timeout: int) -> None:
     pod = compile_component(current("storage-profile"), {"target_class": "x", "timeout": timeout})
@@ -159,8 +185,8 @@ def test_every_component_disables_caching_itself() -> None:
     for path in sorted(COMPONENTS.glob("*/latest.yaml")):
         (doc,) = load_yaml_documents(path)
         assert doc.get("cache") == {"disable": True}, path
-        operation = compile_component(path, KIND_PARAMS[path.parent.name])
-        assert operation.manifest  # compiles with the section
+        # Polyaxon reads it as the component's own cache policy.
+        assert check(path, REAL_PARAMS[path.parent.name][0]).component.cache.disable is True
 
 
 KIND_PARAMS = {
@@ -319,19 +345,25 @@ def test_the_profile_label_reaches_the_env(training: Pod) -> None:
     assert fio.env["STORAGE_PROFILE"] == ""  # unset: no label, never the string "null"
 
 
+# "{{ '--x=' ~ x if x else '' }}", "{{ '--x' if x else '' }}": a flag built by hand.
+HAND_BUILT_FLAG = re.compile(r"'--[^']*'[^{}]*\bif\b[^{}]*\belse\s+''")
+
+
 def test_no_hand_built_optional_flags_are_left() -> None:
-    # Polyaxon's own idioms (argFormat/isFlag with params.X.as_arg) instead of
-    # "{{ '--x' if x else '' }}" strings in the args.
+    # Polyaxon's own idioms (argFormat/isFlag with params.X.as_arg) instead.
     for path in sorted(COMPONENTS.glob("*/latest.yaml")):
-        if path.parent.name == "checkpoint-compare":
-            continue  # its per-profile args go with the two-profile pipeline, next
         (doc,) = load_yaml_documents(path)
         for arg in _container_args(doc):
-            assert " if " not in arg or "params." in arg, f"{path}: {arg}"
+            assert not HAND_BUILT_FLAG.search(arg), f"{path}: {arg}"
+    # The check must be able to fail: the released v1.0 files still build flags by hand.
+    (released,) = load_yaml_documents(COMPONENTS / "checkpoint-training" / "v1.0.yaml")
+    assert any(HAND_BUILT_FLAG.search(arg) for arg in _container_args(released))
 
 
 def _container_args(doc: dict[str, Any]) -> list[str]:
+    """The args of every container of a job component (one template string counts as one)."""
     run = doc["run"]
-    containers = [run["container"]] if "container" in run else []
-    args = [a for c in containers for a in c.get("args") or [] if isinstance(a, str)]
-    return args
+    if run["kind"] == "dag":
+        return []
+    args = run["container"].get("args") or []
+    return [args] if isinstance(args, str) else [a for a in args if isinstance(a, str)]
