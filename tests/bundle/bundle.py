@@ -143,20 +143,46 @@ def to_kubernetes(
     return ApiClient().sanitize_for_serialization(crd)
 
 
+# A Kubeflow replica's restartPolicy becomes its pods' restartPolicy; ExitCode (restart on a
+# signal, fail on the program's own exit codes) is the operator's own and runs as Never.
+KUBEFLOW_POD_RESTART = {"ExitCode": "Never"}
+
+
 @dataclass(frozen=True)
 class Pod:
-    """The parts of a compiled Polyaxon job that the tests look at."""
+    """The parts of a compiled Polyaxon job that the tests look at.
+
+    ``replica`` picks one replica type (``Master``, ``Worker``) of a Kubeflow job.
+    """
 
     manifest: dict[str, Any]
+    replica: str | None = None
+
+    @property
+    def template(self) -> dict[str, Any]:
+        if self.replica is None:
+            return self.manifest["batchJobSpec"]["template"]
+        return self.manifest["pytorchJobSpec"]["replicaSpecs"][self.replica]["template"]
 
     @property
     def spec(self) -> dict[str, Any]:
-        return self.manifest["batchJobSpec"]["template"]["spec"]
+        return self.template["spec"]
+
+    def replicas(self) -> dict[str, Pod]:
+        """The replica types of a Kubeflow PyTorchJob, each as the pods it makes."""
+        specs = self.manifest["pytorchJobSpec"]["replicaSpecs"]
+        return {name: Pod(self.manifest, name) for name in specs}
+
+    @property
+    def replica_count(self) -> int:
+        return self.manifest["pytorchJobSpec"]["replicaSpecs"][self.replica]["replicas"]
 
     @property
     def main(self) -> dict[str, Any]:
-        """The container that runs the component's command (Polyaxon names it polyaxon-main)."""
-        (main,) = [c for c in self.spec["containers"] if c["name"] == "polyaxon-main"]
+        """The container that runs the component's command (Polyaxon names it polyaxon-main;
+        in a PyTorchJob replica it is `pytorch`, the name Kubeflow's operator looks for)."""
+        name = "polyaxon-main" if self.replica is None else "pytorch"
+        (main,) = [c for c in self.spec["containers"] if c["name"] == name]
         return main
 
     @property
@@ -192,7 +218,7 @@ class Pod:
         Polyaxon's CRD carries the pod template and the termination separately; the operator
         sets ``backoffLimit``, ``activeDeadlineSeconds`` and ``podFailurePolicy`` on the Job.
         """
-        spec = {"template": self.manifest["batchJobSpec"]["template"]}
+        spec = {"template": self.template}
         for key in ("backoffLimit", "activeDeadlineSeconds", "podFailurePolicy"):
             if key in self.termination:
                 spec[key] = self.termination[key]
@@ -218,13 +244,12 @@ class Pod:
 
     def as_pod(self) -> dict[str, Any]:
         """The job's pod template as a plain v1 Pod, for kubernetes-validate."""
-        template = self.manifest["batchJobSpec"]["template"]
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": template["metadata"],
-            "spec": template["spec"],
-        }
+        template = self.template
+        spec = dict(template["spec"])
+        if self.replica is not None and "restartPolicy" in spec:
+            policy = spec["restartPolicy"]
+            spec["restartPolicy"] = KUBEFLOW_POD_RESTART.get(policy, policy)
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": spec}
 
 
 def compile_component(

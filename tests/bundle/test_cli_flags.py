@@ -76,8 +76,12 @@ def command_lines() -> dict[str, list[str]]:
         if is_dag(path):
             continue  # its jobs come through the pipelines below
         for i, params in enumerate(REAL_PARAMS[path.parent.name]):
-            pod = compile_component(path, params)
-            lines[f"{path.parent.name}/{path.stem}[{i}]"] = pod.argv
+            job = compile_component(path, params)
+            if "pytorchJobSpec" in job.manifest:
+                for replica, pod in job.replicas().items():
+                    lines[f"{path.parent.name}/{path.stem}[{i}]/{replica}"] = pod.argv
+            else:
+                lines[f"{path.parent.name}/{path.stem}[{i}]"] = job.argv
     pipelines = {
         "pipeline": (PIPELINE, {}),
         "pipeline-small": (PIPELINE, SMALL_PIPELINE),
@@ -101,7 +105,20 @@ def _compare_of(dag, jobs) -> tuple:
     return (dag if path == "pipeline/compare" else dag.children("comparison")[0]), path
 
 
+# What the Kubeflow operator sets in a PyTorchJob pod; the kubelet expands $(VAR) with it.
+OPERATOR_ENV = {"MASTER_ADDR": "train-master-0", "MASTER_PORT": "23456", "RANK": "1"}
+
+
 def module_and_args(argv: list[str]) -> tuple[str, list[str]]:
+    """The module a command line runs and its arguments: ``python -m M ...``, or torchrun's
+    ``-m M ...`` read with torchrun's own parser (which must accept its options)."""
+    if argv[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        expanded = [re.sub(r"\$\((\w+)\)", lambda m: OPERATOR_ENV[m[1]], a) for a in argv]
+        options = get_args_parser().parse_args(expanded[1:])
+        assert options.module, f"torchrun without -m: {argv}"
+        return options.training_script, list(options.training_script_args)
     assert argv[:2] == ["python", "-m"], f"not a `python -m` command line: {argv}"
     return argv[2], argv[3:]
 
@@ -152,14 +169,14 @@ def test_the_command_lines_cover_every_cli() -> None:
 def test_the_cli_accepts_the_command_line(source: str, results) -> None:
     argv = LINES[source]
     help_run, dry_run = results[tuple(argv)]["help"], results[tuple(argv)]["dry"]
-    _, args = module_and_args(argv)
+    module, args = module_and_args(argv)
     assert help_run["code"] == 0, f"{argv}\n{help_run['stdout']}{help_run['stderr']}"
     listed = set(re.findall(r"--[a-z0-9][a-z0-9-]*", help_run["stdout"]))
     missing = [flag for flag in flags(args) if flag not in listed]
-    assert not missing, f"{missing} not in the help of {argv[2]}:\n{help_run['stdout']}"
+    assert not missing, f"{missing} not in the help of {module}:\n{help_run['stdout']}"
     assert dry_run["code"] == 0, f"{argv}\n{dry_run['stdout']}{dry_run['stderr']}"
     # The command that parsed them is the one the argv names (e.g. the hook's `switch`).
-    command = " ".join([argv[2].split(".")[-1], *args[: args.index(flags(args)[0])]])
+    command = " ".join([module.split(".")[-1], *args[: args.index(flags(args)[0])]])
     assert re.search(rf"^ARGUMENTS-PARSED .*{re.escape(command)}$", dry_run["stdout"], re.M), (
         dry_run["stdout"]
     )

@@ -133,6 +133,7 @@ KIND_OF_COMPONENT = {
     "storage-profile-release": ("hook", {"holder": "0" * 32}),
     "fio-sweep": ("fio", {}),
     "checkpoint-compare": ("compare", {"pipeline": "0" * 32}),
+    "checkpoint-training-pytorchjob": ("pytorchjob", {"storage_profile": "checkpoint-baseline"}),
 }
 JOB_FILES = [p for p in sorted(COMPONENTS.glob("*/*.yaml")) if not is_dag(p)]
 
@@ -141,15 +142,22 @@ JOB_FILES = [p for p in sorted(COMPONENTS.glob("*/*.yaml")) if not is_dag(p)]
 @pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_component_compiles_to_a_valid_pod(path: Path, agent_config: Path) -> None:
     kind, params = KIND_OF_COMPONENT[path.parent.name]
-    pod = compile_component(path, params, agent_config=agent_config)
-    assert pod.manifest["metadata"]["namespace"] == "ml-team"
+    job = compile_component(path, params, agent_config=agent_config)
+    assert job.manifest["metadata"]["namespace"] == "ml-team"
     image = "registry.example.com/ml/checkpoint-storage-bench"
-    if path.name == "latest.yaml" or path in current_versions():
-        assert pod.main["image"] == f"{image}:{package_version()}"
-    else:
-        assert pod.main["image"].startswith(f"{image}:")
-    assert_kind_of_op(pod, kind)
-    assert_valid_pod(pod)
+    # A PyTorchJob makes pods of each replica type (test_distributed.py looks closer).
+    pods = list(job.replicas().values()) if kind == "pytorchjob" else [job]
+    for pod in pods:
+        if path.name == "latest.yaml" or path in current_versions():
+            assert pod.main["image"] == f"{image}:{package_version()}"
+        else:
+            assert pod.main["image"].startswith(f"{image}:")
+        if kind == "pytorchjob":
+            assert pod.mounts() == {"/checkpoints": "training-checkpoints-shared"}
+            assert pod.spec.get("serviceAccountName") != HOOK_SERVICE_ACCOUNT
+        else:
+            assert_kind_of_op(pod, kind)
+        assert_valid_pod(pod)
 
 
 def test_dag_components_have_no_pod_of_their_own() -> None:

@@ -36,10 +36,11 @@ def fio_outputs() -> set[str]:
     ("name", "params", "expected"),
     [
         ("checkpoint-training", {"storage_profile": "x"}, set(TRAINING_OUTPUTS)),
+        ("checkpoint-training-pytorchjob", {"storage_profile": "x"}, set(TRAINING_OUTPUTS)),
         ("storage-profile", {"target_class": "x"}, set(HOOK_OUTPUTS)),
         ("fio-sweep", {}, fio_outputs()),
     ],
-    ids=["checkpoint-training", "storage-profile", "fio-sweep"],
+    ids=["checkpoint-training", "checkpoint-training-pytorchjob", "storage-profile", "fio-sweep"],
 )
 def test_declared_outputs_are_the_contracts(name: str, params: dict, expected: set[str]) -> None:
     declared = declared_outputs(name, params)

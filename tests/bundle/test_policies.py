@@ -365,5 +365,9 @@ def _container_args(doc: dict[str, Any]) -> list[str]:
     run = doc["run"]
     if run["kind"] == "dag":
         return []
-    args = run["container"].get("args") or []
-    return [args] if isinstance(args, str) else [a for a in args if isinstance(a, str)]
+    replicas = [run[r] for r in ("master", "worker") if r in run] or [run]
+    found = []
+    for replica in replicas:
+        args = replica["container"].get("args") or []
+        found += [args] if isinstance(args, str) else [a for a in args if isinstance(a, str)]
+    return found

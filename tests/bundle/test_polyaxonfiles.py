@@ -175,6 +175,22 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "repeat": 2,
             **PLACEMENT,
         },
+        {"storage_profile": "checkpoint-throughput", "nproc_per_node": 4},
+    ],
+    "checkpoint-training-pytorchjob": [
+        {"storage_profile": "checkpoint-baseline"},
+        {
+            "storage_profile": "checkpoint-throughput",
+            "claim": "efs-checkpoints",
+            "workers": 3,
+            "nproc_per_node": 8,
+            "model_size": "16MiB",
+            "steps": 20,
+            "checkpoint_every": 5,
+            "device": "cpu",
+            "track": False,
+            **PLACEMENT,
+        },
     ],
     "storage-profile": [
         {"target_class": "checkpoint-throughput"},

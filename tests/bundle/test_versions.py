@@ -57,7 +57,9 @@ def default_images() -> dict[str, str]:
                 for op in doc["run"]["operations"]
             ), name
         else:
-            assert doc["run"]["container"]["image"] == "{{ image }}", name
+            replicas = [doc["run"][r] for r in ("master", "worker") if r in doc["run"]]
+            for replica in replicas or [doc["run"]]:
+                assert replica["container"]["image"] == "{{ image }}", name
         images[name] = image["value"]
     return images
 
