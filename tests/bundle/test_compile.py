@@ -54,7 +54,7 @@ def train_argv(run: str, profile: str) -> list[str]:
         *["--steps", "200", "--checkpoint-every", "50", "--keep", "2", "--model-size", "1GiB"],
         *["--seed", "0", "--format", "raw", "--durability", "fsync", "--sync"],
         *["--device", "auto", "--batch-size", "8", "--seq-len", "64", "--lr", "0.0003"],
-        *["--log-every", "10"],
+        *["--log-every", "10", "--resume", "auto", "--io-streams", "1", "--parallel", "none"],
     ]
 
 

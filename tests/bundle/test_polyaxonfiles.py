@@ -162,7 +162,7 @@ REAL_PARAMS: dict[str, list[dict]] = {
         {
             "storage_profile": "checkpoint-throughput",
             "checkpoint_dir": "/checkpoints/throughput-resumed",
-            "resume": True,
+            "resume": "always",
             "upload_to": "s3://acme-ml-checkpoints/run-1",
             "model_size": "16MiB",
             "steps": 20,
@@ -175,7 +175,15 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "repeat": 2,
             **PLACEMENT,
         },
-        {"storage_profile": "checkpoint-throughput", "nproc_per_node": 4},
+        {
+            "storage_profile": "checkpoint-throughput",
+            "nproc_per_node": 4,
+            "parallel": "fsdp",
+            "checkpoint_format": "dcp",
+            "io_streams": 4,
+            "overlap": False,
+            "resume": "never",
+        },
     ],
     "checkpoint-training-pytorchjob": [
         {"storage_profile": "checkpoint-baseline"},
@@ -184,6 +192,8 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "claim": "efs-checkpoints",
             "workers": 3,
             "nproc_per_node": 8,
+            "parallel": "ddp",
+            "checkpoint_format": "safetensors",
             "model_size": "16MiB",
             "steps": 20,
             "checkpoint_every": 5,
@@ -257,6 +267,12 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "final_loss": [3.1, 3.1, 3.1],
             "fio_profiles": THREE_PROFILES,
             "fio_seqwrite_1m_bw_mbps": [125.0, 250.0, 1000.0],
+            "max_pause_s": 2.0,
+            "max_pause_share": 0.05,
+            "checkpoints_per_month": 3000,
+            "warmup": 1,
+            "practical_floor_s": 0.1,
+            "allow_resumed": True,
         },
     ],
     "checkpoint-stage": [
@@ -279,6 +295,11 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "repeats": 2,
             "return_to_first": True,
             "upload_to": "s3://acme-ml-checkpoints/comparison",
+            "nproc_per_node": 8,
+            "parallel": "fsdp",
+            "max_pause_s": 2.0,
+            "max_pause_share": 0.05,
+            "checkpoints_per_month": 3000,
             **PLACEMENT,
         },
     ],
@@ -301,6 +322,8 @@ SMALL_THREE = {
     "repeats": 2,
     "return_to_first": True,
     "upload_to": "file:///tmp/checkpoint-uploads",
+    "max_pause_s": 1.0,
+    "checkpoints_per_month": 720,
 }
 """The three-profile pipeline, small, with repeats and the return to the first profile."""
 
