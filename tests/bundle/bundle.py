@@ -7,6 +7,9 @@ configuration shipped in ``connections/``.
 
 from __future__ import annotations
 
+import copy
+import functools
+import json
 import re
 import tomllib
 import uuid
@@ -218,10 +221,10 @@ class Pod:
         Polyaxon's CRD carries the pod template and the termination separately; the operator
         sets ``backoffLimit``, ``activeDeadlineSeconds`` and ``podFailurePolicy`` on the Job.
         """
-        spec = {"template": self.template}
+        spec = {"template": copy.deepcopy(self.template)}
         for key in ("backoffLimit", "activeDeadlineSeconds", "podFailurePolicy"):
             if key in self.termination:
-                spec[key] = self.termination[key]
+                spec[key] = copy.deepcopy(self.termination[key])
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -501,3 +504,18 @@ def joined(pods: Mapping[str, Pod], names: set[str]) -> list[str]:
     """The uuids a join on ``name: a|b|c`` of a comparison's jobs returns, in creation order
     (the server creates the ops in the order the tree runs them)."""
     return [pod.run_uuid for pod in pods.values() if pod.run_name in names]
+
+
+@functools.lru_cache(maxsize=8)
+def _pipeline_jobs(path: Path, params_json: str, agent_config: Path) -> dict[str, Pod]:
+    return load_dag(path, json.loads(params_json)).jobs(agent_config)
+
+
+def pipeline_jobs(
+    path: Path = PIPELINE,
+    params: Mapping[str, Any] | None = None,
+    agent_config: Path = AGENT_CONFIG,
+) -> dict[str, Pod]:
+    """Every job of a pipeline with params, compiled (once per session: several test files
+    look at the same pipelines, and compiling every job of a tree takes a while)."""
+    return _pipeline_jobs(path, json.dumps(dict(params or {}), sort_keys=True), agent_config)

@@ -31,6 +31,7 @@ from tests.bundle.bundle import (
     is_dag,
     joined,
     load_dag,
+    pipeline_jobs,
 )
 from tests.bundle.test_polyaxonfiles import REAL_PARAMS, SMALL_PIPELINE, SMALL_THREE
 
@@ -89,7 +90,7 @@ def command_lines() -> dict[str, list[str]]:
     }
     for name, (path, params) in pipelines.items():
         dag = load_dag(path, params)
-        jobs = dag.jobs()
+        jobs = pipeline_jobs(path, params)
         for job, pod in jobs.items():
             lines[f"{name}:{job}"] = pod.argv
         # compare as the server runs it: with the runs its join found (every job below).

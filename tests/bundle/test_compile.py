@@ -23,6 +23,7 @@ from tests.bundle.bundle import (
     load_dag,
     op_uuid,
     package_version,
+    pipeline_jobs,
 )
 
 HOOK_SERVICE_ACCOUNT = "storage-profile-hook"
@@ -167,28 +168,30 @@ def test_dag_components_have_no_pod_of_their_own() -> None:
 
 
 @pytest.fixture(scope="module", params=AGENT_CONFIGS, ids=lambda p: p.stem)
-def pipeline_jobs(request) -> dict[str, Pod]:
+def two_profile_jobs(request) -> dict[str, Pod]:
     """Every job of the two-profile pipeline with its defaults, compiled with one agent config."""
-    return load_dag().jobs(request.param)
+    return pipeline_jobs(agent_config=request.param)
 
 
-def test_pipeline_runs_exactly_these_jobs(pipeline_jobs) -> None:
-    assert list(pipeline_jobs) == list(PIPELINE_ARGV)
+def test_pipeline_runs_exactly_these_jobs(two_profile_jobs) -> None:
+    assert list(two_profile_jobs) == list(PIPELINE_ARGV)
 
 
 @pytest.mark.parametrize("job", list(PIPELINE_ARGV))
-def test_pipeline_job_compiles_to_the_expected_command(pipeline_jobs, job: str) -> None:
-    pod = pipeline_jobs[job]
+def test_pipeline_job_compiles_to_the_expected_command(two_profile_jobs, job: str) -> None:
+    pod = two_profile_jobs[job]
     assert pod.argv == PIPELINE_ARGV[job]
     name = job.rsplit("/", 1)[1].split("[")[0]
     assert_kind_of_op(pod, KIND_OF_RUN.get(name, name))
     assert_valid_pod(pod)
 
 
-def test_the_env_labels_the_profile_the_switch_applied(pipeline_jobs) -> None:
+def test_the_env_labels_the_profile_the_switch_applied(two_profile_jobs) -> None:
     for i, profile in enumerate(("checkpoint-baseline", "checkpoint-throughput")):
         for run in ("fio", "train[0]"):
-            assert pipeline_jobs[f"{GENERAL}/stages[{i}]/{run}"].env["STORAGE_PROFILE"] == profile
+            assert (
+                two_profile_jobs[f"{GENERAL}/stages[{i}]/{run}"].env["STORAGE_PROFILE"] == profile
+            )
 
 
 def test_small_pipeline_inputs_reach_the_ops() -> None:

@@ -25,6 +25,7 @@ from tests.bundle.bundle import (
     current,
     load_dag,
     load_yaml_documents,
+    pipeline_jobs,
 )
 
 THREE = ["gp3-baseline", "gp3-tuned", "io2"]
@@ -313,7 +314,7 @@ def test_the_two_profile_pipeline_compares_its_two_classes() -> None:
 
 
 def test_the_two_profile_pipeline_runs_the_seeds_ops() -> None:
-    names = [pod.run_name for pod in load_dag().jobs().values()]
+    names = [pod.run_name for pod in pipeline_jobs().values()]
     assert names == [
         "plan",
         *["switch", "fio", "train"] * 2,
