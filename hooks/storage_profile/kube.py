@@ -17,8 +17,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from hooks.storage_profile.config import Backoff, Deadline
-from hooks.storage_profile.errors import HookError, PreflightRefused, TemporaryApiError
+from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry
+from hooks.storage_profile.errors import HookError, PreflightRefused
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +65,13 @@ def api_message(exc: ApiException) -> str:
 
 
 def classify(exc: Exception) -> Exception:
-    """Turn throttling, server errors and broken connections into :class:`TemporaryApiError`."""
+    """Turn throttling, server errors and broken connections into :class:`TemporaryError`."""
     if isinstance(exc, ApiException) and (exc.status == 429 or exc.status >= 500):
-        return TemporaryApiError(
+        return TemporaryError(
             f"API server answered {exc.status}: {api_message(exc)}", retry_after_seconds(exc)
         )
     if isinstance(exc, CONNECTION_ERRORS):
-        return TemporaryApiError(f"connection to the API server failed: {exc}")
+        return TemporaryError(f"connection to the API server failed: {exc}")
     return exc
 
 
@@ -108,31 +108,25 @@ class Kube:
         """Call ``fn`` and decode its JSON, retrying temporary errors with backoff.
 
         Raises:
-            TemporaryApiError: Still failing after ``backoff.max_attempts`` attempts.
+            TemporaryError: Still failing after ``backoff.tries`` tries.
             DeadlineExceeded: The deadline passed while retrying.
             ApiException: Any other API error (404, 403, 422, …), for the caller to judge.
         """
         if deadline is not None:
             # A server that accepts the connection and never answers must not outlive it.
             kwargs.setdefault("_request_timeout", (10, max(1.0, min(60.0, deadline.remaining()))))
-        attempt = 0
-        while True:
+
+        def once() -> Any:
             try:
                 resp = fn(*args, _preload_content=False, **kwargs)
                 return json.loads(resp.data)
             except (ApiException, *CONNECTION_ERRORS) as exc:
                 error = classify(exc)
-                if not isinstance(error, TemporaryApiError):
-                    raise
-                attempt += 1
-                if attempt >= self.backoff.max_attempts:
+                if isinstance(error, TemporaryError):
                     raise error from exc
-                delay = self.backoff.delay(attempt - 1, error.retry_after)
-                log.warning("%s: %s; retrying in %.1fs", what, error, delay)
-                if deadline is not None:
-                    deadline.sleep(delay, what, self.sleep)
-                else:
-                    self.sleep(delay)
+                raise
+
+        return retry(once, what=what, backoff=self.backoff, deadline=deadline, sleep=self.sleep)
 
     def _read(
         self, what: str, fn: Callable[..., Any], *args: Any, deadline: Deadline | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hooks.storage_profile.config import Deadline
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import PreflightRefused
 from hooks.storage_profile.kube import Kube
 

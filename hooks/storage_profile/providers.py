@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from hooks.storage_profile.config import Deadline
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import HookError, Infeasible, PreflightRefused
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 from kubernetes.client.rest import ApiException
 
-from hooks.storage_profile.config import Deadline, SwitchConfig
+from checkpoint_storage_bench.errors import BenchError
+from checkpoint_storage_bench.retry import Deadline, TemporaryError
+from hooks.storage_profile.config import SwitchConfig
 from hooks.storage_profile.errors import HookError, Infeasible, PreflightRefused
 from hooks.storage_profile.kube import Kube, api_message
 from hooks.storage_profile.preflight import Plan, preflight
@@ -151,7 +153,7 @@ def _rollback(
             raise PreflightRefused(f"VolumeAttributesClass {previous} no longer exists")
         _patch(kube, cfg, previous, waiter.deadline)
         waiter.wait(previous)
-    except HookError as exc:
+    except (BenchError, TemporaryError) as exc:
         report.warnings.append(f"rollback to {previous} failed: {exc}")
         echo(f"warning: rollback to {previous} failed: {exc}")
         return

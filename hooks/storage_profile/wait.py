@@ -15,13 +15,9 @@ from dataclasses import dataclass
 
 from kubernetes.client.rest import ApiException
 
-from hooks.storage_profile.config import Deadline
-from hooks.storage_profile.errors import (
-    HookError,
-    Infeasible,
-    TemporaryApiError,
-    UnexpectedState,
-)
+from checkpoint_storage_bench.errors import BenchError
+from checkpoint_storage_bench.retry import Deadline, TemporaryError
+from hooks.storage_profile.errors import HookError, Infeasible, UnexpectedState
 from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube, api_message, classify
 
 log = logging.getLogger(__name__)
@@ -154,12 +150,12 @@ class ClaimWaiter:
                         log.info("watch of %s expired (410 Gone); listing again", self.ref)
                         continue
                     # Expiring again and again: back off instead of hammering the server.
-                    error = TemporaryApiError(f"watch of {self.ref} expired {gone} times in a row")
-                elif not isinstance(error, TemporaryApiError):
+                    error = TemporaryError(f"watch of {self.ref} expired {gone} times in a row")
+                elif not isinstance(error, TemporaryError):
                     raise HookError(f"{what}: {api_message(exc)}") from exc
             except CONNECTION_ERRORS as exc:
-                error = TemporaryApiError(f"watch of {self.ref} dropped: {exc}")
-            except TemporaryApiError as exc:
+                error = TemporaryError(f"watch of {self.ref} dropped: {exc}")
+            except TemporaryError as exc:
                 error = exc
             delay = self.kube.backoff.delay(attempt, error.retry_after)
             attempt += 1
@@ -251,7 +247,7 @@ class ClaimWaiter:
     def _surface_events(self, claim: dict) -> None:
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, HookError) as exc:
+        except (ApiException, BenchError, TemporaryError) as exc:
             log.info("could not read events of %s: %s", self.ref, exc)
             return
         for event in events:
@@ -271,7 +267,7 @@ class ClaimWaiter:
                 return f"{cond.get('reason')}: {cond.get('message')}"
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, HookError) as exc:
+        except (ApiException, BenchError, TemporaryError) as exc:
             events = []
             log.info("could not read events of %s: %s", self.ref, exc)
         warnings = [e for e in events if e.get("type") == "Warning"]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from checkpoint_storage_bench.retry import Backoff
 from hooks.storage_profile import cli
-from hooks.storage_profile.config import Backoff
 
-FAST_BACKOFF = Backoff(initial=0.01, factor=2.0, cap=0.05, retry_after_cap=2.0, max_attempts=4)
+FAST_BACKOFF = Backoff.exponential(0.01, factor=2.0, cap=0.05, tries=4, retry_after_cap=2.0)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hooks.storage_profile.config import Deadline
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import DeadlineExceeded, PreflightRefused
 from hooks.storage_profile.providers import EbsProvider, region_of
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook

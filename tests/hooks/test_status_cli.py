@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,15 @@ def test_python_dash_m_entry_point(double: KubeDouble, kubeconfig: Path, tmp_pat
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3
     assert "error: VolumeAttributesClass missing-class not found" in done.stderr
+
+
+def test_docs_list_every_exit_code_of_the_one_table():
+    from hooks.storage_profile.errors import EXIT_CODES
+
+    docs = (ROOT / "docs" / "storage-profile.md").read_text()
+    table = docs.split("### Exit codes", 1)[1].split("###", 1)[0]
+    documented = {int(code) for code in re.findall(r"^\| (\d) \|", table, re.MULTILINE)}
+    assert documented == set(EXIT_CODES)
+    help_text = run_hook("status", "--help").stdout
+    for code in EXIT_CODES:
+        assert f"\n    {code}  " in help_text
