@@ -110,14 +110,14 @@ def _target_options(fn: Any) -> Any:
 @click.option("--to", "target", required=True, help="The VolumeAttributesClass (or profile).")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     default=1800.0,
     show_default=True,
-    help="Overall deadline in seconds.",
+    help="Overall deadline in seconds (positive, finite).",
 )
 @click.option(
     "--pending-grace",
-    type=click.FloatRange(min=0),
+    type=float,
     default=120.0,
     show_default=True,
     help="Seconds a Pending modify status may last.",
@@ -152,6 +152,13 @@ def switch(**options: Any) -> None:
 @main.command(epilog=EPILOG)
 @_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the block.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Overall deadline in seconds for every API call.",
+)
 def status(**options: Any) -> None:
     """Desired and current class, modify status, conditions and recent events of a claim."""
     commands.run_status(config_or_usage_error(StatusConfig, backoff=BACKOFF, **options))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import click
 
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.config import StatusConfig, SwitchConfig
 from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, as_hook_error
 from hooks.storage_profile.kube import Kube, load_api_client
@@ -79,6 +80,6 @@ def run_status(cfg: StatusConfig) -> dict:
         data = status_local(sandbox)
     else:
         kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
-        data = claim_status(kube, cfg.namespace, cfg.claim)
+        data = claim_status(kube, cfg.namespace, cfg.claim, Deadline(cfg.timeout))
     click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render_status(data))
     return data

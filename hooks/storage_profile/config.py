@@ -6,6 +6,8 @@ validation is a usage error (exit 2).
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +16,42 @@ from checkpoint_storage_bench.retry import Backoff
 SETTLE_MODES = ("kubernetes", "provider")
 INFEASIBLE_ACTIONS = ("fail", "rollback")
 BACKENDS = ("kubernetes", "local")
+
+# Kubernetes object names: a namespace is a DNS-1123 label, a claim and a class DNS-1123
+# subdomains. Checked here because a name like ".." would otherwise become part of a URL
+# path (``--claim ..`` asked for the namespace itself).
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = re.compile(rf"^{_LABEL}$")
+DNS1123_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+
+
+def check_label(option: str, value: str) -> None:
+    """Refuse a namespace that is not a DNS-1123 label (``ValueError``)."""
+    if len(value) > 63 or not DNS1123_LABEL.match(value):
+        raise ValueError(
+            f"{option} {value!r} is not a valid namespace name (DNS-1123 label: at most 63 "
+            "lowercase letters, digits and '-', starting and ending with a letter or digit)"
+        )
+
+
+def check_subdomain(option: str, value: str) -> None:
+    """Refuse a name that is not a DNS-1123 subdomain (``ValueError``)."""
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{option} {value!r} is not a valid object name (DNS-1123 subdomain: at most 253 "
+            "lowercase letters, digits, '-' and '.', each part starting and ending with a "
+            "letter or digit)"
+        )
+
+
+def check_seconds(option: str, value: float, positive: bool = True) -> None:
+    """Refuse a duration that is NaN, infinite, or not positive (``ValueError``).
+
+    ``inf`` or ``nan`` would mean no deadline at all (``nan`` compares false to everything).
+    """
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{option} must be {kind}, finite number of seconds, not {value}")
 
 
 @dataclass(kw_only=True)
@@ -35,9 +73,8 @@ class Target:
     profiles_file: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("namespace", "claim"):
-            if not getattr(self, name):
-                raise ValueError(f"{name} must not be empty")
+        check_label("--namespace", self.namespace)
+        check_subdomain("--claim", self.claim)
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}")
 
@@ -74,10 +111,10 @@ class SwitchConfig(Target):
         super().__post_init__()
         if not self.target:
             raise ValueError("--to must not be empty")
-        if self.timeout <= 0:
-            raise ValueError("--timeout must be positive")
-        if self.pending_grace < 0:
-            raise ValueError("--pending-grace must not be negative")
+        if self.backend == "kubernetes":
+            check_subdomain("--to", self.target)
+        check_seconds("--timeout", self.timeout)
+        check_seconds("--pending-grace", self.pending_grace, positive=False)
         if self.settle not in SETTLE_MODES:
             raise ValueError(f"--settle must be one of {', '.join(SETTLE_MODES)}")
         if self.on_infeasible not in INFEASIBLE_ACTIONS:
@@ -92,8 +129,14 @@ class StatusConfig(Target):
 
     Attributes:
         as_json: Print JSON instead of the readable block.
+        timeout: Overall deadline in seconds.
         backoff: Retry schedule for throttled or failing API calls.
     """
 
     as_json: bool = False
+    timeout: float = 60.0
     backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_seconds("--timeout", self.timeout)

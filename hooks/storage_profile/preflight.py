@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import PreflightRefused
-from hooks.storage_profile.kube import Kube
+from hooks.storage_profile.kube import Kube, class_patch
 
 
 @dataclass
@@ -17,7 +17,10 @@ class Plan:
         claim: The claim as read.
         pv: Its PersistentVolume.
         target_class: The target VolumeAttributesClass.
-        previous_class: ``spec.volumeAttributesClassName`` before the switch.
+        previous_class: The class applied before the switch
+            (``status.currentVolumeAttributesClassName``): what a rollback returns to. The
+            spec may ask for another one that never applied (an earlier Infeasible switch).
+        requested_class: ``spec.volumeAttributesClassName`` before the switch.
         driver: The PV's CSI driver.
         volume_handle: The PV's ``spec.csi.volumeHandle`` (for EBS the volume id).
         already_requested: The claim's spec already names the target: nothing to patch.
@@ -28,15 +31,24 @@ class Plan:
     pv: dict
     target_class: dict
     previous_class: str | None
+    requested_class: str | None
     driver: str
     volume_handle: str
     already_requested: bool
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def uid(self) -> str | None:
+        return self.claim["metadata"].get("uid")
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.claim["metadata"].get("resourceVersion")
+
+    @property
     def patch(self) -> dict:
-        """The merge patch ``switch`` sends."""
-        return {"spec": {"volumeAttributesClassName": self.target_class["metadata"]["name"]}}
+        """The merge patch ``switch`` sends (see :func:`kube.class_patch`)."""
+        return class_patch(self.target_class["metadata"]["name"], self.uid, self.resource_version)
 
 
 def preflight(
@@ -82,15 +94,25 @@ def preflight(
             f"VolumeAttributesClass {target} is for driver {target_class.get('driverName')}, "
             f"but the volume of claim {ref} is provisioned by {csi['driver']}"
         )
-    previous = claim["spec"].get("volumeAttributesClassName")
+    requested = claim["spec"].get("volumeAttributesClassName")
+    status = claim.get("status") or {}
+    if requested == target and (status.get("modifyVolumeStatus") or {}).get("status") == "Pending":
+        # The resizer marks a claim Pending when the class it asks for is missing, and
+        # nothing re-queues it once the class exists: waiting would only spend the grace.
+        raise PreflightRefused(
+            f"claim {ref} is Pending on VolumeAttributesClass {target}, which exists now, but "
+            "the external-resizer does not retry a Pending claim by itself: switch it to "
+            "another class and back, or restart the external-resizer"
+        )
     plan = Plan(
         claim=claim,
         pv=pv,
         target_class=target_class,
-        previous_class=previous,
+        previous_class=status.get("currentVolumeAttributesClassName"),
+        requested_class=requested,
         driver=csi["driver"],
         volume_handle=csi["volumeHandle"],
-        already_requested=previous == target,
+        already_requested=requested == target,
     )
     plan.warnings.extend(_in_flight_warnings(claim, target))
     plan.warnings.extend(_shared_rwo_warnings(kube, namespace, claim, deadline))

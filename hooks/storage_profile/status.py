@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import PreflightRefused
 from hooks.storage_profile.kube import Kube
 
 RECENT_EVENTS = 10
 
 
-def claim_status(kube: Kube, namespace: str, name: str) -> dict:
+def claim_status(kube: Kube, namespace: str, name: str, deadline: Deadline) -> dict:
     """The class-related state of a claim, its PV's driver and its recent events.
 
     Raises:
         PreflightRefused: The claim does not exist.
+        DeadlineExceeded: The API server did not answer in time.
     """
-    claim = kube.read_claim(namespace, name)
+    claim = kube.read_claim(namespace, name, deadline)
     if claim is None:
         raise PreflightRefused(f"claim {namespace}/{name} not found")
     status = claim.get("status") or {}
     volume = claim["spec"].get("volumeName")
-    pv = kube.read_pv(volume) if volume else None
+    pv = kube.read_pv(volume, deadline) if volume else None
     csi = (pv or {}).get("spec", {}).get("csi") or {}
-    events = kube.claim_events(namespace, claim)[-RECENT_EVENTS:]
+    events = kube.claim_events(namespace, claim, deadline)[-RECENT_EVENTS:]
     return {
         "namespace": namespace,
         "claim": name,

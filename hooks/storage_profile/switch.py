@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from kubernetes.client.rest import ApiException
 
@@ -38,7 +39,7 @@ def switch_kubernetes(
     """Switch the claim's class and wait until it settled; fill ``report`` on the way.
 
     Raises:
-        HookError: Any refusal or failure, with its exit code; ``report`` holds what was
+        BenchError: Any refusal or failure, with its exit code; ``report`` holds what was
             known until then.
     """
     deadline = Deadline(cfg.timeout)
@@ -55,7 +56,7 @@ def switch_kubernetes(
         else:
             report.provider = provider.name
     if provider is not None and not plan.already_requested:
-        report.warnings.extend(provider.check_rate_limit(plan.volume_handle, cfg.force))
+        report.warnings.extend(provider.check_rate_limit(plan.volume_handle, cfg.force, deadline))
     for warning in report.warnings:
         echo(f"warning: {warning}")
 
@@ -72,7 +73,7 @@ def switch_kubernetes(
     if plan.already_requested:
         report.notes.append(f"claim already asks for {cfg.target}; not patched")
     else:
-        _patch(kube, cfg, cfg.target, deadline)
+        _patch(kube, cfg, cfg.target, plan.claim, deadline)
         report.patched = True
 
     def warn(message: str) -> None:
@@ -87,7 +88,7 @@ def switch_kubernetes(
         cfg.pending_grace,
         cfg.watch_timeout,
         warn=warn,
-        uid=plan.claim["metadata"].get("uid"),
+        uid=plan.uid,
         stale=ClaimClassState.of(plan.claim) if report.patched else None,
     )
     try:
@@ -102,7 +103,10 @@ def switch_kubernetes(
     echo(f"claim {cfg.namespace}/{cfg.claim} settled on {cfg.target} in Kubernetes")
 
     if provider is not None:
-        note = provider.wait_settled(plan.volume_handle, deadline)
+        # Only a modification this switch started is ours to judge; when nothing was
+        # patched, the provider judges what is still running.
+        since = datetime.fromisoformat(report.requested_at) if report.patched else None
+        note = provider.wait_settled(plan.volume_handle, deadline, since)
         report.provider_settled_at = now_iso()
         report.notes.append(note)
         echo(note)
@@ -110,30 +114,71 @@ def switch_kubernetes(
 
 
 def _describe(report: Report, plan: Plan) -> None:
-    report.claim_uid = plan.claim["metadata"].get("uid")
+    report.claim_uid = plan.uid
     report.pv = plan.pv["metadata"]["name"]
     report.volume_handle = plan.volume_handle
     report.driver = plan.driver
     report.previous_class = plan.previous_class
-    report.applied_class = (plan.claim.get("status") or {}).get("currentVolumeAttributesClassName")
+    report.applied_class = plan.previous_class
     report.class_parameters = dict(plan.target_class.get("parameters") or {})
     report.warnings.extend(plan.warnings)
 
 
-def _patch(kube: Kube, cfg: SwitchConfig, target: str | None, deadline: Deadline) -> None:
+def _patch(
+    kube: Kube, cfg: SwitchConfig, target: str | None, claim: dict, deadline: Deadline
+) -> None:
+    """Patch the class of ``claim`` as it was read: its uid and resourceVersion must match.
+
+    Raises:
+        PreflightRefused: The API server refused (nothing changed), including a claim that
+            changed or was re-created since it was read (409).
+    """
+    meta = claim["metadata"]
+    ref = f"{cfg.namespace}/{cfg.claim}"
     try:
-        kube.patch_claim_class(cfg.namespace, cfg.claim, target, deadline)
+        kube.patch_claim_class(
+            cfg.namespace, cfg.claim, target, deadline, meta.get("uid"), meta.get("resourceVersion")
+        )
     except ApiException as exc:
+        if exc.status == 409:
+            _judge_conflict(kube, cfg, target, claim, deadline, exc)
+            return
         # 403: RBAC or a per-class quota; 422: the API server's rules (e.g. an unbound
         # claim, or nil after a class was applied). Nothing changed either way.
-        if exc.status in (403, 404, 409, 422):
+        if exc.status in (403, 404, 422):
             raise PreflightRefused(
-                f"the API server refused to patch claim "
-                f"{cfg.namespace}/{cfg.claim}: {api_message(exc)}"
+                f"the API server refused to patch claim {ref}: {api_message(exc)}"
             ) from exc
-        raise HookError(
-            f"patching claim {cfg.namespace}/{cfg.claim} failed: {api_message(exc)}"
+        raise HookError(f"patching claim {ref} failed: {api_message(exc)}") from exc
+
+
+def _judge_conflict(
+    kube: Kube,
+    cfg: SwitchConfig,
+    target: str | None,
+    claim: dict,
+    deadline: Deadline,
+    exc: ApiException,
+) -> None:
+    """A 409: the claim is not the one that was read. Our own patch may have landed on an
+    earlier try whose answer was lost (a retried patch then meets its own change)."""
+    ref = f"{cfg.namespace}/{cfg.claim}"
+    now = kube.read_claim(cfg.namespace, cfg.claim, deadline)
+    if now is None:
+        raise PreflightRefused(f"claim {ref} was deleted since it was read; not patched") from exc
+    if now["metadata"].get("uid") != claim["metadata"].get("uid"):
+        raise PreflightRefused(
+            f"claim {ref} was deleted and re-created since it was read (uid "
+            f"{claim['metadata'].get('uid')} -> {now['metadata'].get('uid')}); not patched"
         ) from exc
+    if now["spec"].get("volumeAttributesClassName") == target:
+        log.info("claim %s already asks for %s: an earlier try of the patch landed", ref, target)
+        return
+    raise PreflightRefused(
+        f"claim {ref} changed since it was read (resourceVersion "
+        f"{claim['metadata'].get('resourceVersion')} -> {now['metadata'].get('resourceVersion')})"
+        f"; not patched, run the switch again: {api_message(exc)}"
+    ) from exc
 
 
 def _rollback(
@@ -144,14 +189,19 @@ def _rollback(
     report: Report,
     echo: Callable[[str], None],
 ) -> None:
-    """Ask for the previous class again and wait for it; the switch still ends infeasible."""
+    """Ask for the class that was applied before again and wait for it; the switch still
+    ends infeasible. Not the class the spec asked for before: that one may never have
+    applied (an earlier Infeasible switch)."""
     previous = plan.previous_class
     echo(f"rolling claim {cfg.namespace}/{cfg.claim} back to {previous}")
     try:
         if previous is not None and kube.read_class(previous, waiter.deadline) is None:
             # Same reason as in preflight: the resizer would leave the claim Pending forever.
             raise PreflightRefused(f"VolumeAttributesClass {previous} no longer exists")
-        _patch(kube, cfg, previous, waiter.deadline)
+        claim = kube.read_claim(cfg.namespace, cfg.claim, waiter.deadline)
+        if claim is None or claim["metadata"].get("uid") != plan.uid:
+            raise PreflightRefused(f"claim {cfg.namespace}/{cfg.claim} was deleted or re-created")
+        _patch(kube, cfg, previous, claim, waiter.deadline)
         waiter.wait(previous)
     except (BenchError, TemporaryError) as exc:
         report.warnings.append(f"rollback to {previous} failed: {exc}")

@@ -127,7 +127,9 @@ class ClaimWaiter:
                 seconds = self._watch_seconds()
                 watch_ends = self.clock() + seconds
                 with closing(
-                    self.kube.watch_claim(self.namespace, self.name, version, seconds)
+                    self.kube.watch_claim(
+                        self.namespace, self.name, version, seconds, self.deadline
+                    )
                 ) as events:
                     for kind, obj in events:
                         if kind == "BOOKMARK":

@@ -25,11 +25,16 @@ def double() -> Iterator[KubeDouble]:
     yield server
     server.stop()
     for write in server.writes():
-        assert write.method == "PATCH" and CLAIM_WRITE.match(write.path), write
-        assert write.content_type == "application/merge-patch+json", write
-        assert list(write.body) == ["spec"] and list(write.body["spec"]) == [
-            "volumeAttributesClassName"
-        ], write
+        assert_claim_class_patch(write)
+
+
+def assert_claim_class_patch(write) -> None:
+    """A merge patch of one claim's class, with its uid and resourceVersion as preconditions."""
+    assert write.method == "PATCH" and CLAIM_WRITE.match(write.path), write
+    assert write.content_type == "application/merge-patch+json", write
+    assert sorted(write.body) == ["metadata", "spec"], write
+    assert list(write.body["spec"]) == ["volumeAttributesClassName"], write
+    assert sorted(write.body["metadata"]) == ["resourceVersion", "uid"], write
 
 
 @pytest.fixture

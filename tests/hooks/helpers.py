@@ -90,3 +90,22 @@ def run_hook(*args: str) -> Result:
 
 def load_summary(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def write_kubeconfig(path: Path, server: str, **cluster: object) -> Path:
+    """A kubeconfig for any server URL (the double writes its own)."""
+    import yaml
+
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server, **cluster}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path

@@ -112,13 +112,18 @@ class Recorded:
 
 @dataclass
 class Fault:
-    """An injected error answer for matching requests."""
+    """An injected error answer for matching requests.
+
+    With ``lost`` the request is carried out and only its answer is replaced by the error,
+    as when a connection drops after the server acted.
+    """
 
     method: str
     path_re: str
     status: int
     times: int = 1
     retry_after: str | None = None
+    lost: bool = False
 
 
 @dataclass
@@ -181,7 +186,9 @@ class KubeDouble:
         requests: Every request answered, in order.
         watch_faults: Per watch request, in order: ``"gone"`` (an ERROR event 410 Expired in
             the stream), ``"gone-http"`` (HTTP 410 before any stream), ``"drop"`` (cut the
-            connection mid-stream) or None (behave).
+            connection mid-stream), ``"hang"`` (never answer, not even headers),
+            ``"stall"`` (headers, then silence past ``timeoutSeconds``), ``"trickle"``
+            (headers, then a blank line now and then, never ending) or None (behave).
         on_patch: Called (on the server thread) after each accepted PATCH of a claim.
         rbac: When set, requests its rules do not allow get 403.
     """
@@ -199,6 +206,7 @@ class KubeDouble:
         self.rbac: Rbac | None = None
         self.resizer = FakeResizer(self)
         self._watchers: set[tuple[asyncio.Queue, str, tuple]] = set()
+        self._closing: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self._thread: threading.Thread | None = None
@@ -223,6 +231,7 @@ class KubeDouble:
         return self
 
     async def _serve(self) -> None:
+        self._closing = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -241,6 +250,8 @@ class KubeDouble:
         self._thread.join(10)
 
     async def _shutdown(self) -> None:
+        assert self._closing is not None
+        self._closing.set()  # ends the hanging and stalled answers
         self.resizer.cancel_all()
         for queue, _, _ in list(self._watchers):
             queue.put_nowait(None)
@@ -359,11 +370,18 @@ class KubeDouble:
         )
 
     def fail(
-        self, method: str, path_re: str, status: int, times: int = 1, retry_after: str | None = None
+        self,
+        method: str,
+        path_re: str,
+        status: int,
+        times: int = 1,
+        retry_after: str | None = None,
+        lost: bool = False,
     ) -> None:
-        """Answer the next ``times`` matching requests with ``status``."""
+        """Answer the next ``times`` matching requests with ``status`` (after carrying them
+        out when ``lost``)."""
         with self.lock:
-            self.faults.append(Fault(method, path_re, status, times, retry_after))
+            self.faults.append(Fault(method, path_re, status, times, retry_after, lost))
 
     def writes(self) -> list[Recorded]:
         return [r for r in self.requests if r.method not in ("GET", "HEAD")]
@@ -423,7 +441,9 @@ class KubeDouble:
             )
             if fault:
                 fault.times -= 1
-        if fault:
+        if fault and fault.lost:
+            request["lost"] = fault  # carried out below; _answer replaces the answer
+        elif fault:
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             reason = {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(
                 fault.status, "InternalError"
@@ -507,6 +527,9 @@ class KubeDouble:
                 body = json.loads(request["raw_body"])
             except ValueError:
                 body = request["raw_body"]
+        lost = request.get("lost")
+        if lost is not None:
+            code, payload = lost.status, status_body(lost.status, "InternalError", "answer lost")
         self.requests.append(
             Recorded(
                 request.method,
@@ -553,6 +576,41 @@ class KubeDouble:
                     "patch",
                     404,
                     status_body(404, "NotFound", f'persistentvolumeclaims "{name}" not found'),
+                    body=patch,
+                )
+            # Preconditions, in kube-apiserver's order: the resourceVersion is compared when
+            # the store applies the update (409 Conflict), the uid when the update is
+            # validated afterwards (metadata.uid is immutable: 422).
+            preconditions = patch.get("metadata") or {}
+            version = preconditions.get("resourceVersion")
+            if version is not None and version != old["metadata"]["resourceVersion"]:
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    409,
+                    status_body(
+                        409,
+                        "Conflict",
+                        f'Operation cannot be fulfilled on persistentvolumeclaims "{name}": '
+                        "the object has been modified; please apply your changes to the latest "
+                        "version and try again",
+                    ),
+                    body=patch,
+                )
+            uid = preconditions.get("uid")
+            if uid is not None and uid != old["metadata"]["uid"]:
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    422,
+                    status_body(
+                        422,
+                        "Invalid",
+                        f'PersistentVolumeClaim "{name}" is invalid: metadata.uid: Invalid '
+                        f'value: "{uid}": field is immutable',
+                    ),
                     body=patch,
                 )
             new = merge_patch(old, patch)
@@ -610,6 +668,28 @@ class KubeDouble:
         self, request: web.Request, ns: str, selector: list, query: dict
     ) -> web.StreamResponse:
         fault = self.watch_faults.popleft() if self.watch_faults else None
+        assert self._closing is not None
+        if fault == "hang":
+            # Accepts the request and never answers: only the client's timeout ends it.
+            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            await self._closing.wait()
+            return web.Response(status=503)
+        if fault in ("stall", "trickle"):
+            # A stream that outlives its timeoutSeconds: silent, or alive with blank lines.
+            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            while not self._closing.is_set():
+                try:
+                    await asyncio.wait_for(self._closing.wait(), 0.3)
+                except TimeoutError:
+                    if fault == "trickle":
+                        try:
+                            await resp.write(b"\n")
+                        except (ConnectionResetError, RuntimeError):
+                            break
+            return resp
         if fault == "gone-http":
             return self._answer(
                 request,

@@ -19,6 +19,12 @@ def kube(double: KubeDouble, kubeconfig: Path) -> Kube:
     return Kube(load_api_client(str(kubeconfig)), FAST_BACKOFF)
 
 
+def patch_class(double: KubeDouble, kube: Kube, target: str | None) -> dict:
+    """Patch the claim's class as the hook does: with its uid and resourceVersion."""
+    meta = double.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
+    return kube.patch_claim_class(NS, CLAIM, target, None, meta["uid"], meta["resourceVersion"])
+
+
 def test_watch_resumes_from_a_resource_version(double: KubeDouble, kube: Kube):
     make_volume(double)
     _, version = kube.list_claim(NS, CLAIM)
@@ -59,7 +65,7 @@ def test_compaction_answers_410(double: KubeDouble, kube: Kube):
 def test_class_change_on_unbound_claim_is_422(double: KubeDouble, kube: Kube):
     make_volume(double, bound=False)
     with pytest.raises(ApiException) as info:
-        kube.patch_claim_class(NS, CLAIM, "fast")
+        patch_class(double, kube, "fast")
     assert info.value.status == 422
     assert "spec is immutable after creation except resources.requests" in info.value.body
 
@@ -67,7 +73,7 @@ def test_class_change_on_unbound_claim_is_422(double: KubeDouble, kube: Kube):
 def test_nil_after_a_class_was_applied_is_422(double: KubeDouble, kube: Kube):
     make_volume(double, current="baseline")
     with pytest.raises(ApiException) as info:
-        kube.patch_claim_class(NS, CLAIM, None)
+        patch_class(double, kube, None)
     assert info.value.status == 422
     assert "update from non-nil value to nil is forbidden" in info.value.body
 
@@ -76,9 +82,9 @@ def test_nil_is_allowed_while_nothing_was_applied(double: KubeDouble, kube: Kube
     make_volume(double, current=None)
     make_class(double, "fast")
     double.resizer.results["fast"] = ["InvalidArgument"]
-    kube.patch_claim_class(NS, CLAIM, "fast")
+    patch_class(double, kube, "fast")
     double.resizer.driver_delay = 0.0
-    patched = kube.patch_claim_class(NS, CLAIM, None)
+    patched = patch_class(double, kube, None)
     assert patched["spec"].get("volumeAttributesClassName") is None
 
 
@@ -102,7 +108,7 @@ def test_a_claim_of_another_driver_is_ignored_by_the_resizer(double: KubeDouble,
 
     make_volume(double, driver="pd.csi.storage.gke.io")
     make_class(double, "fast")
-    kube.patch_claim_class(NS, CLAIM, "fast")
+    patch_class(double, kube, "fast")
     time.sleep(0.4)
     claim = double.get("PersistentVolumeClaim", CLAIM, NS)
     assert "modifyVolumeStatus" not in claim["status"]
@@ -114,3 +120,21 @@ def test_retries_throttled_reads(double: KubeDouble, kube: Kube):
     double.fail("GET", "persistentvolumeclaims/training-checkpoints$", 429, times=2)
     assert kube.read_claim(NS, CLAIM)["metadata"]["name"] == CLAIM
     assert [r.status for r in double.requests] == [429, 429, 200]
+
+
+def test_a_patch_is_refused_when_its_preconditions_do_not_hold(double: KubeDouble, kube: Kube):
+    make_volume(double)
+    make_class(double, "fast")
+    meta = double.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
+    stale = str(int(meta["resourceVersion"]) - 1)
+    with pytest.raises(ApiException) as info:
+        kube.patch_claim_class(NS, CLAIM, "fast", None, meta["uid"], stale)
+    assert info.value.status == 409
+    assert "the object has been modified" in info.value.body
+    with pytest.raises(ApiException) as info:
+        kube.patch_claim_class(NS, CLAIM, "fast", None, "another-uid", meta["resourceVersion"])
+    assert info.value.status == 422
+    assert "metadata.uid: Invalid value" in info.value.body
+    claim = double.get("PersistentVolumeClaim", CLAIM, NS)
+    assert claim["spec"]["volumeAttributesClassName"] == "baseline"
+    double.requests.clear()  # these writes were the test's, not the hook's

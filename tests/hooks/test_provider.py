@@ -181,6 +181,15 @@ def test_region_from_the_pv_zone():
     }
     assert region_of(pv) == "eu-west-1"
     assert region_of({"spec": {}}) is None
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    for zone, region in [
+        ("us-west-2-lax-1a", "us-west-2"),  # a Local Zone
+        ("us-east-1-wl1-bos-wlz-1", "us-east-1"),  # a Wavelength Zone
+        ("us-gov-west-1a", "us-gov-west-1"),
+        ("ap-southeast-4c", "ap-southeast-4"),
+    ]:
+        terms[0]["matchExpressions"][0]["values"] = [zone]
+        assert region_of(pv) == region, zone
 
 
 def test_unknown_ec2_volume_is_refused_before_any_write(
@@ -193,3 +202,47 @@ def test_unknown_ec2_volume_is_refused_before_any_write(
     assert result.exit_code == 3, result.output
     assert "cannot read EC2 modifications of vol-00000000000000000" in result.stderr
     assert double.writes() == []
+
+
+def age_earlier_modifications(client, before: datetime, state: str) -> None:
+    """Make modifications started before ``before`` someone else's: two hours old, ``state``."""
+
+    def rewrite(parsed: dict, **_: object) -> None:
+        for mod in parsed.get("VolumesModifications", []):
+            if mod["StartTime"] < before:
+                mod["StartTime"] = before - timedelta(hours=2)
+                mod["ModificationState"] = state
+                mod["Progress"] = {"optimizing": 40, "failed": 0}.get(state, 100)
+
+    client.meta.events.register("after-call.ec2.DescribeVolumesModifications", rewrite)
+
+
+@pytest.fixture
+def tags_only(double: KubeDouble, ec2: Ec2) -> KubeDouble:
+    """A class that only changes tags: the driver makes no EC2 volume modification."""
+    make_volume(double, handle=ec2.volume_id)
+    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
+    make_class(double, "tagged", tagSpecification_1="team=ml")
+    return double
+
+
+def test_an_older_failed_modification_is_not_this_switchs(
+    tags_only: KubeDouble, kubeconfig: Path, ec2: Ec2, use_ebs
+):
+    ec2.client.modify_volume(VolumeId=ec2.volume_id, Iops=3500)  # someone's, long ago
+    provider = use_ebs(Stepper(since=now() + timedelta(seconds=1)))
+    age_earlier_modifications(provider.client(), now(), "failed")
+    result = switch(kubeconfig, to="tagged")
+    assert result.exit_code == 0, result.output
+    assert "no modification of" in result.stderr and "since the switch" in result.stderr
+
+
+def test_an_older_running_modification_is_not_waited_for(
+    tags_only: KubeDouble, kubeconfig: Path, ec2: Ec2, use_ebs
+):
+    ec2.client.modify_volume(VolumeId=ec2.volume_id, Iops=3500)  # someone's, still optimizing
+    provider = use_ebs(Stepper(since=now() + timedelta(seconds=1)))
+    age_earlier_modifications(provider.client(), now(), "optimizing")
+    result = switch(kubeconfig, "--force", "--timeout", "5", to="tagged")
+    assert result.exit_code == 0, result.output
+    assert "warning: --force: the previous modification" in result.stderr
