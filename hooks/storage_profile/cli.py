@@ -1,4 +1,4 @@
-"""Command line: ``python -m hooks.storage_profile switch|status``.
+"""Command line: ``python -m hooks.storage_profile switch|release|status``.
 
 Parse the options → build the config (``config.py``) → call (``commands.py``). Every
 failure leaves as one of the hook's errors, which click maps to the exit code its class
@@ -18,8 +18,12 @@ from checkpoint_storage_bench.retry import Backoff
 from hooks.storage_profile import commands
 from hooks.storage_profile.config import (
     BACKENDS,
+    DEFAULT_TIMEOUT,
+    HEARTBEAT_INTERVAL,
     INFEASIBLE_ACTIONS,
+    LEASE_DURATION,
     SETTLE_MODES,
+    ReleaseConfig,
     StatusConfig,
     SwitchConfig,
 )
@@ -28,10 +32,16 @@ from hooks.storage_profile.switch import default_provider
 
 EPILOG = exit_codes_help(EXIT_CODES)
 
-# Seams for tests: retry schedule, provider lookup, longest single watch.
+# Seams for tests: retry schedule, provider lookup, longest single watch, heartbeat.
 BACKOFF = Backoff()
 PROVIDER_FOR = default_provider
 WATCH_TIMEOUT = 300.0
+HEARTBEAT = HEARTBEAT_INTERVAL
+
+HOLDER_HELP = (
+    "Who holds the claim's Lease [default: $STORAGE_PROFILE_HOLDER, else inside a Polyaxon "
+    "run its pipeline's uuid (else the run's), else user@host]."
+)
 
 
 def setup_logging(verbose: bool) -> None:
@@ -111,9 +121,10 @@ def _target_options(fn: Any) -> Any:
 @click.option(
     "--timeout",
     type=float,
-    default=1800.0,
-    show_default=True,
-    help="Overall deadline in seconds (positive, finite).",
+    help="Overall deadline in seconds (positive, finite) [default: "
+    f"{DEFAULT_TIMEOUT['kubernetes']:g} with --settle kubernetes, "
+    f"{DEFAULT_TIMEOUT['provider']:g} with --settle provider: an EBS volume can stay "
+    "optimizing for hours].",
 )
 @click.option(
     "--pending-grace",
@@ -141,12 +152,40 @@ def _target_options(fn: Any) -> Any:
 @click.option(
     "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here."
 )
+@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@click.option(
+    "--lease-duration",
+    type=float,
+    default=LEASE_DURATION,
+    show_default=True,
+    help="Seconds the claim's Lease lasts from this switch.",
+)
 def switch(**options: Any) -> None:
-    """Preflight, patch spec.volumeAttributesClassName, wait until settled, report."""
+    """Preflight, take the claim's Lease, patch spec.volumeAttributesClassName (and the
+    claim's ledger of switches), wait until settled, report."""
     cfg = config_or_usage_error(
-        SwitchConfig, backoff=BACKOFF, watch_timeout=WATCH_TIMEOUT, **options
+        SwitchConfig,
+        backoff=BACKOFF,
+        watch_timeout=WATCH_TIMEOUT,
+        heartbeat=HEARTBEAT,
+        **options,
     )
     commands.run_switch(cfg, provider_for=PROVIDER_FOR)
+
+
+@main.command(epilog=EPILOG)
+@_target_options
+@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Overall deadline in seconds for every API call.",
+)
+def release(**options: Any) -> None:
+    """Release the claim's Lease (the pipeline's last op): only its holder can."""
+    commands.run_release(config_or_usage_error(ReleaseConfig, backoff=BACKOFF, **options))
 
 
 @main.command(epilog=EPILOG)

@@ -13,9 +13,10 @@ from collections.abc import Callable
 import click
 
 from checkpoint_storage_bench.retry import Deadline
-from hooks.storage_profile.config import StatusConfig, SwitchConfig
+from hooks.storage_profile.config import ReleaseConfig, StatusConfig, SwitchConfig
 from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, as_hook_error
 from hooks.storage_profile.kube import Kube, load_api_client
+from hooks.storage_profile.lease import ClaimLease, default_holder
 from hooks.storage_profile.local import SandboxProfiles, status_local, switch_local
 from hooks.storage_profile.report import Report
 from hooks.storage_profile.status import claim_status, render_status
@@ -49,6 +50,8 @@ def run_switch(
     )
     failure = None
     try:
+        if cfg.holder is None and cfg.backend == "kubernetes":
+            cfg.holder = default_holder()
         if cfg.backend == "local":
             switch_local(cfg, SandboxProfiles.load(cfg.profiles_file), report, echo=echo)
         else:
@@ -70,6 +73,23 @@ def run_switch(
     if failure is not None:
         raise failure
     return report
+
+
+def run_release(cfg: ReleaseConfig) -> str:
+    """Give up the claim's Lease held by ``cfg.holder``; print what was done.
+
+    Raises:
+        PreflightRefused: Another holder's Lease is fresh, or RBAC forbids it.
+    """
+    if cfg.backend == "local":
+        note = "local backend: the sandbox has no Lease; nothing to release"
+    else:
+        holder = cfg.holder or default_holder()
+        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
+        lease = ClaimLease(kube, cfg.namespace, cfg.claim, holder)
+        note = lease.release(Deadline(cfg.timeout))
+    click.echo(note)
+    return note
 
 
 def run_status(cfg: StatusConfig) -> dict:

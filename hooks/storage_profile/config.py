@@ -17,6 +17,13 @@ SETTLE_MODES = ("kubernetes", "provider")
 INFEASIBLE_ACTIONS = ("fail", "rollback")
 BACKENDS = ("kubernetes", "local")
 
+DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
+"""``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume
+can stay ``optimizing`` for hours (docs/storage-profile.md, "Timeouts")."""
+LEASE_DURATION = 6 * 3600.0
+"""Default Lease duration: outlasts the longest default wait, renewed by every switch."""
+HEARTBEAT_INTERVAL = 30.0
+
 # Kubernetes object names: a namespace is a DNS-1123 label, a claim and a class DNS-1123
 # subdomains. Checked here because a name like ".." would otherwise become part of a URL
 # path (``--claim ..`` asked for the namespace itself).
@@ -54,6 +61,13 @@ def check_seconds(option: str, value: float, positive: bool = True) -> None:
         raise ValueError(f"{option} must be {kind}, finite number of seconds, not {value}")
 
 
+def check_holder(holder: str) -> None:
+    """Refuse an empty or unprintable holder id (``ValueError``); any other string will do
+    (a Lease's ``holderIdentity`` is free text)."""
+    if not holder.strip() or not holder.isprintable() or len(holder) > 253:
+        raise ValueError(f"--holder must be 1 to 253 printable characters, not {holder!r}")
+
+
 @dataclass(kw_only=True)
 class Target:
     """Where a command acts: the claim and how to reach it.
@@ -85,25 +99,31 @@ class SwitchConfig(Target):
 
     Attributes:
         target: The VolumeAttributesClass (or sandbox profile) to switch to.
-        timeout: Overall deadline in seconds.
+        timeout: Overall deadline in seconds (default by ``settle``: :data:`DEFAULT_TIMEOUT`).
         pending_grace: How long a ``Pending`` modify status may last.
         settle: ``kubernetes`` or ``provider`` (also wait for the cloud provider).
         on_infeasible: ``fail`` or ``rollback``.
         dry_run: Preflight and print the patch only.
         force: Switch even when the provider's rate limit would be exceeded.
         summary_json: Where to write the report as JSON.
+        holder: Who holds the claim's Lease (None: :func:`lease.default_holder`).
+        lease_duration: Seconds the Lease lasts from this switch.
+        heartbeat: Seconds between two "waiting" lines at most often.
         backoff: Retry schedule for throttled or failing API calls.
         watch_timeout: Longest single watch request, in seconds (re-listed afterwards).
     """
 
     target: str
-    timeout: float = 1800.0
+    timeout: float | None = None
     pending_grace: float = 120.0
     settle: str = "provider"
     on_infeasible: str = "fail"
     dry_run: bool = False
     force: bool = False
     summary_json: Path | None = None
+    holder: str | None = None
+    lease_duration: float = LEASE_DURATION
+    heartbeat: float = HEARTBEAT_INTERVAL
     backoff: Backoff = field(default_factory=Backoff)
     watch_timeout: float = 300.0
 
@@ -113,14 +133,41 @@ class SwitchConfig(Target):
             raise ValueError("--to must not be empty")
         if self.backend == "kubernetes":
             check_subdomain("--to", self.target)
-        check_seconds("--timeout", self.timeout)
-        check_seconds("--pending-grace", self.pending_grace, positive=False)
         if self.settle not in SETTLE_MODES:
             raise ValueError(f"--settle must be one of {', '.join(SETTLE_MODES)}")
+        if self.timeout is None:
+            self.timeout = DEFAULT_TIMEOUT[self.settle]
+        check_seconds("--timeout", self.timeout)
+        check_seconds("--lease-duration", self.lease_duration)
+        check_seconds("heartbeat", self.heartbeat)
+        if self.holder is not None:
+            check_holder(self.holder)
+        check_seconds("--pending-grace", self.pending_grace, positive=False)
         if self.on_infeasible not in INFEASIBLE_ACTIONS:
             raise ValueError(f"--on-infeasible must be one of {', '.join(INFEASIBLE_ACTIONS)}")
         if self.watch_timeout <= 0:
             raise ValueError("watch_timeout must be positive")
+
+
+@dataclass(kw_only=True)
+class ReleaseConfig(Target):
+    """What ``release`` was asked to give up.
+
+    Attributes:
+        holder: Whose Lease it is (None: :func:`lease.default_holder`).
+        timeout: Overall deadline in seconds.
+        backoff: Retry schedule for throttled or failing API calls.
+    """
+
+    holder: str | None = None
+    timeout: float = 60.0
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_seconds("--timeout", self.timeout)
+        if self.holder is not None:
+            check_holder(self.holder)
 
 
 @dataclass(kw_only=True)

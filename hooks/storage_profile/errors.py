@@ -13,6 +13,8 @@ and never shown as such; the overall ``--timeout`` is the shared
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from checkpoint_storage_bench.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, BenchError
 from checkpoint_storage_bench.retry import EXIT_DEADLINE, DeadlineExceeded, TemporaryError
 
@@ -25,6 +27,7 @@ __all__ = [
     "EXIT_UNEXPECTED",
     "EXIT_USAGE",
     "OUTCOMES",
+    "BudgetExceeded",
     "PROG",
     "DeadlineExceeded",
     "HookError",
@@ -39,12 +42,14 @@ EXIT_PREFLIGHT = 3
 EXIT_INFEASIBLE = 4
 
 EXIT_CODES = {
-    EXIT_OK: 'settled (including "already on that class"), or a dry run passed preflight',
+    EXIT_OK: 'settled (including "already on that class" and an unbound claim created with '
+    "that class), a dry run passed preflight, or a lease released",
     EXIT_UNEXPECTED: "unexpected error (unknown modify status, claim deleted or changed "
     "by others, …)",
     EXIT_USAGE: "bad arguments",
     EXIT_PREFLIGHT: "preflight refused (claim or class missing, claim not bound, driver "
-    "mismatch, provider rate limit, API server refused the patch) — nothing was changed",
+    "mismatch, modification budget used up, claim held by another holder's lease, API "
+    "server refused the patch) — nothing was changed",
     EXIT_INFEASIBLE: "infeasible (Infeasible status, Pending beyond --pending-grace, "
     "provider failed)",
     EXIT_DEADLINE: "deadline (--timeout) passed",
@@ -71,6 +76,19 @@ class PreflightRefused(HookError):
     """A check before any write failed (claim or class missing, unbound, wrong driver, …)."""
 
     exit_code = EXIT_PREFLIGHT
+
+
+class BudgetExceeded(PreflightRefused):
+    """One more switch would exceed the provider's modification limit (exit 3).
+
+    Attributes:
+        next_at: When the next switch is allowed, if known (the stricter of two sources
+            names the later time).
+    """
+
+    def __init__(self, message: str, next_at: datetime | None = None) -> None:
+        super().__init__(message)
+        self.next_at = next_at
 
 
 class Infeasible(HookError):

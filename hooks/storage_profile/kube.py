@@ -141,6 +141,7 @@ class Kube:
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.storage = client.StorageV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self.backoff = backoff or Backoff()
         self.sleep = sleep
         self.host = api_client.configuration.host
@@ -298,7 +299,46 @@ class Kube:
             raise
         return body.get("items") or []
 
-    # -- the one write ----------------------------------------------------------------------
+    # -- leases -----------------------------------------------------------------------------
+
+    def read_lease(self, ns: str, name: str, deadline: Deadline | None = None) -> dict | None:
+        """The Lease, or None; other API errors (403, …) raise ``ApiException``."""
+        try:
+            return self.call(
+                f"read Lease {ns}/{name}",
+                self.coordination.read_namespaced_lease,
+                name,
+                ns,
+                deadline=deadline,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_lease(self, ns: str, body: dict, deadline: Deadline | None = None) -> dict:
+        return self.call(
+            f"create Lease {ns}/{body['metadata']['name']}",
+            self.coordination.create_namespaced_lease,
+            ns,
+            body,
+            deadline=deadline,
+        )
+
+    def replace_lease(
+        self, ns: str, name: str, body: dict, deadline: Deadline | None = None
+    ) -> dict:
+        """Replace the Lease; its ``metadata.resourceVersion`` makes a concurrent write 409."""
+        return self.call(
+            f"update Lease {ns}/{name}",
+            self.coordination.replace_namespaced_lease,
+            name,
+            ns,
+            body,
+            deadline=deadline,
+        )
+
+    # -- the one write to the claim ---------------------------------------------------------
 
     def patch_claim_class(
         self,
@@ -308,14 +348,16 @@ class Kube:
         deadline: Deadline | None = None,
         uid: str | None = None,
         resource_version: str | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> dict:
         """One JSON merge patch of ``spec.volumeAttributesClassName`` (``None`` sends null).
 
         A dict body would go out as a strategic merge patch, which cannot carry ``null``;
         the merge patch is also the exact ``kubectl patch --type=merge`` of the docs. The
-        uid and resourceVersion are preconditions (:func:`class_patch`).
+        uid and resourceVersion are preconditions; ``annotations`` (the ledger) change in
+        the same write (:func:`class_patch`).
         """
-        body = class_patch(target, uid, resource_version)
+        body = class_patch(target, uid, resource_version, annotations)
         return self.call(
             f"patch claim {ns}/{name}",
             self.core.patch_namespaced_persistent_volume_claim,
@@ -367,24 +409,30 @@ class Kube:
 
 
 def class_patch(
-    target: str | None, uid: str | None = None, resource_version: str | None = None
+    target: str | None,
+    uid: str | None = None,
+    resource_version: str | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict:
     """The merge patch of a claim's class, with the claim's identity as preconditions.
 
     The API server refuses the patch with 409 Conflict when the claim's resourceVersion is
     no longer ``resource_version`` (it changed, or was deleted and re-created, since it was
     read), and with 422 when its uid is not ``uid``: the class never lands on a claim that
-    preflight did not check.
+    preflight did not check. ``annotations`` are set in the same write (a merge patch
+    leaves the claim's other annotations alone).
 
     >>> class_patch("fast", "u-1", "42")
     {'metadata': {'uid': 'u-1', 'resourceVersion': '42'}, 'spec': {'volumeAttributesClassName': 'fast'}}
     """
     body: dict = {"spec": {"volumeAttributesClassName": target}}
-    metadata = {
+    metadata: dict = {
         key: value
         for key, value in (("uid", uid), ("resourceVersion", resource_version))
         if value is not None
     }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     return {"metadata": metadata, **body} if metadata else body
 
 

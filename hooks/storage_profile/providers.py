@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry
-from hooks.storage_profile.errors import HookError, Infeasible, PreflightRefused
+from hooks.storage_profile.errors import BudgetExceeded, HookError, Infeasible, PreflightRefused
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,9 @@ class Provider(Protocol):
     name: str
 
     def check_rate_limit(self, volume_handle: str, force: bool, deadline: Deadline) -> list[str]:
-        """Refuse (``PreflightRefused``) when one more modification would break a limit.
+        """Refuse when one more modification would break a limit: ``BudgetExceeded`` (with
+        the time the next one fits, if known), or ``PreflightRefused`` when the provider
+        cannot be asked. The hook also counts the claim's own ledger; the stricter wins.
 
         Returns:
             Warnings (for example when ``force`` overrode a refusal).
@@ -206,6 +208,7 @@ class EbsProvider:
         except ProviderError as exc:
             raise PreflightRefused(f"{exc} (--settle kubernetes skips the provider)") from exc
         problems = []
+        next_at = None
         if mods and mods[-1]["ModificationState"] in ("modifying", "optimizing"):
             last = mods[-1]
             problems.append(
@@ -223,7 +226,7 @@ class EbsProvider:
                 f"per rolling window, the next from {next_at.isoformat()}"
             )
         if problems and not force:
-            raise PreflightRefused("; ".join(problems) + " (--force to try anyway)")
+            raise BudgetExceeded("; ".join(problems) + " (--force to try anyway)", next_at)
         return [f"--force: {p}" for p in problems]
 
     def wait_settled(

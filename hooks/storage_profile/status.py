@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from checkpoint_storage_bench.contract import lease_name
 from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import PreflightRefused
-from hooks.storage_profile.kube import Kube
+from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.lease import LeaseState
+from hooks.storage_profile.ledger import read_ledger
 
 RECENT_EVENTS = 10
 
@@ -24,7 +27,13 @@ def claim_status(kube: Kube, namespace: str, name: str, deadline: Deadline) -> d
     pv = kube.read_pv(volume, deadline) if volume else None
     csi = (pv or {}).get("spec", {}).get("csi") or {}
     events = kube.claim_events(namespace, claim, deadline)[-RECENT_EVENTS:]
+    try:
+        ledger: list[dict] | str = [e.to_json() for e in read_ledger(claim)]
+    except ValueError as exc:
+        ledger = f"not a ledger: {exc}"
     return {
+        "lease": _lease(kube, namespace, name, deadline),
+        "ledger": ledger,
         "namespace": namespace,
         "claim": name,
         "uid": claim["metadata"].get("uid"),
@@ -49,6 +58,25 @@ def claim_status(kube: Kube, namespace: str, name: str, deadline: Deadline) -> d
             }
             for e in events
         ],
+    }
+
+
+def _lease(kube: Kube, namespace: str, claim: str, deadline: Deadline) -> dict | str | None:
+    """Who holds the claim's Lease; a string when it cannot be read (RBAC)."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        lease = kube.read_lease(namespace, lease_name(claim), deadline)
+    except ApiException as exc:
+        return f"cannot read: {api_message(exc)}"
+    if lease is None:
+        return None
+    state = LeaseState.of(lease)
+    expires = state.expires
+    return {
+        "name": lease_name(claim),
+        "holder": state.holder,
+        "expires": expires.strftime("%Y-%m-%dT%H:%M:%SZ") if expires else None,
     }
 
 
@@ -79,6 +107,20 @@ def render_status(data: dict) -> str:
             else ""
         ),
     ]
+    lease = data.get("lease")
+    if isinstance(lease, dict):
+        holder = lease["holder"] or "nobody (released)"
+        lines.append(f"  lease          {lease['name']}: {holder}, until {lease['expires'] or '-'}")
+    else:
+        lines.append(f"  lease          {lease or '-'}")
+    ledger = data.get("ledger")
+    if isinstance(ledger, list):
+        lines.append("  switches" + ("" if ledger else "       -"))
+        lines += [
+            f"    {e['at']} {e['from'] or '-'} -> {e['to']} ({e['holder'] or '-'})" for e in ledger
+        ]
+    else:
+        lines.append(f"  switches       {ledger}")
     lines.append("  conditions" + ("" if data["conditions"] else "     -"))
     for c in data["conditions"]:
         lines.append(f"    {c['type']}={c['status']} {c['reason'] or ''}: {c['message'] or ''}")

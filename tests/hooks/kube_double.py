@@ -39,6 +39,7 @@ KINDS = {
     ("", "events"): "Event",
     ("", "pods"): "Pod",
     ("storage.k8s.io", "volumeattributesclasses"): "VolumeAttributesClass",
+    ("coordination.k8s.io", "leases"): "Lease",
 }
 CLUSTER_SCOPED = {"PersistentVolume", "VolumeAttributesClass"}
 IMMUTABLE_SPEC = (
@@ -386,6 +387,13 @@ class KubeDouble:
     def writes(self) -> list[Recorded]:
         return [r for r in self.requests if r.method not in ("GET", "HEAD")]
 
+    def claim_writes(self) -> list[Recorded]:
+        """Writes to claims (not to their Leases)."""
+        return [r for r in self.writes() if f"/{CLAIMS}/" in r.path]
+
+    def lease(self, claim: str = "training-checkpoints", ns: str = "ml-team") -> dict | None:
+        return self.get("Lease", f"storage-profile-{claim}", ns)
+
     def count(self, verb: str, resource: str = CLAIMS) -> int:
         return sum(1 for r in self.requests if r.verb == verb and f"/{resource}" in r.path)
 
@@ -502,6 +510,8 @@ class KubeDouble:
             return self._answer(request, query, verb, 200, obj)
         if verb == "patch" and kind == "PersistentVolumeClaim":
             return self._patch_claim(request, query, ns, name, body)
+        if verb in ("create", "update") and kind == "Lease":
+            return self._write_lease(request, query, verb, ns, name, body)
         return self._answer(
             request,
             query,
@@ -642,6 +652,97 @@ class KubeDouble:
                 self.on_patch(stored)
         return self._answer(request, query, "patch", 200, stored, body=patch)
 
+    def _write_lease(
+        self, request: web.Request, query: dict, verb: str, ns: str, name: str | None, raw: bytes
+    ) -> web.Response:
+        """Create (POST) or replace (PUT) a Lease, as the API server does: the name comes
+        from the body on create (409 AlreadyExists when taken), from the path on update,
+        where the body's resourceVersion must be the current one (409 Conflict)."""
+        try:
+            lease = json.loads(raw)
+        except ValueError:
+            lease = None
+        meta = (lease or {}).get("metadata") or {}
+        spec = (lease or {}).get("spec") or {}
+        invalid = None
+        if not isinstance(lease, dict) or lease.get("kind") != "Lease":
+            invalid = "the body is not a Lease"
+        elif not meta.get("name") or (verb == "update" and meta["name"] != name):
+            invalid = "metadata.name: Invalid value: the name of the object does not match"
+        elif "leaseDurationSeconds" in spec and not (
+            isinstance(spec["leaseDurationSeconds"], int) and spec["leaseDurationSeconds"] > 0
+        ):
+            invalid = "spec.leaseDurationSeconds: Invalid value: must be greater than 0"
+        else:
+            for key in ("acquireTime", "renewTime"):
+                if key in spec and not re.fullmatch(
+                    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", str(spec[key])
+                ):
+                    invalid = f"spec.{key}: Invalid value: not a MicroTime"
+        if invalid:
+            return self._answer(
+                request,
+                query,
+                verb,
+                422,
+                status_body(
+                    422, "Invalid", f'Lease "{meta.get("name", "")}" is invalid: {invalid}'
+                ),
+                body=lease,
+            )
+        with self.lock:
+            old = self.get("Lease", meta["name"], ns)
+            if verb == "create" and old is not None:
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    409,
+                    status_body(
+                        409,
+                        "AlreadyExists",
+                        f'leases.coordination.k8s.io "{meta["name"]}" already exists',
+                    ),
+                    body=lease,
+                )
+            if verb == "update":
+                if old is None:
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        404,
+                        status_body(
+                            404, "NotFound", f'leases.coordination.k8s.io "{name}" not found'
+                        ),
+                        body=lease,
+                    )
+                if meta.get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        409,
+                        status_body(
+                            409,
+                            "Conflict",
+                            f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
+                            "the object has been modified; please apply your changes to the "
+                            "latest version and try again",
+                        ),
+                        body=lease,
+                    )
+            lease = copy.deepcopy(lease)
+            lease["metadata"] = {
+                "name": meta["name"],
+                "namespace": ns,
+                **({"uid": old["metadata"]["uid"]} if old else {}),
+            }
+            stored = self.put(lease)
+        return self._answer(
+            request, query, verb, 201 if verb == "create" else 200, stored, body=lease
+        )
+
     @staticmethod
     def _validate_claim_update(old: dict, new: dict) -> str | None:
         old_spec, new_spec = dict(old["spec"]), dict(new["spec"])
@@ -703,7 +804,11 @@ class KubeDouble:
         resp.enable_chunked_encoding()
         await resp.prepare(request)
 
+        sent = [int(query.get("resourceVersion") or 0)]
+
         async def send(type_: str, obj: dict) -> None:
+            if type_ in ("ADDED", "MODIFIED", "DELETED"):
+                sent.append(int(obj["metadata"]["resourceVersion"]))
             await resp.write(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
 
         version = query.get("resourceVersion") or "0"
@@ -754,12 +859,21 @@ class KubeDouble:
                     break
                 await send(*item)
             if query.get("allowWatchBookmarks", "").lower() == "true":
+                # Like kube-apiserver's, a bookmark never skips an event of this watch: a
+                # change recorded but not yet delivered (it races the stream's end) holds it
+                # at the last event sent.
+                with self.lock:
+                    pending = any(
+                        rv > max(sent) and o["metadata"]["namespace"] == ns and matches(o, selector)
+                        for rv, _, o in self.history
+                    )
+                    mark = max(sent) if pending else self.rv
                 await send(
                     "BOOKMARK",
                     {
                         "kind": "PersistentVolumeClaim",
                         "apiVersion": "v1",
-                        "metadata": {"resourceVersion": str(self.rv)},
+                        "metadata": {"resourceVersion": str(mark)},
                     },
                 )
             await resp.write_eof()
@@ -994,6 +1108,36 @@ def make_volume(
                 **({"volumeName": pv} if bound else {}),
             },
             "status": status,
+        }
+    )
+
+
+def make_lease(
+    double: KubeDouble,
+    holder: str | None,
+    renewed_ago: float = 0.0,
+    duration: int = 3600,
+    ns: str = "ml-team",
+    claim: str = "training-checkpoints",
+) -> dict:
+    """Seed the claim's Lease, held by ``holder``, renewed ``renewed_ago`` seconds ago."""
+    from datetime import timedelta
+
+    renewed = (datetime.now(UTC) - timedelta(seconds=renewed_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec: dict[str, Any] = {
+        "leaseDurationSeconds": duration,
+        "acquireTime": renewed,
+        "renewTime": renewed,
+        "leaseTransitions": 0,
+    }
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    return double.put(
+        {
+            "kind": "Lease",
+            "apiVersion": "coordination.k8s.io/v1",
+            "metadata": {"name": f"storage-profile-{claim}", "namespace": ns},
+            "spec": spec,
         }
     )
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
 
+from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
 from hooks.storage_profile.kube import Kube, load_api_client
 from tests.hooks.helpers import FAST_BACKOFF
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
@@ -20,9 +22,16 @@ def kube(double: KubeDouble, kubeconfig: Path) -> Kube:
 
 
 def patch_class(double: KubeDouble, kube: Kube, target: str | None) -> dict:
-    """Patch the claim's class as the hook does: with its uid and resourceVersion."""
+    """Patch the claim's class as the hook does: with its uid and resourceVersion, and a
+    ledger entry when it sets a class."""
     meta = double.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
-    return kube.patch_claim_class(NS, CLAIM, target, None, meta["uid"], meta["resourceVersion"])
+    ledger = None
+    if target is not None:
+        entry = LedgerEntry(datetime.now(UTC), None, target, "test")
+        ledger = {LEDGER_ANNOTATION: format_ledger([entry])}
+    return kube.patch_claim_class(
+        NS, CLAIM, target, None, meta["uid"], meta["resourceVersion"], ledger
+    )
 
 
 def test_watch_resumes_from_a_resource_version(double: KubeDouble, kube: Kube):
@@ -128,11 +137,13 @@ def test_a_patch_is_refused_when_its_preconditions_do_not_hold(double: KubeDoubl
     meta = double.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
     stale = str(int(meta["resourceVersion"]) - 1)
     with pytest.raises(ApiException) as info:
-        kube.patch_claim_class(NS, CLAIM, "fast", None, meta["uid"], stale)
+        kube.patch_claim_class(NS, CLAIM, "fast", None, meta["uid"], stale, {"a": "b"})
     assert info.value.status == 409
     assert "the object has been modified" in info.value.body
     with pytest.raises(ApiException) as info:
-        kube.patch_claim_class(NS, CLAIM, "fast", None, "another-uid", meta["resourceVersion"])
+        kube.patch_claim_class(
+            NS, CLAIM, "fast", None, "another-uid", meta["resourceVersion"], {"a": "b"}
+        )
     assert info.value.status == 422
     assert "metadata.uid: Invalid value" in info.value.body
     claim = double.get("PersistentVolumeClaim", CLAIM, NS)

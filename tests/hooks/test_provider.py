@@ -74,7 +74,7 @@ def test_refuses_a_fifth_modification_in_24h(
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "modified 4 times in the last 24 h; AWS allows 4 per rolling window" in result.stderr
-    assert ebs_cluster.writes() == []
+    assert ebs_cluster.claim_writes() == []
 
     forced = switch(kubeconfig, "--force")
     assert forced.exit_code == 0, forced.output
@@ -100,7 +100,7 @@ def test_refuses_while_the_previous_modification_is_optimizing(
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "still optimizing (60%)" in result.stderr
-    assert ebs_cluster.writes() == []
+    assert ebs_cluster.claim_writes() == []
 
 
 def test_already_on_class_still_waits_for_optimizing(
@@ -114,7 +114,7 @@ def test_already_on_class_still_waits_for_optimizing(
     result = switch(kubeconfig, to="baseline")
     assert result.exit_code == 0, result.output
     assert stepper.seen == ["optimizing", "optimizing", "completed"]
-    assert ebs_cluster.writes() == []
+    assert ebs_cluster.claim_writes() == []
 
 
 def test_unknown_driver_falls_back_to_kubernetes_settle(
@@ -201,7 +201,7 @@ def test_unknown_ec2_volume_is_refused_before_any_write(
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "cannot read EC2 modifications of vol-00000000000000000" in result.stderr
-    assert double.writes() == []
+    assert double.claim_writes() == []
 
 
 def age_earlier_modifications(client, before: datetime, state: str) -> None:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 
 from tests.hooks.helpers import run_hook, write_kubeconfig
@@ -50,8 +51,8 @@ def test_status_shows_desired_current_status_conditions_and_events(
     }
     assert data["driver"] == "ebs.csi.aws.com" and data["volume"] == "pvc-0001"
     assert [e["reason"] for e in data["events"]] == ["VolumeModify", "VolumeModifyFailed"]
-    assert double.writes()[-1].method == "PATCH"  # status itself wrote nothing
-    assert len(double.writes()) == 1
+    assert double.claim_writes()[-1].method == "PATCH"  # status itself wrote nothing
+    assert len(double.claim_writes()) == 1
 
 
 def test_status_of_a_missing_claim(double: KubeDouble, kubeconfig: Path):
@@ -206,3 +207,21 @@ def test_tls_failure_is_a_fast_refusal_naming_the_cause(double: KubeDouble, tmp_
     assert result.exit_code == 3, result.output
     assert time.monotonic() - started < 5
     assert "TLS with the API server failed" in result.stderr
+
+
+@pytest.mark.parametrize("module", ["heartbeat", "kube"])
+def test_doctests(module: str):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"hooks.storage_profile.{module}"))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_every_option_has_help_text():
+    from hooks.storage_profile.cli import main
+
+    for name, command in main.commands.items():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert param.help, f"{name} {param.opts}"
