@@ -1,4 +1,4 @@
-"""Command line: ``python -m hooks.storage_profile switch|release|status``.
+"""Command line: ``python -m hooks.storage_profile switch|release|status|plan``.
 
 Parse the options → build the config (``config.py``) → call (``commands.py``). Every
 failure leaves as one of the hook's errors, which click maps to the exit code its class
@@ -23,9 +23,11 @@ from hooks.storage_profile.config import (
     INFEASIBLE_ACTIONS,
     LEASE_DURATION,
     SETTLE_MODES,
+    PlanConfig,
     ReleaseConfig,
     StatusConfig,
     SwitchConfig,
+    parse_profiles,
 )
 from hooks.storage_profile.errors import EXIT_CODES, as_hook_error
 from hooks.storage_profile.switch import default_provider
@@ -201,3 +203,39 @@ def release(**options: Any) -> None:
 def status(**options: Any) -> None:
     """Desired and current class, modify status, conditions and recent events of a claim."""
     commands.run_status(config_or_usage_error(StatusConfig, backoff=BACKOFF, **options))
+
+
+def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    try:
+        return parse_profiles(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
+
+
+@main.command(epilog=EPILOG)
+@_target_options
+@click.option(
+    "--profiles",
+    required=True,
+    callback=_profiles_list,
+    help="The classes (sandbox profiles) the run switches to, in order, comma-separated.",
+)
+@click.option(
+    "--return-to-first",
+    is_flag=True,
+    help="The run ends with a switch back to the first profile (A…B…A, measures drift).",
+)
+@click.option(
+    "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Overall deadline in seconds for every API call.",
+)
+def plan(**options: Any) -> None:
+    """How many volume modifications the run over the profiles needs, and whether the
+    provider's window allows them now (else exit 3 naming when); changes nothing."""
+    commands.run_plan(config_or_usage_error(PlanConfig, backoff=BACKOFF, **options))

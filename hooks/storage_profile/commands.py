@@ -13,8 +13,9 @@ from collections.abc import Callable
 import click
 
 from checkpoint_storage_bench.retry import Deadline
-from hooks.storage_profile.config import ReleaseConfig, StatusConfig, SwitchConfig
-from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, as_hook_error
+from hooks.storage_profile import plan as planning
+from hooks.storage_profile.config import PlanConfig, ReleaseConfig, StatusConfig, SwitchConfig
+from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, PlanRefused, as_hook_error
 from hooks.storage_profile.kube import Kube, load_api_client
 from hooks.storage_profile.lease import ClaimLease, default_holder
 from hooks.storage_profile.local import SandboxProfiles, status_local, switch_local
@@ -103,3 +104,39 @@ def run_status(cfg: StatusConfig) -> dict:
         data = claim_status(kube, cfg.namespace, cfg.claim, Deadline(cfg.timeout))
     click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render_status(data))
     return data
+
+
+def run_plan(cfg: PlanConfig) -> planning.ModificationPlan:
+    """Judge the run's modifications against the provider's window; print the plan, write it
+    (``--summary-json``) and log it to Polyaxon, then refuse if it does not fit now.
+
+    Raises:
+        PlanRefused: The plan does not fit now (or never in one run), or cannot start on its
+            first profile; nothing was changed.
+    """
+    now = planning.NOW()
+    if cfg.backend == "local":
+        sandbox = SandboxProfiles.load(cfg.profiles_file)
+        plan = planning.plan_local(
+            sandbox, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now
+        )
+    else:
+        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
+        plan = planning.plan_kubernetes(
+            kube,
+            cfg.namespace,
+            cfg.claim,
+            cfg.profiles,
+            cfg.return_to_first,
+            now,
+            Deadline(cfg.timeout),
+        )
+    click.echo(plan.render())
+    if cfg.summary_json is not None:
+        cfg.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        cfg.summary_json.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    plan.log_to_polyaxon()
+    reason = plan.refusal()
+    if reason is not None:
+        raise PlanRefused(reason)
+    return plan

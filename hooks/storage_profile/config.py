@@ -187,3 +187,47 @@ class StatusConfig(Target):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_seconds("--timeout", self.timeout)
+
+
+def parse_profiles(text: str) -> list[str]:
+    """``a,b,c`` → ``["a", "b", "c"]``; a name may repeat, but none may be empty.
+
+    >>> parse_profiles("checkpoint-baseline, checkpoint-throughput")
+    ['checkpoint-baseline', 'checkpoint-throughput']
+
+    Raises:
+        ValueError: No profile, or an empty name.
+    """
+    names = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not n for n in names):
+        raise ValueError(f"--profiles must be class names separated by commas, got {text!r}")
+    return names
+
+
+@dataclass(kw_only=True)
+class PlanConfig(Target):
+    """What ``plan`` was asked to judge.
+
+    Attributes:
+        profiles: The classes (sandbox profiles) the run switches to, in order.
+        return_to_first: The run ends with a switch back to the first profile.
+        summary_json: Where to write the plan as JSON.
+        timeout: Overall deadline in seconds.
+        backoff: Retry schedule for throttled or failing API calls.
+    """
+
+    profiles: list[str]
+    return_to_first: bool = False
+    summary_json: Path | None = None
+    timeout: float = 60.0
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.profiles or any(not p for p in self.profiles):
+            raise ValueError(f"--profiles must name at least one class, got {self.profiles!r}")
+        if self.backend == "kubernetes":
+            # Class names become URL paths, as --to does for switch.
+            for name in self.profiles:
+                check_subdomain("--profiles", name)
+        check_seconds("--timeout", self.timeout)

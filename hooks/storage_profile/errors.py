@@ -32,6 +32,7 @@ __all__ = [
     "DeadlineExceeded",
     "HookError",
     "Infeasible",
+    "PlanRefused",
     "PreflightRefused",
     "UnexpectedState",
     "as_hook_error",
@@ -43,13 +44,14 @@ EXIT_INFEASIBLE = 4
 
 EXIT_CODES = {
     EXIT_OK: 'settled (including "already on that class" and an unbound claim created with '
-    "that class), a dry run passed preflight, or a lease released",
+    "that class), a dry run passed preflight, a lease released, or a plan fits now",
     EXIT_UNEXPECTED: "unexpected error (unknown modify status, claim deleted or changed "
     "by others, …)",
     EXIT_USAGE: "bad arguments",
     EXIT_PREFLIGHT: "preflight refused (claim or class missing, claim not bound, driver "
     "mismatch, modification budget used up, claim held by another holder's lease, API "
-    "server refused the patch) — nothing was changed",
+    "server refused the patch; plan: the run's modifications do not fit the provider's "
+    "window now, named with when they would) — nothing was changed",
     EXIT_INFEASIBLE: "infeasible (Infeasible status, Pending beyond --pending-grace, "
     "provider failed)",
     EXIT_DEADLINE: "deadline (--timeout) passed",
@@ -89,6 +91,12 @@ class BudgetExceeded(PreflightRefused):
     def __init__(self, message: str, next_at: datetime | None = None) -> None:
         super().__init__(message)
         self.next_at = next_at
+
+
+class PlanRefused(PreflightRefused):
+    """``plan``: the run's modifications do not fit the provider's window now (the message
+    names when they would, or never), or the run cannot start on its first profile (exit 3).
+    ``plan`` only reads, so nothing was changed."""
 
 
 class Infeasible(HookError):

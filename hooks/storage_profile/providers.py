@@ -1,7 +1,8 @@
 """Provider-side settle: Kubernetes says "done" before the cloud delivers the performance.
 
 The EBS CSI driver returns once the EC2 modification reaches ``optimizing``; the volume
-performs "between source and target" until it is ``completed``. A :class:`Provider` knows
+performs "between source and target" until it is ``completed`` (GKE's driver does not wait
+for the disk update at all: ``gke.py``). A :class:`Provider` knows
 how to wait for that and how to check the provider's rate limit before a switch. Add a
 driver by writing a class with the same two methods and registering it in ``PROVIDERS``
 (one line: driver name -> factory).
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry
 from hooks.storage_profile.errors import BudgetExceeded, HookError, Infeasible, PreflightRefused
+from hooks.storage_profile.gke import GkeProvider
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +50,15 @@ class Provider(Protocol):
         """
         ...
 
-    def wait_settled(self, volume_handle: str, deadline: Deadline, since: datetime | None) -> str:
-        """Block until the provider finished the modification this switch started; return
-        a note.
+    def wait_settled(
+        self,
+        volume_handle: str,
+        deadline: Deadline,
+        since: datetime | None,
+        target_class: dict | None = None,
+    ) -> str:
+        """Block until the provider finished the modification this switch started (and,
+        where the provider reports them, delivers ``target_class``'s values); return a note.
 
         Args:
             volume_handle: The PV's ``spec.csi.volumeHandle``.
@@ -58,6 +66,8 @@ class Provider(Protocol):
             since: When the switch patched the claim (a modification that started earlier,
                 allowing for :data:`CLOCK_SKEW`, is someone else's); None when nothing was
                 patched: then only a modification still running is waited for.
+            target_class: The VolumeAttributesClass switched to (its ``parameters`` are what
+                the volume should deliver); a provider that cannot read them back ignores it.
         """
         ...
 
@@ -230,8 +240,14 @@ class EbsProvider:
         return [f"--force: {p}" for p in problems]
 
     def wait_settled(
-        self, volume_handle: str, deadline: Deadline, since: datetime | None = None
+        self,
+        volume_handle: str,
+        deadline: Deadline,
+        since: datetime | None = None,
+        target_class: dict | None = None,
     ) -> str:
+        # target_class is not needed here: EC2's own record of the modification this switch
+        # started (completed or failed) is the judge.
         while True:
             mods = self.modifications(volume_handle, deadline)
             if since is not None:
@@ -275,6 +291,7 @@ class EbsProvider:
 # driver name -> factory; a factory gets the PV (for region or project hints).
 PROVIDERS: dict[str, Callable[[dict], Provider]] = {
     EbsProvider.driver: lambda pv: EbsProvider(region=region_of(pv)),
+    GkeProvider.driver: GkeProvider.for_pv,
 }
 
 # An AWS region: "us-east-1", "us-gov-west-1", "ap-southeast-4". Zone names add a letter

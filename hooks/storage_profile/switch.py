@@ -130,11 +130,14 @@ def switch_kubernetes(
 
     if provider is not None:
         # Only a modification this switch started is ours to judge; when nothing was
-        # patched, the provider judges what is still running.
+        # patched, the provider judges what is still running. The class's parameters are
+        # what a provider that reports them (GKE's disk) must show.
         since = datetime.fromisoformat(report.requested_at) if report.patched else None
         heartbeat.phase, heartbeat.kubernetes = "provider", f"settled on {cfg.target}"
         heartbeat.provider = "asking"
-        note = provider.wait_settled(plan.volume_handle, deadline, since)
+        note = provider.wait_settled(
+            plan.volume_handle, deadline, since, target_class=plan.target_class
+        )
         report.provider_settled_at = now_iso()
         report.notes.append(note)
         echo(note)
