@@ -23,6 +23,8 @@ can stay ``optimizing`` for hours (docs/storage-profile.md, "Timeouts")."""
 LEASE_DURATION = 6 * 3600.0
 """Default Lease duration: outlasts the longest default wait, renewed by every switch."""
 HEARTBEAT_INTERVAL = 30.0
+LEASE_DURATION_MAX = 2**31 - 1
+"""A Lease's ``leaseDurationSeconds`` is an int32: kube-apiserver cannot decode more (400)."""
 
 # Kubernetes object names: a namespace is a DNS-1123 label, a claim and a class DNS-1123
 # subdomains. Checked here because a name like ".." would otherwise become part of a URL
@@ -139,6 +141,12 @@ class SwitchConfig(Target):
             self.timeout = DEFAULT_TIMEOUT[self.settle]
         check_seconds("--timeout", self.timeout)
         check_seconds("--lease-duration", self.lease_duration)
+        if not 1 <= self.lease_duration <= LEASE_DURATION_MAX:
+            # The Lease stores whole seconds, more than 0 (422) and at most an int32 (400).
+            raise ValueError(
+                f"--lease-duration must be 1 to {LEASE_DURATION_MAX} seconds, not "
+                f"{self.lease_duration:g}"
+            )
         check_seconds("heartbeat", self.heartbeat)
         if self.holder is not None:
             check_holder(self.holder)

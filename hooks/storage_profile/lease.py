@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import math
 import os
 import socket
 import threading
@@ -154,6 +155,12 @@ class ClaimLease:
         self.now = now
 
     @property
+    def seconds(self) -> int:
+        """``leaseDurationSeconds``: whole seconds (an int32), rounded up, so the Lease never
+        lasts less than asked."""
+        return math.ceil(self.duration)
+
+    @property
     def ref(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
 
@@ -191,7 +198,7 @@ class ClaimLease:
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {
                         "holderIdentity": self.holder,
-                        "leaseDurationSeconds": int(self.duration),
+                        "leaseDurationSeconds": self.seconds,
                         "acquireTime": microtime(now),
                         "renewTime": microtime(now),
                         "leaseTransitions": 0,
@@ -205,7 +212,7 @@ class ClaimLease:
             ours = state.holder == self.holder
             spec.update(
                 holderIdentity=self.holder,
-                leaseDurationSeconds=int(self.duration),
+                leaseDurationSeconds=self.seconds,
                 renewTime=microtime(now),
             )
             if not ours:

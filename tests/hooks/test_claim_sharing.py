@@ -392,3 +392,20 @@ def test_the_default_holder():
 def test_a_blank_or_unprintable_holder_is_a_usage_error(holder: str):
     result = run_hook("switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--holder", holder)
     assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize("seconds", ["0.5", "2147483648", "1e10"])
+def test_a_lease_duration_the_api_cannot_store_is_a_usage_error(seconds: str):
+    # leaseDurationSeconds is an int32 greater than 0: kube-apiserver refuses 0 (422) and
+    # cannot even decode more than 2^31-1 (400), so the hook refuses both before asking.
+    result = run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--lease-duration", seconds
+    )
+    assert result.exit_code == 2, result.output
+    assert "--lease-duration must be 1 to 2147483647 seconds" in result.stderr
+
+
+def test_a_fractional_lease_duration_is_rounded_up(cluster: KubeDouble, kubeconfig: Path):
+    result = switch(kubeconfig, "--lease-duration", "90.2")
+    assert result.exit_code == 0, result.output
+    assert cluster.lease()["spec"]["leaseDurationSeconds"] == 91
