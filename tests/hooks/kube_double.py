@@ -88,6 +88,41 @@ def details(group: str, resource: str, name: str | None) -> dict:
     return out
 
 
+INT32 = (-(2**31), 2**31 - 1)
+MICROTIME_LAYOUT = "2006-01-02T15:04:05.000000Z07:00"
+MICROTIME_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
+
+
+def lease_decode_error(spec: dict) -> str | None:
+    """Why kube-apiserver cannot decode a Lease's spec (its 400 message), or None.
+
+    ``leaseDurationSeconds`` and ``leaseTransitions`` are int32: a fractional or
+    out-of-range number does not decode. ``acquireTime``/``renewTime`` are MicroTimes:
+    RFC 3339 with exactly six fractional digits.
+    """
+    for key in ("leaseDurationSeconds", "leaseTransitions"):
+        value = spec.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            kind = "string" if isinstance(value, str) else type(value).__name__
+            return (
+                f"json: cannot unmarshal {kind} into Go struct field "
+                f"LeaseSpec.spec.{key} of type int32"
+            )
+        if isinstance(value, float) or not INT32[0] <= value <= INT32[1]:
+            return (
+                f"json: cannot unmarshal number {value!r} into Go struct field "
+                f"LeaseSpec.spec.{key} of type int32"
+            )
+    for key in ("acquireTime", "renewTime"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, str) and MICROTIME_RE.fullmatch(value)):
+            # Go names where parsing stopped; the double names the value and the layout.
+            return f'parsing time "{value}" as "{MICROTIME_LAYOUT}": not a MicroTime'
+    return None
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
@@ -651,6 +686,7 @@ class KubeDouble:
                         f'Operation cannot be fulfilled on persistentvolumeclaims "{name}": '
                         "the object has been modified; please apply your changes to the latest "
                         "version and try again",
+                        details("", CLAIMS, name),
                     ),
                     body=patch,
                 )
@@ -666,6 +702,20 @@ class KubeDouble:
                         "Invalid",
                         f'PersistentVolumeClaim "{name}" is invalid: metadata.uid: Invalid '
                         f'value: "{uid}": field is immutable',
+                        {
+                            "name": name,
+                            "kind": "PersistentVolumeClaim",
+                            # Twice, as kube-apiserver 1.34 lists it: the generic update
+                            # checks the object meta, and the claim's own validation again.
+                            "causes": [
+                                {
+                                    "reason": "FieldValueInvalid",
+                                    "message": f'Invalid value: "{uid}": field is immutable',
+                                    "field": "metadata.uid",
+                                }
+                            ]
+                            * 2,
+                        },
                     ),
                     body=patch,
                 )
@@ -715,9 +765,16 @@ class KubeDouble:
     def _write_lease(
         self, request: web.Request, query: dict, verb: str, ns: str, name: str | None, raw: bytes
     ) -> web.Response:
-        """Create (POST) or replace (PUT) a Lease, as the API server does: the name comes
+        """Create (POST) or replace (PUT) a Lease, as kube-apiserver 1.34 does.
+
+        A body that does not decode into a Lease (a fractional or out-of-range
+        ``leaseDurationSeconds``, a time that is not a MicroTime) is a 400; the name comes
         from the body on create (409 AlreadyExists when taken), from the path on update,
-        where the body's resourceVersion must be the current one (409 Conflict)."""
+        where the body's resourceVersion must be given (422) and be the current one (409
+        Conflict). A PUT of a Lease that does not exist creates it (201): the Lease strategy
+        allows create-on-update, and the caller needs the create permission too.
+        """
+        group, resource = "coordination.k8s.io", "leases"
         try:
             lease = json.loads(raw)
         except ValueError:
@@ -729,16 +786,6 @@ class KubeDouble:
             invalid = "the body is not a Lease"
         elif not meta.get("name") or (verb == "update" and meta["name"] != name):
             invalid = "metadata.name: Invalid value: the name of the object does not match"
-        elif "leaseDurationSeconds" in spec and not (
-            isinstance(spec["leaseDurationSeconds"], int) and spec["leaseDurationSeconds"] > 0
-        ):
-            invalid = "spec.leaseDurationSeconds: Invalid value: must be greater than 0"
-        else:
-            for key in ("acquireTime", "renewTime"):
-                if key in spec and not re.fullmatch(
-                    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", str(spec[key])
-                ):
-                    invalid = f"spec.{key}: Invalid value: not a MicroTime"
         if invalid:
             return self._answer(
                 request,
@@ -750,8 +797,110 @@ class KubeDouble:
                 ),
                 body=lease,
             )
+        undecodable = lease_decode_error(spec)
+        if undecodable:
+            return self._answer(
+                request,
+                query,
+                verb,
+                400,
+                status_body(
+                    400,
+                    "BadRequest",
+                    f'Lease in version "v1" cannot be handled as a Lease: {undecodable}',
+                ),
+                body=lease,
+            )
+        lease_name = meta["name"]
         with self.lock:
-            old = self.get("Lease", meta["name"], ns)
+            old = self.get("Lease", lease_name, ns)
+            if verb == "update" and old is None and self.rbac is not None:
+                if not self.rbac.allows("create", group, resource, ns, lease_name):
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        403,
+                        status_body(
+                            403,
+                            "Forbidden",
+                            f'{qualified(group, resource)} "{lease_name}" is forbidden: User '
+                            f'"{self.rbac.user}" cannot create resource "{resource}" in API '
+                            f'group "{group}" in the namespace "{ns}"',
+                            details(group, resource, lease_name),
+                        ),
+                        body=lease,
+                    )
+            if verb == "update" and old is not None:
+                version = meta.get("resourceVersion")
+                if not version:
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        422,
+                        status_body(
+                            422,
+                            "Invalid",
+                            f'{qualified(group, resource)} "{lease_name}" is invalid: '
+                            "metadata.resourceVersion: Invalid value: 0: must be specified "
+                            "for an update",
+                            {
+                                **details(group, resource, lease_name),
+                                "causes": [
+                                    {
+                                        "reason": "FieldValueInvalid",
+                                        "message": "Invalid value: 0: must be specified for "
+                                        "an update",
+                                        "field": "metadata.resourceVersion",
+                                    }
+                                ],
+                            },
+                        ),
+                        body=lease,
+                    )
+                if version != old["metadata"]["resourceVersion"]:
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        409,
+                        status_body(
+                            409,
+                            "Conflict",
+                            f"Operation cannot be fulfilled on {qualified(group, resource)} "
+                            f'"{lease_name}": the object has been modified; please apply your '
+                            "changes to the latest version and try again",
+                            details(group, resource, lease_name),
+                        ),
+                        body=lease,
+                    )
+            duration = spec.get("leaseDurationSeconds")
+            if duration is not None and duration <= 0:
+                cause = f"Invalid value: {duration}: must be greater than 0"
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    422,
+                    status_body(
+                        422,
+                        "Invalid",
+                        f'Lease.{group} "{lease_name}" is invalid: spec.leaseDurationSeconds: '
+                        f"{cause}",
+                        {
+                            **details(group, "Lease", lease_name),
+                            "causes": [
+                                {
+                                    "reason": "FieldValueInvalid",
+                                    "message": cause,
+                                    "field": "spec.leaseDurationSeconds",
+                                }
+                            ],
+                        },
+                    ),
+                    body=lease,
+                )
             if verb == "create" and old is not None:
                 return self._answer(
                     request,
@@ -761,47 +910,19 @@ class KubeDouble:
                     status_body(
                         409,
                         "AlreadyExists",
-                        f'leases.coordination.k8s.io "{meta["name"]}" already exists',
+                        f'{qualified(group, resource)} "{lease_name}" already exists',
+                        details(group, resource, lease_name),
                     ),
                     body=lease,
                 )
-            if verb == "update":
-                if old is None:
-                    return self._answer(
-                        request,
-                        query,
-                        verb,
-                        404,
-                        status_body(
-                            404, "NotFound", f'leases.coordination.k8s.io "{name}" not found'
-                        ),
-                        body=lease,
-                    )
-                if meta.get("resourceVersion") != old["metadata"]["resourceVersion"]:
-                    return self._answer(
-                        request,
-                        query,
-                        verb,
-                        409,
-                        status_body(
-                            409,
-                            "Conflict",
-                            f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
-                            "the object has been modified; please apply your changes to the "
-                            "latest version and try again",
-                        ),
-                        body=lease,
-                    )
             lease = copy.deepcopy(lease)
             lease["metadata"] = {
-                "name": meta["name"],
+                "name": lease_name,
                 "namespace": ns,
                 **({"uid": old["metadata"]["uid"]} if old else {}),
             }
             stored = self.put(lease)
-        return self._answer(
-            request, query, verb, 201 if verb == "create" else 200, stored, body=lease
-        )
+        return self._answer(request, query, verb, 200 if old else 201, stored, body=lease)
 
     @staticmethod
     def _validate_claim_update(old: dict, new: dict) -> str | None:

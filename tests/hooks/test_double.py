@@ -149,3 +149,42 @@ def test_a_patch_is_refused_when_its_preconditions_do_not_hold(double: KubeDoubl
     claim = double.get("PersistentVolumeClaim", CLAIM, NS)
     assert claim["spec"]["volumeAttributesClassName"] == "baseline"
     double.requests.clear()  # these writes were the test's, not the hook's
+
+
+def test_leases_are_written_as_kube_apiserver_writes_them(double: KubeDouble, kube: Kube):
+    """What tests/kube/test_double_parity.py found the real server doing with Leases."""
+
+    def lease(name: str, **spec) -> dict:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 60, **spec},
+        }
+
+    def refused(call, *args) -> ApiException:
+        with pytest.raises(ApiException) as info:
+            call(*args)
+        return info.value
+
+    name = "storage-profile-probe"
+    # A PUT of a Lease that does not exist creates it (create-on-update).
+    created = kube.replace_lease(NS, name, lease(name))
+    assert created["spec"]["holderIdentity"] == "a" and double.requests[-1].status == 201
+    assert refused(kube.create_lease, NS, lease(name)).status == 409  # AlreadyExists
+    # An update must carry the current resourceVersion: none is 422, an old one 409.
+    assert refused(kube.replace_lease, NS, name, lease(name)).status == 422
+    stale = lease(name)
+    stale["metadata"]["resourceVersion"] = "1"
+    assert refused(kube.replace_lease, NS, name, stale).status == 409
+    # leaseDurationSeconds is an int32 > 0; a fractional or too large one does not decode
+    # (400), zero is invalid (422); MicroTimes have six fractional digits.
+    for spec, status in (
+        ({"leaseDurationSeconds": 60.0}, 400),
+        ({"leaseDurationSeconds": 2**31}, 400),
+        ({"leaseDurationSeconds": 0}, 422),
+        ({"renewTime": "2026-01-01T00:00:00Z"}, 400),
+    ):
+        error = refused(kube.create_lease, NS, lease("storage-profile-other", **spec))
+        assert error.status == status, (spec, error.body)
+    assert double.get("Lease", "storage-profile-other", NS) is None
