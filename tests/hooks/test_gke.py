@@ -420,3 +420,61 @@ def test_switch_with_workload_identity_credentials(
         assert all(r.headers["authorization"] == "Bearer wi-token" for r in reads)
     finally:
         metadata.stop()
+
+
+# ------------------------------------------------------- the hook's provider interface
+
+
+def test_the_heartbeat_shows_the_disk_while_the_provider_is_waited_for(
+    gke_cluster: KubeDouble,
+    compute: ComputeDouble,
+    kubeconfig: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # The update lands ~0.8 s after Kubernetes settled: a few heartbeats of 0.2 s meanwhile.
+    gke = GkeProvider(
+        credentials=Credentials(token=TOKEN), endpoint=compute.endpoint, poll_interval=0.05
+    )
+    gke_cluster.resizer.on_modify = lambda pv, vac: compute.modify(
+        HANDLE, after_looks=17, provisionedIops=6000, provisionedThroughput=290
+    )
+    monkeypatch.setattr(cli, "PROVIDER_FOR", lambda d, pv: gke if d == DRIVER else None)
+    monkeypatch.setattr(cli, "HEARTBEAT", 0.2)
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    beats = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("waiting: kubernetes: settled on checkpoint-throughput; provider: ")
+    ]
+    assert beats, result.stderr
+    assert (
+        f"provider: waiting for Compute Engine disk {HANDLE} to be READY with 6000 IOPS and "
+        "290 MiB/s (last seen: READY, 3000 IOPS, 140 MiB/s); elapsed "
+    ) in beats[-1]
+
+
+@pytest.mark.timeout(60)
+def test_every_call_ends_by_the_deadline() -> None:
+    """A Compute Engine endpoint that accepts connections and never answers."""
+    import socket
+    import time
+
+    from checkpoint_storage_bench.retry import DeadlineExceeded
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        gke = GkeProvider(
+            credentials=AnonymousCredentials(),
+            endpoint=f"http://127.0.0.1:{silent.getsockname()[1]}/compute/v1/",
+            poll_interval=0.1,
+        )
+        for call in (
+            lambda deadline: gke.wait_settled(HANDLE, deadline, None),
+            lambda deadline: gke.check_rate_limit(HANDLE, False, deadline),
+        ):
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                call(Deadline(1.5))
+            assert time.monotonic() - started < 2.5
