@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from checkpoint_storage_bench.contract import LEDGER_ANNOTATION
 from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_volume
 from tests.kube.cluster import (
     BASELINE,
@@ -126,6 +127,12 @@ FORBIDDEN = {
     "list claims by another name": ("GET", CLAIMS, {"fieldSelector": "metadata.name=scratch"}),
     "list volumes": ("GET", "/api/v1/persistentvolumes", {}),
     "list classes": ("GET", "/apis/storage.k8s.io/v1/volumeattributesclasses", {}),
+    "get another claim's Lease": (
+        "GET",
+        f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/storage-profile-scratch",
+        {},
+    ),
+    "list Leases": ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases", {}),
 }
 
 
@@ -225,3 +232,155 @@ def test_infeasible_status(both) -> None:
 def test_infeasible_conditions(both) -> None:
     real, fake = infeasible_pair(both)
     assert modify_conditions(fake) == modify_conditions(real)
+
+
+# -- the hook's write: a merge patch with the claim's uid and resourceVersion -----------------
+
+
+def claim_identity(api: client.ApiClient) -> tuple[str, str]:
+    meta = ask(api, "GET", f"{CLAIMS}/{CLAIM}").body["metadata"]
+    return meta["uid"], meta["resourceVersion"]
+
+
+PRECONDITIONS = {
+    # (uid, resourceVersion) in the patch, from each side's own claim
+    "a stale resourceVersion": lambda uid, version: (uid, "1"),
+    "another uid": lambda uid, version: ("00000000-0000-0000-0000-000000000000", version),
+    "another uid and a stale resourceVersion": lambda uid, version: ("0-other", "1"),
+}
+
+
+@pytest.mark.parametrize("case", list(PRECONDITIONS))
+def test_patch_preconditions(both, case: str) -> None:
+    """The hook's class patch carries metadata.uid and resourceVersion: the server refuses
+    a stale resourceVersion with 409 before it compares the uid (422)."""
+    real_api, fake_api, _ = both
+    answers = []
+    for api in (real_api, fake_api):
+        uid, version = PRECONDITIONS[case](*claim_identity(api))
+        patch = {
+            "metadata": {"uid": uid, "resourceVersion": version},
+            "spec": {"volumeAttributesClassName": BASELINE},
+        }
+        answers.append(ask(api, "PATCH", f"{CLAIMS}/{CLAIM}", patch))
+    same(*answers)
+    assert answers[0].status == (409 if "stale" in case else 422)
+
+
+def test_the_hooks_patch_with_its_ledger_is_accepted(both) -> None:
+    real_api, fake_api, _ = both
+    ledger = '[{"at": "2026-01-01T00:00:00Z", "from": null, "to": "checkpoint-baseline"}]'
+    for api in (real_api, fake_api):
+        uid, version = claim_identity(api)
+        patch = {
+            "metadata": {
+                "uid": uid,
+                "resourceVersion": version,
+                "annotations": {LEDGER_ANNOTATION: ledger},
+            },
+            "spec": {"volumeAttributesClassName": BASELINE},
+        }
+        answer = ask(api, "PATCH", f"{CLAIMS}/{CLAIM}", patch)
+        assert answer.status == 200, answer.body
+        assert answer.body["metadata"]["annotations"][LEDGER_ANNOTATION] == ledger
+        assert answer.body["metadata"]["uid"] == uid
+        assert int(answer.body["metadata"]["resourceVersion"]) > int(version)
+        # A merge patch with null removes the annotation again (and leaves the others).
+        cleared = ask(
+            api,
+            "PATCH",
+            f"{CLAIMS}/{CLAIM}",
+            {"metadata": {"annotations": {LEDGER_ANNOTATION: None}}},
+        )
+        assert LEDGER_ANNOTATION not in (cleared.body["metadata"].get("annotations") or {})
+
+
+# -- Leases -------------------------------------------------------------------------------------
+
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
+
+
+def lease(name: str, version: str | None = None, **spec: Any) -> dict:
+    metadata = {"name": name, "namespace": NAMESPACE}
+    if version is not None:
+        metadata["resourceVersion"] = version
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": {
+            "holderIdentity": "pipeline-a",
+            "leaseDurationSeconds": 60,
+            "acquireTime": "2026-01-01T00:00:00.000000Z",
+            "renewTime": "2026-01-01T00:00:00.000000Z",
+            "leaseTransitions": 0,
+            **spec,
+        },
+    }
+
+
+@pytest.fixture
+def leases(both) -> Iterator[tuple[client.ApiClient, client.ApiClient]]:
+    """Both sides, with the parity Leases removed afterwards."""
+    real_api, fake_api, server = both
+    yield real_api, fake_api
+    for name in ("parity-a", "parity-b", "parity-bad"):
+        ask(real_api, "DELETE", f"{LEASES}/{name}")
+        if server.get("Lease", name, NAMESPACE) is not None:
+            server.delete("Lease", name, NAMESPACE)
+
+
+def test_lease_writes(leases) -> None:
+    """What ClaimLease relies on: create, AlreadyExists, optimistic updates, and a PUT that
+    creates a Lease that is gone (the Lease strategy allows create-on-update)."""
+    real_api, fake_api = leases
+    for api in (real_api, fake_api):
+        created = ask(api, "POST", LEASES, lease("parity-a"))
+        assert created.status == 201, created.body
+        assert created.body["spec"] == lease("parity-a")["spec"]
+    same(ask(real_api, "GET", f"{LEASES}/nope"), ask(fake_api, "GET", f"{LEASES}/nope"))
+    same(
+        ask(real_api, "POST", LEASES, lease("parity-a")),
+        ask(fake_api, "POST", LEASES, lease("parity-a")),
+    )
+    for version in ("1", None):  # stale: 409; missing: 422
+        same(
+            ask(real_api, "PUT", f"{LEASES}/parity-a", lease("parity-a", version)),
+            ask(fake_api, "PUT", f"{LEASES}/parity-a", lease("parity-a", version)),
+        )
+    for api in (real_api, fake_api):
+        current = ask(api, "GET", f"{LEASES}/parity-a").body
+        renewed = {**current, "spec": {**current["spec"], "holderIdentity": "pipeline-b"}}
+        answer = ask(api, "PUT", f"{LEASES}/parity-a", renewed)
+        assert answer.status == 200 and answer.body["spec"]["holderIdentity"] == "pipeline-b"
+        gone = ask(api, "PUT", f"{LEASES}/parity-b", lease("parity-b", "1"))
+        assert gone.status == 201, gone.body
+        assert gone.body["spec"]["holderIdentity"] == "pipeline-a"
+
+
+BAD_LEASES = {
+    "zero duration": {"leaseDurationSeconds": 0},
+    "fractional duration": {"leaseDurationSeconds": 60.0},
+    "duration past int32": {"leaseDurationSeconds": 2**31},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LEASES))
+def test_lease_values_the_server_refuses(leases, case: str) -> None:
+    real_api, fake_api = leases
+    body = lease("parity-bad", **BAD_LEASES[case])
+    same(ask(real_api, "POST", LEASES, body), ask(fake_api, "POST", LEASES, body))
+
+
+def test_a_time_that_is_not_a_microtime(leases) -> None:
+    real_api, fake_api = leases
+    body = lease("parity-bad", renewTime="2026-01-01T00:00:00Z")
+    real, fake = ask(real_api, "POST", LEASES, body), ask(fake_api, "POST", LEASES, body)
+    assert real.status == fake.status == 400
+    assert real.body["reason"] == fake.body["reason"] == "BadRequest"
+    # Go's parser says where it stopped; the double names the value and the layout only.
+    prefix = (
+        'Lease in version "v1" cannot be handled as a Lease: parsing time '
+        '"2026-01-01T00:00:00Z" as "2006-01-02T15:04:05.000000Z07:00": '
+    )
+    assert real.body["message"].startswith(prefix) and fake.body["message"].startswith(prefix)

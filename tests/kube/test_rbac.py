@@ -10,12 +10,14 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from checkpoint_storage_bench.contract import lease_name
 from tests.kube.cluster import BASELINE, CLAIM, NAMESPACE, THROUGHPUT, Cluster, switch
 
 pytestmark = pytest.mark.kube
 
 OTHER_NAMESPACE = "other-team"
 BYSTANDER = "scratch"
+LEASE = lease_name(CLAIM)
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +146,10 @@ NEEDED = [
     ("list", "", "pods", NAMESPACE, None),
     ("get", "", "persistentvolumes", None, "pvc-anything"),
     ("get", "storage.k8s.io", "volumeattributesclasses", None, THROUGHPUT),
+    ("get", "coordination.k8s.io", "leases", NAMESPACE, LEASE),
+    ("update", "coordination.k8s.io", "leases", NAMESPACE, LEASE),
+    # create cannot be restricted by name (the name is in the body): any Lease of ml-team
+    ("create", "coordination.k8s.io", "leases", NAMESPACE, None),
 ]
 NOT_GRANTED = [
     ("update", "", "persistentvolumeclaims", NAMESPACE, CLAIM),
@@ -158,6 +164,13 @@ NOT_GRANTED = [
     ("list", "storage.k8s.io", "volumeattributesclasses", None, None),
     ("create", "storage.k8s.io", "volumeattributesclasses", None, None),
     ("get", "", "secrets", NAMESPACE, "artifacts-store-s3"),
+    ("get", "coordination.k8s.io", "leases", NAMESPACE, "storage-profile-scratch"),
+    ("update", "coordination.k8s.io", "leases", NAMESPACE, "storage-profile-scratch"),
+    ("patch", "coordination.k8s.io", "leases", NAMESPACE, LEASE),
+    ("delete", "coordination.k8s.io", "leases", NAMESPACE, LEASE),
+    ("list", "coordination.k8s.io", "leases", NAMESPACE, None),
+    ("watch", "coordination.k8s.io", "leases", NAMESPACE, None),
+    ("create", "coordination.k8s.io", "leases", OTHER_NAMESPACE, None),
 ]
 
 
