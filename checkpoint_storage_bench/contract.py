@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 # --------------------------------------------------------------------------- trainer
 
@@ -188,3 +189,111 @@ MODIFICATION_WINDOWS: dict[str, tuple[int, float]] = {
 """CSI driver → (modifications allowed, per rolling window in seconds). EBS: 4 per 24 h
 since 2026-01-15, each after the previous one completed; GKE Hyperdisk: once per 4 h. A
 driver not listed has no known limit."""
+
+# ------------------------------------------------------------ sandbox storage profiles
+# ``connections/sandbox-profiles.yaml`` (docs/contracts.md): read by the hook's local
+# backend (switch, status) and by the sandbox (mounts, media, the agent). One parser, one set
+# of checks; each part turns :class:`ProfilesFileError` into its own error and exit code.
+
+SANDBOX_PROFILES_FILE = "connections/sandbox-profiles.yaml"
+"""Default profiles file, relative to the sandbox root (``$SANDBOX_ROOT``, else the repo)."""
+
+_PROFILES_KEYS = {"claim", "namespace", "claimPath", "profiles"}
+_PROFILE_KEYS = {"path", "description"}
+
+
+class ProfilesFileError(ValueError):
+    """The sandbox profiles file is missing, unreadable or malformed."""
+
+
+@dataclass(frozen=True)
+class SandboxProfile:
+    """One profile: a directory the claim can point at."""
+
+    name: str
+    path: Path
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxProfiles:
+    """The profiles file, every path absolute.
+
+    Attributes:
+        source: The file it was read from.
+        root: What relative paths were resolved against.
+        claim: The claim name the pipeline passes.
+        namespace: The claim's namespace.
+        claim_path: The symlink the sandbox agent mounts at the claim's mount path.
+        profiles: Name → profile, in the file's order (the first is where a fresh claim starts).
+    """
+
+    source: Path
+    root: Path
+    claim: str
+    namespace: str
+    claim_path: Path
+    profiles: dict[str, SandboxProfile]
+
+    def current(self) -> SandboxProfile | None:
+        """The profile the claim path points at now, if any."""
+        if not self.claim_path.is_symlink():
+            return None
+        target = self.claim_path.resolve()
+        for profile in self.profiles.values():
+            if profile.path.resolve() == target:
+                return profile
+        return None
+
+
+def load_sandbox_profiles(path: Path, root: Path) -> SandboxProfiles:
+    """Read and check a sandbox profiles file; relative paths resolve against ``root``.
+
+    Raises:
+        ProfilesFileError: The file is unreadable or does not follow docs/contracts.md.
+    """
+    import yaml  # the base's other modules do not need yaml; import it where it is used
+
+    root = Path(root)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ProfilesFileError(f"cannot read profiles file {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ProfilesFileError(f"profiles file {path} is not YAML: {exc}") from exc
+
+    def bad(why: str) -> ProfilesFileError:
+        return ProfilesFileError(f"profiles file {path}: {why}")
+
+    if not isinstance(data, dict):
+        raise bad("expected a mapping with claim, namespace, claimPath and profiles")
+    unknown = set(data) - _PROFILES_KEYS
+    if unknown:
+        raise bad(f"unknown keys {sorted(unknown)} (known: {sorted(_PROFILES_KEYS)})")
+    for key in ("claim", "namespace", "claimPath"):
+        if not isinstance(data.get(key), str) or not data[key].strip():
+            raise bad(f"{key} must be a non-empty string")
+    if not isinstance(data.get("profiles"), dict) or not data["profiles"]:
+        raise bad("profiles must be a non-empty mapping of name -> {path, description}")
+    profiles = {}
+    for name, spec in data["profiles"].items():
+        if not isinstance(spec, dict):
+            raise bad(f"profile {name} must be a mapping, not {spec!r}")
+        unknown = set(spec) - _PROFILE_KEYS
+        if unknown:
+            raise bad(
+                f"profile {name}: unknown keys {sorted(unknown)} (known: {sorted(_PROFILE_KEYS)})"
+            )
+        if not isinstance(spec.get("path"), str) or not spec["path"].strip():
+            raise bad(f"profile {name} needs a path")
+        profiles[str(name)] = SandboxProfile(
+            name=str(name), path=root / spec["path"], description=str(spec.get("description", ""))
+        )
+    return SandboxProfiles(
+        source=Path(path),
+        root=root,
+        claim=data["claim"],
+        namespace=data["namespace"],
+        claim_path=root / data["claimPath"],
+        profiles=profiles,
+    )

@@ -260,7 +260,7 @@ class LocalAgent:
         link = context / "artifacts" / uuid
         if not link.is_symlink():
             link.symlink_to(store_run, target_is_directory=True)
-        managed = self.settings.profiles["claim_path"] if self.settings.profiles else None
+        managed = self.settings.profiles.claim_path if self.settings.profiles else None
         for local in self.settings.local_mounts.values():
             if local == managed:
                 # The storage-profile hook owns this symlink; never turn it into a directory.

@@ -12,14 +12,16 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from checkpoint_storage_bench.processes import group_members, stop_group
-from sandbox.api import DONE_STATUSES, Api
 from sandbox.config import (
     DEFAULT_HOST,
     DEFAULT_OWNER,
@@ -54,6 +56,18 @@ def free_port(host: str = DEFAULT_HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    """Whether the server at ``url`` answers ``/healthz``.
+
+    Never the agents' state (the SDK's agent client): reading that schedules queued runs.
+    """
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -132,8 +146,14 @@ class Sandbox:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def api(self) -> Api:
-        return Api(self.url)
+    def client(self) -> Any:
+        """Polyaxon's SDK client for this sandbox's server (no token is ever sent to it)."""
+        from sandbox.components import api_client
+
+        return api_client(self.url)
+
+    def healthy(self) -> bool:
+        return healthy(self.url)
 
     def server_pid(self) -> int | None:
         return read_pid(self.paths.server_pid)
@@ -155,7 +175,7 @@ class Sandbox:
                     f"this sandbox's server already runs on port {running}; use --port "
                     f"{running}, or stop it first"
                 )
-            if self.api.healthy():
+            if self.healthy():
                 return
         if not port_free(self.host, self.port):
             raise PortInUseError(
@@ -182,7 +202,7 @@ class Sandbox:
                     f"the server exited while starting; last lines of "
                     f"{self.paths.server_log}:\n{tail(self.paths.server_log)}"
                 )
-            if self.api.healthy():
+            if self.healthy():
                 return
             time.sleep(0.5)
         stop_group(pid)
@@ -211,7 +231,7 @@ class Sandbox:
         """
         if self.agent_pid():
             return
-        if not self.api.healthy():
+        if not self.healthy():
             raise ServerUnavailableError(f"no server answers at {self.url}; start it first")
         self.paths.agent_ready.unlink(missing_ok=True)
         env = dict(os.environ)
@@ -243,22 +263,30 @@ class Sandbox:
         Returns:
             The uuids of the runs it asked to stop ([] when no server answers).
         """
-        if not self.server_pid() or not self.api.healthy():
+        from polyaxon.client import ProjectClient
+
+        from sandbox.components import sdk_call
+        from sandbox.pipeline import DONE_STATUSES, get_run, list_runs, stop_run
+
+        if not self.server_pid() or not self.healthy():
             return []
+        client = self.client
         try:
-            projects = self.api.get(f"api/v1/{owner}/projects/list", limit=1000)
+            projects = sdk_call(
+                "list projects", ProjectClient(owner=owner, client=client).list, limit=1000
+            )
             unfinished = [
-                (project["name"], run["uuid"], run.get("status"))
-                for project in projects.get("results") or []
-                for run in self.api.runs(owner, project["name"], limit=1000)
-                if run.get("status") not in DONE_STATUSES
+                (project.name, run.uuid, run.status)
+                for project in projects.results or []
+                for run in list_runs(client, owner, project.name)
+                if run.status not in DONE_STATUSES
             ]
             for project, uuid, status in unfinished:
                 if status != "stopping":
-                    self.api.stop(owner, project, uuid)
+                    stop_run(client, owner, project, uuid)
             deadline = time.monotonic() + (wait if self.agent_pid() else 0)
             while time.monotonic() < deadline and any(
-                self.api.run(owner, project, uuid).get("status") not in DONE_STATUSES
+                get_run(client, owner, project, uuid).status not in DONE_STATUSES
                 for project, uuid, _ in unfinished
             ):
                 time.sleep(0.5)
@@ -300,7 +328,7 @@ class Sandbox:
         return {
             "url": self.url,
             "server_pid": self.server_pid(),
-            "server_healthy": self.api.healthy(),
+            "server_healthy": self.healthy(),
             "agent_pid": self.agent_pid(),
             "root": str(self.paths.root),
             "server_log": str(self.paths.server_log),

@@ -8,16 +8,15 @@ Switching a profile repoints that symlink atomically: a new link next to it, the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import fields
 from pathlib import Path
 
-import yaml
-
+from checkpoint_storage_bench import contract
 from hooks.storage_profile.config import SwitchConfig
 from hooks.storage_profile.errors import PreflightRefused
 from hooks.storage_profile.report import Report, now_iso
 
-DEFAULT_PROFILES_FILE = "connections/sandbox-profiles.yaml"
+DEFAULT_PROFILES_FILE = contract.SANDBOX_PROFILES_FILE
 DRIVER = "local"
 
 
@@ -26,21 +25,9 @@ def sandbox_root() -> Path:
     return Path(os.environ.get("SANDBOX_ROOT") or os.getcwd())
 
 
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    path: Path
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class SandboxProfiles:
-    """``connections/sandbox-profiles.yaml``, with paths made absolute."""
-
-    claim: str
-    namespace: str
-    claim_path: Path
-    profiles: dict[str, Profile]
+class SandboxProfiles(contract.SandboxProfiles):
+    """The profiles file (parsed by :mod:`checkpoint_storage_bench.contract`), with the
+    hook's checks: a refused file or claim is a preflight refusal (exit 3)."""
 
     @classmethod
     def load(cls, path: Path | None = None, root: Path | None = None) -> SandboxProfiles:
@@ -54,37 +41,17 @@ class SandboxProfiles:
         if not path.is_absolute() and not path.exists():
             path = root / path
         try:
-            data = yaml.safe_load(path.read_text())
-            profiles = {
-                name: Profile(name, root / str(spec["path"]), str(spec.get("description", "")))
-                for name, spec in data["profiles"].items()
-            }
-            return cls(
-                claim=str(data["claim"]),
-                namespace=str(data["namespace"]),
-                claim_path=root / str(data["claimPath"]),
-                profiles=profiles,
-            )
-        except OSError as exc:
-            raise PreflightRefused(f"cannot read profiles file {path}: {exc}") from exc
-        except (yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
-            raise PreflightRefused(f"malformed profiles file {path}: {exc!r}") from exc
+            parsed = contract.load_sandbox_profiles(path, root)
+        except contract.ProfilesFileError as exc:
+            raise PreflightRefused(str(exc)) from exc
+        return cls(**{f.name: getattr(parsed, f.name) for f in fields(parsed)})
 
     def check_claim(self, namespace: str, claim: str) -> None:
+        """Refuse a claim the sandbox does not have."""
         if (namespace, claim) != (self.namespace, self.claim):
             raise PreflightRefused(
                 f"the sandbox has claim {self.namespace}/{self.claim}, not {namespace}/{claim}"
             )
-
-    def current(self) -> Profile | None:
-        """The profile the claim path points at now, if any."""
-        if not self.claim_path.is_symlink():
-            return None
-        target = Path(os.path.realpath(self.claim_path))
-        for profile in self.profiles.values():
-            if Path(os.path.realpath(profile.path)) == target:
-                return profile
-        return None
 
 
 def repoint(link: Path, target: Path) -> None:

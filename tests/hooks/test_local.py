@@ -158,3 +158,14 @@ def test_status_local(sandbox: Path):
         "status", "--backend", "local", "-n", "sandbox", "--claim", "training-checkpoints"
     )
     assert "current        checkpoint-baseline" in text.stdout
+
+
+def test_a_malformed_profiles_file_is_refused_like_the_sandbox_refuses_it(tmp_path: Path):
+    # The same parser (checkpoint_storage_bench.contract) and the same message as
+    # `python -m sandbox`; here it is a preflight refusal.
+    bad = tmp_path / "profiles.yaml"
+    bad.write_text(yaml.safe_dump({"claim": "training-checkpoints", "namespace": "sandbox",
+                                   "claimPath": "c", "profiles": {"a": {}}}))  # fmt: skip
+    result = local("--profiles-file", str(bad))
+    assert result.exit_code == 3, result.output
+    assert f"profiles file {bad}: profile a needs a path" in result.stderr

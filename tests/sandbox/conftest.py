@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -13,9 +15,19 @@ import psutil
 import pytest
 import yaml
 
-from sandbox.cli import start_all
 from sandbox.config import DEFAULT_OWNER, SandboxPaths, load_agent_settings
+from sandbox.orchestration import start_all
 from sandbox.server import Sandbox, free_port
+
+
+def polyaxon_cli(args: list[str], host: str, home: Path) -> subprocess.CompletedProcess:
+    """Polyaxon's own CLI (this venv's) against ``host``, with its own HOME: the tests check
+    the sandbox with the tool a user would use."""
+    env = dict(os.environ, COLUMNS="400", TERM="dumb", POLYAXON_HOST=host, HOME=str(home))
+    home.mkdir(parents=True, exist_ok=True)
+    exe = Path(sys.executable).with_name("polyaxon")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "polyaxon"]
+    return subprocess.run(cmd + args, env=env, capture_output=True, text=True, check=False)
 
 
 def write_profiles(root: Path, throughput: Path, extra: dict | None = None) -> Path:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.api import Api
-from sandbox.cli import DEFAULT_PIPELINE
+from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
+from sandbox.orchestration import DEFAULT_PIPELINE
+from sandbox.pipeline import get_run, list_runs, pipeline_ops
 from sandbox.server import free_port
 
 from .conftest import shm_dir, wait_gone, write_profiles
@@ -69,30 +70,32 @@ def test_demo_runs_the_pipeline_twice_and_stop_leaves_nothing():
             assert "ERROR" not in out, out
         # Runs work in their own directories: nothing lands in the repository.
         assert _untracked_repo_files() == repo_files_before
-        api = Api(f"http://127.0.0.1:{port}")
-        pipelines = api.runs(DEFAULT_OWNER, "demo", query="kind:dag")
-        assert len(pipelines) == 2 and all(p["status"] == "succeeded" for p in pipelines)
+        client = api_client(f"http://127.0.0.1:{port}")
+        pipelines = list_runs(client, DEFAULT_OWNER, "demo", query="kind:dag")
+        assert len(pipelines) == 2 and all(p.status == "succeeded" for p in pipelines)
         ops = {
-            op["name"]: api.run(DEFAULT_OWNER, "demo", op["uuid"])
-            for op in api.pipeline_runs(DEFAULT_OWNER, "demo", pipelines[0]["uuid"])
+            op.name: get_run(client, DEFAULT_OWNER, "demo", op.uuid)
+            for op in pipeline_ops(client, DEFAULT_OWNER, "demo", pipelines[0].uuid)
         }
-        ran = sorted((op for op in ops.values() if op["status"] != "skipped"),
-                     key=lambda op: op["started_at"])  # fmt: skip
-        assert [op["name"] for op in ran] == ORDER
-        assert all(op["status"] == "succeeded" for op in ran)
+        ran = sorted((op for op in ops.values() if op.status != "skipped"),
+                     key=lambda op: op.started_at)  # fmt: skip
+        assert [op.name for op in ran] == ORDER
+        assert all(op.status == "succeeded" for op in ran)
         for before, after in zip(ran, ran[1:], strict=False):
-            assert before["finished_at"] <= after["started_at"]
+            assert before.finished_at <= after.started_at
         for profile in ("baseline", "throughput"):
             train = ops[f"train-{profile}"]
-            assert train["inputs"]["storage_profile"] == f"checkpoint-{profile}"
+            assert train.inputs["storage_profile"] == f"checkpoint-{profile}"
             for stage in ("serialize", "write", "fsync", "pause"):
-                assert train["outputs"][f"ckpt_{stage}_s_median"] >= 0
-            assert train["outputs"]["ckpt_pause_s_total"] > 0
-            fio = ops[f"fio-{profile}"]["outputs"]
+                assert train.outputs[f"ckpt_{stage}_s_median"] >= 0
+            assert train.outputs["ckpt_pause_s_total"] > 0
+            fio = ops[f"fio-{profile}"].outputs
             assert any(k.endswith("_bw_mbps") and v for k, v in fio.items())
         # The two profiles really were different media: baseline on disk, throughput on shm.
-        assert ops["train-baseline"]["inputs"]["checkpoint_dir"].startswith(
-            str(root / ".sandbox/claims/training-checkpoints")
+        assert (
+            ops["train-baseline"]
+            .inputs["checkpoint_dir"]
+            .startswith(str(root / ".sandbox/claims/training-checkpoints"))
         )
         assert any((shm / "media").rglob("*")), "nothing was written on the tmpfs medium"
         assert any((root / ".sandbox/media/disk").rglob("*")), "nothing on the disk medium"
