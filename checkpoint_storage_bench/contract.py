@@ -221,7 +221,7 @@ class SandboxProfiles:
 
     Attributes:
         source: The file it was read from.
-        root: What relative paths were resolved against.
+        root: What relative paths were resolved against (absolute).
         claim: The claim name the pipeline passes.
         namespace: The claim's namespace.
         claim_path: The symlink the sandbox agent mounts at the claim's mount path.
@@ -249,12 +249,16 @@ class SandboxProfiles:
 def load_sandbox_profiles(path: Path, root: Path) -> SandboxProfiles:
     """Read and check a sandbox profiles file; relative paths resolve against ``root``.
 
+    ``root`` itself is made absolute first: from a relative root, every path would be
+    relative, and a symlink written with such a target resolves against the link's own
+    directory, not the working directory (a dangling claim link).
+
     Raises:
         ProfilesFileError: The file is unreadable or does not follow docs/contracts.md.
     """
     import yaml  # the base's other modules do not need yaml; import it where it is used
 
-    root = Path(root)
+    root = Path(root).resolve()
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as exc:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from checkpoint_storage_bench import contract
 from hooks.storage_profile.config import SwitchConfig
-from hooks.storage_profile.errors import PreflightRefused
+from hooks.storage_profile.errors import PreflightRefused, UnexpectedState
 from hooks.storage_profile.report import Report, now_iso
 
 DEFAULT_PROFILES_FILE = contract.SANDBOX_PROFILES_FILE
@@ -21,8 +21,9 @@ DRIVER = "local"
 
 
 def sandbox_root() -> Path:
-    """Where relative sandbox paths start: ``$SANDBOX_ROOT``, else the working directory."""
-    return Path(os.environ.get("SANDBOX_ROOT") or os.getcwd())
+    """Where relative sandbox paths start: ``$SANDBOX_ROOT``, else the working directory
+    (absolute: a relative root would write relative, dangling symlink targets)."""
+    return Path(os.environ.get("SANDBOX_ROOT") or os.getcwd()).resolve()
 
 
 class SandboxProfiles(contract.SandboxProfiles):
@@ -103,6 +104,9 @@ def switch_local(cfg: SwitchConfig, sandbox: SandboxProfiles, report: Report, ec
         repoint(link, profile.path)
         report.patched = True
         report.outcome = "settled"
+    # Settled means the claim reaches the profile's directory, never a dangling link.
+    if os.path.realpath(link) != os.path.realpath(profile.path) or not link.is_dir():
+        raise UnexpectedState(f"claim path {link} does not lead to {profile.path} after the switch")
     report.k8s_settled_at = now_iso()
     report.applied_class = profile.name
     echo(f"sandbox claim {link} -> {profile.path} ({profile.name})")

@@ -169,3 +169,33 @@ def test_a_malformed_profiles_file_is_refused_like_the_sandbox_refuses_it(tmp_pa
     result = local("--profiles-file", str(bad))
     assert result.exit_code == 3, result.output
     assert f"profiles file {bad}: profile a needs a path" in result.stderr
+
+
+def test_a_relative_sandbox_root_still_makes_a_link_that_resolves(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Issue 19, item 6: with SANDBOX_ROOT relative, the link's target was written relative
+    # too, so it resolved against the link's own directory: dangling, yet reported settled.
+    monkeypatch.chdir(sandbox.parent)
+    monkeypatch.setenv("SANDBOX_ROOT", sandbox.name)
+    result = local(to="checkpoint-baseline")
+    assert result.exit_code == 0, result.output
+    link = sandbox / ".sandbox" / "claims" / "training-checkpoints"
+    assert link.resolve(strict=True) == sandbox / ".sandbox" / "media" / "disk"
+    (link / "written-through-the-claim").write_text("x")
+    assert (sandbox / ".sandbox" / "media" / "disk" / "written-through-the-claim").exists()
+
+
+def test_a_switch_that_leaves_a_dangling_link_is_not_reported_settled(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    from hooks.storage_profile import local as local_backend
+
+    monkeypatch.setattr(
+        local_backend, "repoint", lambda link, target: repoint(link, Path("nowhere"))
+    )
+    summary = tmp_path / "s.json"
+    result = local("--summary-json", str(summary), to="checkpoint-baseline")
+    assert result.exit_code == 1, result.output
+    assert "does not lead to" in result.stderr
+    assert load_summary(summary)["outcome"] != "settled"
