@@ -70,7 +70,9 @@ def _common(fn):
             click.option(
                 "--profiles-file",
                 type=click.Path(dir_okay=False, exists=True),
-                help="Storage profiles (default connections/sandbox-profiles.yaml).",
+                help="Storage profiles (default connections/sandbox-profiles.yaml: the "
+                "volume classes emulated by block-I/O limits, or, where the kernel cannot "
+                "throttle, connections/sandbox-profiles-media.yaml, which is not an emulation).",
             ),
         ]
     ):
@@ -104,7 +106,9 @@ def main(verbose: bool) -> None:
 def start(root, host, port, agent_file, profiles_file, project) -> None:
     """Start the server (127.0.0.1, one worker) and the local agent; create the project."""
     sb = _sandbox(root, host, port, agent_file, profiles_file)
-    orchestration.start_all(sb, DEFAULT_OWNER, project, echo=click.echo)
+    sb = orchestration.start_all(
+        sb, DEFAULT_OWNER, project, echo=click.echo, fallback=profiles_file is None
+    )
     click.echo(f"sandbox: runs table {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs")
     click.echo(f"sandbox: stop with: {orchestration.stop_hint(sb)}")
 
@@ -272,5 +276,11 @@ def demo(root, host, port, agent_file, profiles_file, project, polyaxonfile, par
     """
     sb = _sandbox(root, host, port, agent_file, profiles_file)
     orchestration.run_demo(
-        sb, project, polyaxonfile, _parse_params(params), timeout, echo=click.echo
+        sb,
+        project,
+        polyaxonfile,
+        _parse_params(params),
+        timeout,
+        echo=click.echo,
+        fallback=profiles_file is None,
     )

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from checkpoint_storage_bench.contract import (
+    SANDBOX_MEDIA_PROFILES_FILE,
     SANDBOX_PROFILES_FILE,
     ProfilesFileError,
     SandboxProfiles,
@@ -32,6 +33,7 @@ DEFAULT_OWNER = "default"  # the sandbox CE server has a single organization, "d
 DEFAULT_PROJECT = "checkpoint-storage"
 DEFAULT_AGENT_FILE = REPO_ROOT / "connections" / "sandbox-agent.yaml"
 DEFAULT_PROFILES_FILE = REPO_ROOT / SANDBOX_PROFILES_FILE
+MEDIA_PROFILES_FILE = REPO_ROOT / SANDBOX_MEDIA_PROFILES_FILE
 
 
 def is_loopback(host: str) -> bool:
@@ -160,6 +162,8 @@ class AgentSettings:
         profiles_file: The sandbox storage-profiles file (contracts.md).
         profiles: That file's content, paths resolved (None without a profiles file).
         agent_file: The agent config these settings were read from.
+        claim_connections: The connections that mount the profiles' claim (an op that
+            names one runs in the claim's cgroup).
     """
 
     artifacts_store: dict[str, Any]
@@ -168,6 +172,7 @@ class AgentSettings:
     profiles_file: Path | None = None
     profiles: SandboxProfiles | None = None
     agent_file: Path | None = None
+    claim_connections: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         names = [c.get("name") for c in self.connections]
@@ -225,6 +230,7 @@ def load_agent_settings(
         else None
     )
     mounts: dict[str, Path] = {}
+    claim_connections = set()
     connections = data.get("connections") or []
     for conn in connections:
         kind, schema = conn.get("kind"), conn.get("schema") or {}
@@ -235,6 +241,7 @@ def load_agent_settings(
             claim = schema.get("volumeClaim")
             if profiles and profiles.claim == claim:
                 mounts[mount] = profiles.claim_path
+                claim_connections.add(str(conn.get("name")))
             else:
                 mounts[mount] = paths.state / "claims" / str(claim)
         elif kind == "host_path":
@@ -246,6 +253,7 @@ def load_agent_settings(
         profiles_file=Path(profiles_file) if profiles_file else None,
         profiles=profiles,
         agent_file=Path(agent_file),
+        claim_connections=frozenset(claim_connections),
     )
 
 

@@ -19,7 +19,8 @@ EXIT_CODES = {
     EXIT_OK: "ok",
     EXIT_UNEXPECTED: "unexpected error",
     EXIT_USAGE: "bad arguments",
-    EXIT_CONFIG: "bad sandbox configuration (a non-loopback host, a profiles or agent file)",
+    EXIT_CONFIG: "bad sandbox configuration (a non-loopback host, a profiles or agent file), "
+    "or a profiles file you named emulates volume classes where the kernel cannot throttle",
     EXIT_SERVER_START: "port taken, or the server or agent failed to start (its log tail is printed)",
     EXIT_RUN_FAILED: "a run or the pipeline failed, or a component was refused "
     "(the failed op's status message and log tail are printed)",

@@ -7,6 +7,7 @@ follow it, print the comparison; and the demo, which chains them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shlex
 import subprocess
@@ -17,8 +18,16 @@ from typing import Any
 
 import yaml
 
+from checkpoint_storage_bench.io_limits import ThrottleUnavailable, probe
+from sandbox import claim
 from sandbox.components import ensure_project, find_components, pipeline_twin, register
-from sandbox.config import DEFAULT_OWNER, REPO_ROOT, prepare_media
+from sandbox.config import (
+    DEFAULT_OWNER,
+    MEDIA_PROFILES_FILE,
+    REPO_ROOT,
+    load_agent_settings,
+    prepare_media,
+)
 from sandbox.errors import ConfigError, ServerUnavailableError
 from sandbox.pipeline import comparison, follow, get_run, runs_table_url, submit
 from sandbox.server import Sandbox
@@ -55,16 +64,71 @@ def require_server(sb: Sandbox) -> None:
         )
 
 
-def start_all(sb: Sandbox, owner: str, project: str, echo: Echo = print) -> None:
-    """Media, server, project and agent; each step is skipped when already done."""
+def emulation_or_media(sb: Sandbox, echo: Echo = print) -> Sandbox:
+    """The sandbox as it is when the kernel can emulate its profiles' classes (or none
+    needs emulating); else the same sandbox on the plain media profiles, said in one line.
+
+    For the default profiles file only: a profiles file the user named is used as it is
+    (and refused, exit 3, where its emulation is impossible).
+    """
+    profiles = sb.agent.profiles
+    if profiles is None or not profiles.emulated:
+        return sb
+    try:
+        for profile in profiles.profiles.values():
+            if profile.limits is not None:
+                _, device = probe(profile.path, profiles.cgroup_name)
+    except ThrottleUnavailable as exc:
+        echo(f"sandbox: cannot emulate the volume classes on this machine: {exc}")
+        echo(
+            f"sandbox: NOT AN EMULATION: falling back to {MEDIA_PROFILES_FILE.name}, two "
+            "plain media (the local disk and memory); the comparison shows the machinery, "
+            "not what the classes would do"
+        )
+        media = load_agent_settings(sb.paths.root, sb.agent.agent_file, MEDIA_PROFILES_FILE)
+        return dataclasses.replace(sb, agent=media)
+    for profile in profiles.profiles.values():
+        what = (
+            f"emulates {profile.volume_attributes_class} ({profile.limits.describe()}) "
+            f"on {device.name} ({device.id})"
+            if profile.limits
+            else f"{profile.path} as it is (no emulation)"
+        )
+        echo(f"sandbox: profile {profile.name} {what}")
+    return sb
+
+
+def start_all(
+    sb: Sandbox, owner: str, project: str, echo: Echo = print, fallback: bool = False
+) -> Sandbox:
+    """Media, server, project and agent; each step is skipped when already done.
+
+    With ``fallback`` (the default profiles file), profiles that emulate volume classes
+    fall back to plain media where the kernel cannot throttle (see
+    :func:`emulation_or_media`). Returns the sandbox as started.
+
+    Raises:
+        ConfigError: The profiles emulate classes the kernel cannot throttle here (before
+            anything is started).
+    """
+    if fallback:
+        sb = emulation_or_media(sb, echo)
+    claim.claim_cgroup(sb.agent.profiles)  # refuse an impossible emulation before starting
     if sb.agent.profiles:
         prepare_media(sb.agent.profiles)
     sb.paths.state.mkdir(parents=True, exist_ok=True)
     echo(f"sandbox: server on {sb.url} (log {sb.paths.server_log})")
     sb.start_server()
     ensure_project(owner, project, sb.client)
-    sb.start_agent()
+    limits, killed = sb.start_agent()
+    if killed:
+        echo(
+            f"sandbox: ended {len(killed)} process(es) an earlier agent left in the claim's cgroup"
+        )
+    if limits:
+        echo(f"sandbox: {claim.summary(limits)}")
     echo(f"sandbox: agent running (log {sb.paths.agent_log})")
+    return sb
 
 
 def demo_params(sb: Sandbox, pipeline: Path, overrides: dict[str, str]) -> dict[str, str]:
@@ -149,14 +213,17 @@ def run_demo(
     overrides: dict[str, str],
     timeout: float,
     echo: Echo = print,
+    fallback: bool = False,
 ) -> str:
     """Start everything, run the pipeline through the hub, follow it, print the comparison,
     and always the runs-table URL and the stop command. Returns the pipeline's uuid.
 
+    ``fallback``: see :func:`start_all`.
+
     Raises:
         SandboxError: Whatever step failed (the runs table is printed first).
     """
-    start_all(sb, DEFAULT_OWNER, project, echo=echo)
+    sb = start_all(sb, DEFAULT_OWNER, project, echo=echo, fallback=fallback)
     values = demo_params(sb, polyaxonfile, overrides)
     uuid = submit_pipeline(sb, polyaxonfile, values, project, True, echo=echo)
     try:

@@ -22,6 +22,8 @@ from typing import Any
 import psutil
 
 from checkpoint_storage_bench.processes import group_members, stop_group
+from sandbox import claim
+from sandbox.claim import ClaimLimits
 from sandbox.config import (
     DEFAULT_HOST,
     DEFAULT_OWNER,
@@ -221,18 +223,30 @@ class Sandbox:
             cmd += ["--profiles-file", str(self.agent.profiles_file)]
         return cmd
 
-    def start_agent(self, poll: float = 1.0, timeout: float = AGENT_START_TIMEOUT) -> None:
+    def start_agent(
+        self, poll: float = 1.0, timeout: float = AGENT_START_TIMEOUT
+    ) -> tuple[ClaimLimits | None, list[int]]:
         """Start the local agent (``python -m sandbox agent``) unless it already runs; wait
         until it has polled the server once (it then writes ``.sandbox/agent.ready``).
+
+        Before it starts, the claim's cgroup is reset: what an earlier agent left in it
+        (runs that outlived a crash) is killed, and it is made afresh with the claim's
+        current profile's limits.
+
+        Returns:
+            The claim's limits (None without an emulated profile) and the pids killed; (None,
+            []) when the agent already ran.
 
         Raises:
             ServerUnavailableError: No server answers.
             ServerStartError: The agent exited or did not poll in time (log tail inside).
+            ConfigError: The profiles emulate classes and the kernel cannot throttle.
         """
         if self.agent_pid():
-            return
+            return None, []
         if not self.healthy():
             raise ServerUnavailableError(f"no server answers at {self.url}; start it first")
+        limits = claim.reset(self.agent.profiles)
         self.paths.agent_ready.unlink(missing_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -248,11 +262,16 @@ class Sandbox:
                 what = f"did not poll the server within {timeout:.0f}s" if alive else "exited"
                 stop_group(pid)
                 self.paths.agent_pid.unlink(missing_ok=True)
+                # No agent, no runs: the claim's cgroup would only be left behind.
+                cgroup = claim.existing_cgroup(self.agent.profiles)
+                if cgroup is not None:
+                    cgroup.remove()
                 raise ServerStartError(
                     f"the agent {what}; last lines of {self.paths.agent_log}:\n"
                     f"{tail(self.paths.agent_log)}"
                 )
             time.sleep(0.2)
+        return limits
 
     def stop_unfinished_runs(
         self, owner: str = DEFAULT_OWNER, wait: float = RUNS_STOP_WAIT
@@ -309,6 +328,13 @@ class Sandbox:
                 stopped.append(f"{name}'s leftover processes (group {pid})")
             pid_file.unlink(missing_ok=True)
         self.paths.agent_ready.unlink(missing_ok=True)
+        # The claim's cgroup goes too (and whatever still ran in it): nothing of the
+        # emulation outlives the sandbox; the next start makes it afresh.
+        cgroup = claim.existing_cgroup(self.agent.profiles)
+        if cgroup is not None:
+            killed = cgroup.remove()
+            left = f" and {len(killed)} process(es) left in it" if killed else ""
+            stopped.append(f"claim cgroup {cgroup.path}{left}")
         return stopped
 
     def _owns_group(self, pgid: int) -> bool:
@@ -324,7 +350,8 @@ class Sandbox:
         return False
 
     def status(self) -> dict[str, object]:
-        """Pids, health and URL of this sandbox."""
+        """Pids, health and URL of this sandbox; the claim's profile and the block-I/O
+        limits in force, read back from the kernel."""
         return {
             "url": self.url,
             "server_pid": self.server_pid(),
@@ -333,4 +360,5 @@ class Sandbox:
             "root": str(self.paths.root),
             "server_log": str(self.paths.server_log),
             "agent_log": str(self.paths.agent_log),
+            **claim.describe(self.agent.profiles),
         }

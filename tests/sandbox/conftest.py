@@ -15,7 +15,8 @@ import psutil
 import pytest
 import yaml
 
-from sandbox.config import DEFAULT_OWNER, SandboxPaths, load_agent_settings
+from checkpoint_storage_bench.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
+from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.orchestration import start_all
 from sandbox.server import Sandbox, free_port
 
@@ -48,6 +49,27 @@ def write_profiles(root: Path, throughput: Path, extra: dict | None = None) -> P
             }
         )
     )
+    return path
+
+
+def needs_throttle(path: Path, name: str) -> tuple[Cgroup, BlockDevice]:
+    """The cgroup ``name`` (not created) and the device under ``path``, where the kernel can
+    throttle block I/O; else skip the test with the reason in one line (fail under CI,
+    which runs as root on a host with the controller)."""
+    try:
+        return probe(path, name)
+    except ThrottleUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to throttle block I/O: {exc}")
+        pytest.skip(f"needs root and a block-I/O controller: {exc}")
+
+
+def emulated_profiles(root: Path) -> Path:
+    """The shipped, emulating profiles file, its classes file made absolute, under ``root``."""
+    spec = yaml.safe_load((REPO_ROOT / "connections" / "sandbox-profiles.yaml").read_text())
+    spec["classesFile"] = str(REPO_ROOT / "connections" / spec["classesFile"])
+    path = root / "emulated-profiles.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 

@@ -27,7 +27,7 @@ from sandbox.orchestration import demo_params
 from sandbox.pipeline import comparison, runs_table_url
 from sandbox.server import Sandbox
 
-from .conftest import write_profiles
+from .conftest import emulated_profiles, write_profiles
 
 HERE = Path(__file__).parent
 MINI = HERE / "polyaxonfiles" / "mini-pipeline.yaml"
@@ -439,16 +439,26 @@ def test_follow_stops_a_pipeline_that_outlives_its_timeout(monkeypatch):
 
 
 def test_start_agent_fails_with_the_agent_log_when_it_cannot_poll(tmp_path, monkeypatch):
+    from checkpoint_storage_bench.io_limits import Cgroup, ThrottleUnavailable, probe
     from sandbox.server import free_port
 
-    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), port=free_port())
+    try:  # emulated where it can be: then the failed start must not leave a cgroup
+        probe(tmp_path, "probe-only")
+        profiles = emulated_profiles(tmp_path)
+    except ThrottleUnavailable:
+        profiles = write_profiles(tmp_path, tmp_path / "shm")
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles),
+                 port=free_port())  # fmt: skip
     sb.paths.state.mkdir(parents=True)
     # The health check passes, yet no server is there: the agent's polls all fail.
     monkeypatch.setattr(Sandbox, "healthy", lambda self: True)
-    with pytest.raises(ServerStartError, match="did not poll the server within 10s") as err:
-        sb.start_agent(poll=0.2, timeout=10)
+    with pytest.raises(ServerStartError, match="did not poll the server within 30s") as err:
+        sb.start_agent(poll=0.2, timeout=30)
     assert "poll failed" in str(err.value)
     assert sb.agent_pid() is None and not sb.paths.agent_ready.exists()
+    # Where the claim's class was emulated, its cgroup does not outlive the failed start.
+    if sb.agent.profiles.emulated:
+        assert not Cgroup.find(sb.agent.profiles.cgroup_name).exists()
 
 
 # -- the profiles file (one parser: checkpoint_storage_bench.contract) -------------------
@@ -472,3 +482,54 @@ def test_a_malformed_profiles_file_is_a_config_error(tmp_path, data, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         load_agent_settings(tmp_path, profiles_file=bad)
     assert err.value.exit_code == 3 and str(bad) in str(err.value)
+
+
+# -- emulated classes: which ops run in the claim's cgroup, and the honest fallback ------
+
+
+def test_only_ops_that_mount_the_claim_run_in_its_cgroup(tmp_path):
+    from sandbox.agent import mounts_claim
+
+    settings = load_agent_settings(tmp_path, profiles_file=emulated_profiles(tmp_path))
+    assert settings.claim_connections == {"checkpoints"}
+    train = json.dumps({"kind": "compiled_operation", "run": {"kind": "job",
+                        "connections": ["checkpoints"]}})  # fmt: skip
+    switch = json.dumps({"kind": "compiled_operation", "run": {"kind": "job"}})
+    copy = {"run": {"kind": "job", "init": [{"connection": "checkpoints"}]}}
+    assert mounts_claim(train, settings.claim_connections)
+    assert not mounts_claim(switch, settings.claim_connections)
+    assert not mounts_claim(copy, settings.claim_connections)  # a copy, not a mount
+
+
+def _cannot_throttle(path, name):
+    from checkpoint_storage_bench.io_limits import ThrottleUnavailable
+
+    raise ThrottleUnavailable("no block-I/O controller: made up for this test")
+
+
+def test_where_the_kernel_cannot_throttle_the_default_falls_back_and_says_so(tmp_path, monkeypatch):
+    from sandbox import orchestration
+
+    monkeypatch.setattr(orchestration, "probe", _cannot_throttle)
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path))  # the default file
+    assert sb.agent.profiles.emulated
+    said = []
+    media = orchestration.emulation_or_media(sb, echo=said.append)
+    assert media.agent.profiles_file.name == "sandbox-profiles-media.yaml"
+    assert not media.agent.profiles.emulated
+    assert "cannot emulate the volume classes on this machine: no block-I/O" in said[0]
+    assert said[1].startswith("sandbox: NOT AN EMULATION: falling back to")
+
+
+def test_a_named_emulating_file_is_refused_where_the_kernel_cannot_throttle(tmp_path, monkeypatch):
+    from sandbox import claim
+    from sandbox.orchestration import start_all
+
+    monkeypatch.setattr(claim, "probe", _cannot_throttle)
+    sb = Sandbox(SandboxPaths(tmp_path),
+                 load_agent_settings(tmp_path, profiles_file=emulated_profiles(tmp_path)))  # fmt: skip
+    with pytest.raises(ConfigError, match="the kernel cannot throttle here") as err:
+        start_all(sb, "default", "p", echo=lambda _: None)
+    assert err.value.exit_code == 3
+    assert "sandbox-profiles-media.yaml" in str(err.value)
+    assert not sb.paths.server_pid.exists()  # refused before anything started
