@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -65,6 +66,33 @@ def mounts_claim(content: Any, claim_connections: frozenset[str]) -> bool:
     spec = json.loads(content) if isinstance(content, str | bytes) else content
     names = ((spec or {}).get("run") or {}).get("connections") or []
     return bool(set(names) & claim_connections)
+
+
+# The downward API fields a local process can answer truthfully: the "node" is this machine.
+DOWNWARD_API = {
+    "spec.nodeName": socket.gethostname,
+    "metadata.namespace": lambda: "sandbox",
+    "status.podIP": lambda: "127.0.0.1",
+    "status.hostIP": lambda: "127.0.0.1",
+}
+
+
+def downward_api_env(content: Any) -> dict[str, str | None]:
+    """Values for the main container's ``valueFrom.fieldRef`` env vars, answered locally.
+
+    Polyaxon's local converter keeps only ``value`` and turns such a variable into the
+    string ``"null"``; a field this machine cannot answer maps to None (the variable is
+    removed rather than set to a made-up value).
+    """
+    spec = json.loads(content) if isinstance(content, str | bytes) else content
+    container = ((spec or {}).get("run") or {}).get("container") or {}
+    found: dict[str, str | None] = {}
+    for item in container.get("env") or []:
+        field = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        if item.get("name") and field:
+            answer = DOWNWARD_API.get(field)
+            found[item["name"]] = answer() if answer else None
+    return found
 
 
 def _mount_pattern(mount: str) -> re.Pattern[str]:
@@ -326,6 +354,11 @@ class LocalAgent:
             command.env["SANDBOX_ROOT"] = str(self.paths.root)
             # The converter fills in the agent's configured host, not necessarily this one.
             command.env["POLYAXON_HOST"] = self.host
+            for var, value in downward_api_env(run_data[3]).items():
+                if value is None:
+                    command.env.pop(var, None)
+                else:
+                    command.env[var] = value
             if self._claim_cgroup is not None and mounts_claim(
                 run_data[3], self.settings.claim_connections
             ):

@@ -232,12 +232,11 @@ def test_remove_kills_what_is_left_in_the_cgroup_and_removes_it(throttled):
     assert group.remove() == []  # gone already: nothing to do
 
 
-def test_probe_explains_why_it_cannot_throttle_tmpfs():
-    if not Path("/dev/shm").is_dir():
-        pytest.skip("no /dev/shm")
-    try:
-        find_hierarchy()
-    except ThrottleUnavailable as exc:
-        pytest.skip(f"no block-I/O controller here: {exc}")
-    with pytest.raises(ThrottleUnavailable):
+@pytest.mark.skipif(
+    not Path("/dev/shm").is_dir() or os.major(os.stat("/dev/shm").st_dev) != 0,
+    reason="no tmpfs at /dev/shm",
+)
+def test_probe_explains_why_it_cannot_throttle_tmpfs(tmp_path):
+    needs_throttle(tmp_path, "probe-only")  # the controller is there: only tmpfs is the cause
+    with pytest.raises(ThrottleUnavailable, match="is on tmpfs"):
         probe(Path("/dev/shm"), "probe-only")

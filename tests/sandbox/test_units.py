@@ -533,3 +533,15 @@ def test_a_named_emulating_file_is_refused_where_the_kernel_cannot_throttle(tmp_
     assert err.value.exit_code == 3
     assert "sandbox-profiles-media.yaml" in str(err.value)
     assert not sb.paths.server_pid.exists()  # refused before anything started
+
+
+def test_downward_api_variables_are_answered_for_this_machine():
+    import socket
+
+    from sandbox.agent import downward_api_env
+
+    content = json.dumps({"run": {"kind": "job", "container": {"env": [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "PLAIN", "value": "x"}]}}})  # fmt: skip
+    assert downward_api_env(content) == {"NODE_NAME": socket.gethostname(), "POD_UID": None}
