@@ -114,7 +114,14 @@ FIO_METRIC = re.compile(r"^fio[.-](?P<case>.+)[.-](?P<measure>bw_mbps|iops|lat_p
 
 SWITCH_SCHEMA = "storage-profile-switch/1"
 HOOK_INPUTS = ("claim", "namespace", "driver", "volume_handle", "previous_class", "target_class")
-HOOK_OUTPUTS = ("applied_class", "k8s_settle_s", "provider_settle_s", "total_settle_s")
+HOOK_OUTPUTS = (
+    "applied_class",
+    "k8s_settle_s",
+    "provider_settle_s",
+    "total_settle_s",
+    "unbound_noop",
+    "ledger",
+)
 VAC_PARAMETER_PREFIX = "vac_"
 """Each of the target class's parameters is recorded as ``vac_<parameter>``."""
 

@@ -31,7 +31,7 @@ class Report:
     patching; the durations count from it. ``unbound_noop``: the claim was not bound yet and
     already asked for the target class, which applies when its volume is provisioned (the
     settle times are 0). ``holder`` holds the claim's Lease; ``lease`` says what was done
-    with it.
+    with it. ``ledger`` is the claim's ledger annotation as this switch left it.
     """
 
     backend: str
@@ -51,6 +51,7 @@ class Report:
     dry_run: bool = False
     rolled_back: bool = False
     unbound_noop: bool = False
+    ledger: str | None = None
     holder: str | None = None
     lease: str | None = None
     outcome: str = "unknown"
@@ -146,6 +147,9 @@ class Report:
                     total_settle_s=self.total_settle_s,
                     applied_class=self.applied_class,
                     unbound_noop=self.unbound_noop,
+                    # The claim's switches so far: the verdict refuses a profile whose claim
+                    # was switched inside a training run's measured interval.
+                    ledger=self.ledger,
                 )
                 if summary_path is not None and summary_path.exists():
                     tracker.log_artifact(summary_path, name="storage_profile_summary")

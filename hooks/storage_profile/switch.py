@@ -10,7 +10,7 @@ from datetime import datetime
 
 from kubernetes.client.rest import ApiException
 
-from checkpoint_storage_bench.contract import LedgerEntry
+from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
 from checkpoint_storage_bench.errors import BenchError
 from checkpoint_storage_bench.retry import Deadline, TemporaryError
 from hooks.storage_profile.config import SwitchConfig
@@ -97,8 +97,9 @@ def switch_kubernetes(
     report.requested_at = now_iso()
     if plan.already_requested:
         report.notes.append(f"claim already asks for {cfg.target}; not patched")
+        report.ledger = format_ledger(plan.ledger) if plan.ledger else None
     else:
-        _patch(kube, cfg, plan.claim, entry, deadline, plan.ledger)
+        report.ledger = _patch(kube, cfg, plan.claim, entry, deadline, plan.ledger)
         report.patched = True
 
     def warn(message: str) -> None:
@@ -240,9 +241,12 @@ def _patch(
     entry: LedgerEntry,
     deadline: Deadline,
     ledger: list[LedgerEntry] | None = None,
-) -> None:
+) -> str | None:
     """Patch the class of ``claim`` as it was read to ``entry.to_class`` and append ``entry``
     to its ledger, in one write; its uid and resourceVersion must still match.
+
+    Returns:
+        The ledger annotation's value as written (None when no entry was appended).
 
     Raises:
         PreflightRefused: The API server refused (nothing changed), including a claim that
@@ -267,7 +271,7 @@ def _patch(
     except ApiException as exc:
         if exc.status == 409:
             _judge_conflict(kube, cfg, claim, entry, deadline, exc)
-            return
+            return annotations[LEDGER_ANNOTATION] if annotations else None
         # 403: RBAC or a per-class quota; 422: the API server's rules (e.g. an unbound
         # claim, or nil after a class was applied). Nothing changed either way.
         if exc.status in (403, 404, 422):
@@ -275,6 +279,7 @@ def _patch(
                 f"the API server refused to patch claim {ref}: {api_message(exc)}"
             ) from exc
         raise HookError(f"patching claim {ref} failed: {api_message(exc)}") from exc
+    return annotations[LEDGER_ANNOTATION] if annotations else None
 
 
 def _judge_conflict(
@@ -333,7 +338,7 @@ def _rollback(
             raise PreflightRefused(f"claim {cfg.namespace}/{cfg.claim} was deleted or re-created")
         # The ledger counts the rollback too: it is one more modification of the volume.
         entry = LedgerEntry(utcnow(), cfg.target, previous, cfg.holder)
-        _patch(kube, cfg, claim, entry, waiter.deadline)
+        report.ledger = _patch(kube, cfg, claim, entry, waiter.deadline) or report.ledger
         waiter.wait(previous)
     except (BenchError, TemporaryError, ValueError) as exc:
         report.warnings.append(f"rollback to {previous} failed: {exc}")

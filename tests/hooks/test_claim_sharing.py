@@ -154,6 +154,25 @@ def test_each_switch_appends_to_the_ledger_in_the_same_patch(cluster: KubeDouble
     assert claim["metadata"]["annotations"]["team"] == "ml"  # others untouched
 
 
+def test_the_switch_reports_the_ledger_it_left(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The verdict reads the claim's switches from the hook run's ``ledger`` output."""
+    monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
+    summary = tmp_path / "s.json"
+    assert switch(kubeconfig, "--summary-json", str(summary)).exit_code == 0
+    written = cluster.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]["annotations"][
+        LEDGER_ANNOTATION
+    ]
+    assert load_summary(summary)["ledger"] == written
+    record = json.loads(
+        next((tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")).read_text()
+    )
+    assert [(e.from_class, e.to_class) for e in parse_ledger(record["outputs"]["ledger"])] == [
+        ("baseline", "fast")
+    ]
+
+
 def test_a_no_op_switch_adds_no_entry(cluster: KubeDouble, kubeconfig: Path):
     assert switch(kubeconfig, to="baseline").exit_code == 0
     assert ledger(cluster) == []
