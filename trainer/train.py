@@ -11,12 +11,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from checkpoint_storage_bench.retry import Backoff
 from trainer.ckpt import store
 from trainer.ckpt.checkpointer import Checkpointer, CheckpointRecord
 from trainer.ckpt.formats import make_format
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
-from trainer.ckpt.upload import DEFAULT_BACKOFF, Backoff, Uploader
+from trainer.ckpt.upload import DEFAULT_BACKOFF, Uploader
 from trainer.config import TrainConfig
 from trainer.errors import CheckpointCorruptError, CheckpointDirError, ConfigError
 from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes

@@ -9,13 +9,13 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from checkpoint_storage_bench.retry import Backoff
 from tests.trainer.helpers import metric_events, offline_runs, run_trainer, tiny_config
 from trainer.ckpt import store
-from trainer.ckpt.upload import Backoff
 from trainer.errors import UploadError
 from trainer.train import train
 
-FAST = Backoff(attempts=3, initial_s=0.001, cap_s=0.001)
+FAST = Backoff(delays=(0.001, 0.001))
 
 
 def test_stage_timeline_is_complete_and_adds_up(tmp_path):
