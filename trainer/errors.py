@@ -17,8 +17,8 @@ EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_UNEXPECTED: "unexpected error",
     EXIT_USAGE: "bad arguments",
-    EXIT_CHECKPOINT_DIR: "checkpoint dir missing or not writable, or holding another run's "
-    "checkpoints",
+    EXIT_CHECKPOINT_DIR: "checkpoint dir missing or not writable, access refused mid-run "
+    "(EACCES/EPERM/EROFS), or holding another run's checkpoints",
     EXIT_STORAGE_FULL: "no space left on the checkpoint volume (ENOSPC/EDQUOT)",
     EXIT_UPLOAD: "upload to the artifact store failed after retries (local checkpoint kept)",
     EXIT_CORRUPT: "no usable checkpoint to resume, or corrupt data",

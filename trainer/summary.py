@@ -7,6 +7,7 @@ Keys are part of the contract (docs/contracts.md): seconds end in ``_s``, bytes 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ class RunSummary:
     inputs: dict[str, Any]
     runtime_s: float
     steps_run: int
-    final_loss: float
+    final_loss: float | None
     checkpoints: list[CheckpointRecord]
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     resumed_from: int | None = None
@@ -45,6 +46,10 @@ class RunSummary:
 
     def to_json(self) -> dict[str, Any]:
         pause_total = sum(r.pause_s for r in self.checkpoints)
+        # A figure that cannot be told (no step run, a diverged loss) is null, never a
+        # negative number or NaN (which is not JSON).
+        ran = self.steps_run > 0 and self.runtime_s > 0
+        loss = self.final_loss
         return {
             "schema": SUMMARY_SCHEMA,
             "storage_profile": self.storage_profile,
@@ -52,23 +57,23 @@ class RunSummary:
             "inputs": self.inputs,
             "runtime_s": self.runtime_s,
             "steps_run": self.steps_run,
-            "steps_per_s": self.steps_run / self.runtime_s if self.runtime_s > 0 else 0.0,
-            "final_loss": self.final_loss,
+            "steps_per_s": self.steps_run / self.runtime_s if ran else None,
+            "final_loss": loss if loss is not None and math.isfinite(loss) else None,
             "resumed_from_step": self.resumed_from,
             "checkpoint_count": len(self.checkpoints),
             "checkpoint_bytes": self.checkpoints[-1].bytes if self.checkpoints else 0,
             "ckpt_time_s_total": sum(r.total_s for r in self.checkpoints),
             "ckpt_pause_s_total": pause_total,
-            "ckpt_pause_share": pause_total / self.runtime_s if self.runtime_s > 0 else 0.0,
+            "ckpt_pause_share": pause_total / self.runtime_s if ran else None,
             "stages": self.stage_stats(),
             "checkpoints": [r.as_dict() for r in self.checkpoints],
             "loss_curve": [[s, v] for s, v in self.loss_curve],
         }
 
-    def outputs(self) -> dict[str, float | int]:
-        """The scalar outputs that become Polyaxon comparison-view columns."""
+    def outputs(self) -> dict[str, float | int | None]:
+        """The scalar outputs that become Polyaxon comparison-view columns (None: untold)."""
         data = self.to_json()
-        out: dict[str, float | int] = {key: data[key] for key in RUN_OUTPUTS}
+        out: dict[str, float | int | None] = {key: data[key] for key in RUN_OUTPUTS}
         for stage, stats in data["stages"].items():
             out[f"ckpt_{stage}_median"] = stats["median"]
         if "pause_s" in data["stages"]:
@@ -85,7 +90,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 
@@ -103,9 +108,16 @@ def format_timeline(summary: RunSummary) -> str:
             f"{upload} {r.pause_s:8.3f} {r.total_s:8.3f} {r.write_gbps:6.2f}  {r.io_mode}"
         )
     data = summary.to_json()
+    if not data["steps_run"]:
+        lines.append("no training step run (the checkpoint was already at --steps)")
+        return "\n".join(lines)
     lines.append(
         f"runtime {data['runtime_s']:.2f}s, {data['steps_per_s']:.1f} steps/s, "
         f"paused {data['ckpt_pause_s_total']:.2f}s ({100 * data['ckpt_pause_share']:.1f}% of runtime), "
-        f"final loss {data['final_loss']:.4f}"
+        f"final loss {_or_dash(data['final_loss'], '.4f')}"
     )
     return "\n".join(lines)
+
+
+def _or_dash(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

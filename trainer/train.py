@@ -148,11 +148,30 @@ def train(
             f"{cfg.checkpoint_dir} already holds checkpoints (newest {existing[0].path.name}): "
             "pass --resume to continue that run, or use a new directory"
         )
+    resumed = None
     if cfg.resume:
         resumed = restore_latest(cfg, fs, model, opt, say)
         if resumed is None:
             say("resume: no complete checkpoint found; starting from step 0")
         start = resumed or 0
+    inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
+    if start >= cfg.steps:
+        say(f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do")
+        return RunSummary(
+            storage_profile=cfg.storage_profile,
+            checkpoint_dir=str(Path(cfg.checkpoint_dir)),
+            inputs=inputs,
+            runtime_s=0.0,
+            steps_run=0,
+            final_loss=None,
+            checkpoints=[],
+            resumed_from=start,
+        )
+    if cfg.durability == "none":
+        say(
+            f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
+            "made durable must not replace an older one"
+        )
     store.remove_stale_tmp(fs, cfg.checkpoint_dir)
     uploader = Uploader(cfg.upload_to, upload_backoff) if cfg.upload_to else None
     ckpt = Checkpointer(
@@ -164,6 +183,7 @@ def train(
         uploader=uploader,
         asynchronous=cfg.async_checkpoint,
         device=device,
+        verified=() if resumed is None else (resumed,),
     )
     data = SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len)
     records: list[CheckpointRecord] = []
@@ -174,7 +194,7 @@ def train(
             records.append(record)
             on_checkpoint(record)
 
-    loss_value = float("nan")
+    loss_value: float | None = None
     t_start = time.monotonic()
     try:
         for step in range(start + 1, cfg.steps + 1):
@@ -200,7 +220,7 @@ def train(
     return RunSummary(
         storage_profile=cfg.storage_profile,
         checkpoint_dir=str(Path(cfg.checkpoint_dir)),
-        inputs={**run_inputs(cfg), "param_count": param_count, "device": str(device)},
+        inputs=inputs,
         runtime_s=runtime,
         steps_run=cfg.steps - start,
         final_loss=loss_value,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,6 +69,8 @@ class Checkpointer:
         uploader: Uploads each committed checkpoint, or None.
         asynchronous: Persist in the background.
         device: The model's device, synchronized around timed regions.
+        verified: Steps already known good (the one a resume verified): retention counts
+            these and the ones this writer makes durable, nothing else.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Checkpointer:
         uploader: Uploader | None = None,
         asynchronous: bool = False,
         device: torch.device | None = None,
+        verified: Iterable[int] = (),
     ) -> None:
         self.directory = directory
         self.fmt = fmt
@@ -92,6 +95,7 @@ class Checkpointer:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
         self._inflight: Future[CheckpointRecord] | None = None
         self._done: list[CheckpointRecord] = []
+        self._good = set(verified)
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -172,13 +176,21 @@ class Checkpointer:
             raise_if_full(exc, f"writing checkpoint {final_dir.name}")
             if exc.errno == errno.EROFS:
                 raise CheckpointDirError(f"checkpoint volume became read-only: {exc}") from exc
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise CheckpointDirError(
+                    f"access refused while writing checkpoint {final_dir.name}: {exc}"
+                ) from exc
             raise
         upload_s = None
         if self.uploader is not None:
             t_up = time.monotonic()
             self.uploader.upload(final_dir, [filename, store.MANIFEST])
             upload_s = time.monotonic() - t_up
-        store.apply_retention(self.fs, self.directory, self.keep, newest_step=step)
+        if self.durable:
+            # Without fsync no checkpoint is known to survive a crash, so none may replace
+            # an older one: retention then deletes nothing (the trainer says so up front).
+            self._good.add(step)
+            store.apply_retention(self.fs, self.directory, self.keep, self._good)
         t_end = time.monotonic()
         write_s = t_fsync - t_write
         return CheckpointRecord(
@@ -189,7 +201,7 @@ class Checkpointer:
             fsync_s=t_done_local - t_fsync,
             upload_s=upload_s,
             pause_s=(pause_end if pause_end is not None else t_end) - t_request,
-            total_s=t_end - t0,
+            total_s=t_end - t_request,  # from the save request, waiting included
             write_gbps=staged.nbytes / max(write_s, 1e-9) / 1e9,
             upload_gbps=_gbps(staged.nbytes, upload_s),
             path=str(final_dir),

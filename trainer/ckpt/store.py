@@ -97,15 +97,53 @@ def list_checkpoints(directory: Path) -> list[CheckpointRef]:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
+    """A checkpoint's manifest, its fields checked for type (the bytes are not read).
+
+    Raises:
+        CheckpointCorruptError: Missing, unreadable, or not a manifest of this schema with
+            fields of the right types: such a checkpoint is skipped, never a crash.
+    """
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         raise CheckpointCorruptError(f"{path.name}: no {MANIFEST} (incomplete)") from None
     except (OSError, ValueError) as exc:
         raise CheckpointCorruptError(f"{path.name}: unreadable {MANIFEST}: {exc}") from None
-    if manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("files"):
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} is not a {MANIFEST_SCHEMA}")
+    files = manifest.get("files")
+    if not (isinstance(files, list) and files and all(isinstance(f, dict) for f in files)):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} lacks a file entry")
+    for key, kind in (("step", int), ("format", str)):
+        if not _is(manifest.get(key), kind):
+            raise CheckpointCorruptError(
+                f"{path.name}: {MANIFEST} field {key!r} is {manifest.get(key)!r}, not a {kind.__name__}"
+            )
     return manifest
+
+
+def _is(value: Any, kind: type) -> bool:
+    """``isinstance`` where a JSON ``true`` is no number."""
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _file_entry(path: Path, entry: dict[str, Any]) -> tuple[str, int, int, list[int]]:
+    """The name, size, chunk size and checksums of a manifest's file entry, type-checked."""
+    name, nbytes, chunk, crcs = (entry.get(k) for k in ("name", "bytes", "chunk_bytes", "crc32"))
+    # A plain file name: a manifest must never make us read outside its own directory.
+    if not (isinstance(name, str) and name and name == Path(name).name and name not in (".", "..")):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid file name {name!r}")
+    if not (_is(nbytes, int) and nbytes >= 0):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid size {nbytes!r}")
+    if not (_is(chunk, int) and chunk > 0 and chunk % ALIGN == 0):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid chunk size {chunk!r}")
+    if not (
+        isinstance(crcs, list)
+        and all(_is(c, int) for c in crcs)
+        and len(crcs) == -(-nbytes // chunk)
+    ):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has invalid checksums for {name}")
+    return name, nbytes, chunk, crcs
 
 
 def read_verified(
@@ -118,18 +156,7 @@ def read_verified(
             error, or a checksum mismatch.
     """
     manifest = read_manifest(path)
-    try:
-        entry = manifest["files"][0]
-        name, expected_bytes, chunk, expected_crcs = (
-            entry["name"],
-            entry["bytes"],
-            entry["chunk_bytes"],
-            entry["crc32"],
-        )
-    except (KeyError, IndexError, TypeError):
-        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} lacks a file entry") from None
-    if not (isinstance(chunk, int) and chunk > 0 and chunk % ALIGN == 0):
-        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid chunk size {chunk!r}")
+    name, expected_bytes, chunk, expected_crcs = _file_entry(path, manifest["files"][0])
     file = path / name
     try:
         size = file.stat().st_size
@@ -152,16 +179,23 @@ def read_verified(
     return manifest, data
 
 
-def apply_retention(fs: LocalFS, directory: Path, keep: int, newest_step: int) -> list[Path]:
-    """Keep the ``keep`` newest checkpoints up to ``newest_step`` (just made durable).
+def apply_retention(fs: LocalFS, directory: Path, keep: int, good: set[int]) -> list[Path]:
+    """Keep the ``keep`` newest *good* checkpoints; delete what is older than all of them.
 
-    Checkpoints above ``newest_step`` are left alone: they are what a resumed run skipped
-    (incomplete or corrupt), and must not push good ones out of the count.
+    Only ``good`` steps count: the ones this run made durable and the one it resumed from
+    (verified). Anything else (a checkpoint a resume skipped as corrupt, one never verified)
+    never pushes a good one out; it is deleted only once it is older than every kept one,
+    and left alone while fewer than ``keep`` good checkpoints exist.
     """
+    refs = list_checkpoints(directory)
+    kept = [r for r in refs if r.step in good][:keep]
+    if len(kept) < keep:
+        return []
     removed = []
-    for ref in [r for r in list_checkpoints(directory) if r.step <= newest_step][keep:]:
-        fs.rmtree(ref.path)
-        removed.append(ref.path)
+    for ref in refs:
+        if ref.step < kept[-1].step:
+            fs.rmtree(ref.path)
+            removed.append(ref.path)
     return removed
 
 

@@ -52,10 +52,16 @@ class Uploader:
                 untouched.
         """
         dest = f"{self.root.rstrip('/')}/{checkpoint.name}"
+        manifest = f"{dest}/{names[-1]}"
 
         def attempt() -> None:
             try:
                 self.fs.makedirs(dest, exist_ok=True)
+                # A step uploaded before (a resumed run saving it again): drop its manifest
+                # first, or a failed upload would leave the old manifest beside new bytes, a
+                # remote copy that looks complete and is not.
+                if self.fs.exists(manifest):
+                    self.fs.rm_file(manifest)
                 for name in names:
                     self.fs.put_file(str(checkpoint / name), f"{dest}/{name}")
             except _PERMANENT:
