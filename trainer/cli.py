@@ -61,6 +61,9 @@ def option_for(f: Field, annotation: Any, doc: str) -> Callable[[F], F]:
         kwargs.update(envvar=extra["envvar"], show_envvar=True)
     if extra.get("metavar"):
         kwargs["metavar"] = extra["metavar"]
+    if extra.get("flag_value") is not None:
+        # An option whose value may be left out: click then takes flag_value.
+        kwargs.update(is_flag=False, flag_value=extra["flag_value"])
     return click.option(decl, f.name, **kwargs)
 
 

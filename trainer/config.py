@@ -26,10 +26,16 @@ from trainer.errors import CheckpointDirError, ConfigError
 Device = Literal["auto", "cpu", "cuda"]
 Format = Literal["raw", "torch"]
 Durability = Literal["fsync", "none"]
+Resume = Literal["never", "auto", "always"]
 
 DEVICES: tuple[str, ...] = get_args(Device)
 FORMATS: tuple[str, ...] = get_args(Format)
 DURABILITY: tuple[str, ...] = get_args(Durability)
+RESUME: tuple[str, ...] = get_args(Resume)
+
+RUN_ARTIFACTS_TARGETS = {"run-artifacts": False, "run-artifacts-store": True}
+"""``--upload-to`` names for the tracked run's own outputs → whether the upload goes straight
+to the artifacts store (True) or into the local outputs directory Polyaxon syncs (False)."""
 
 MIN_MODEL_BYTES = 64 * 1024
 
@@ -40,6 +46,7 @@ def cli(
     envvar: str | None = None,
     metavar: str | None = None,
     click_type: Any = None,
+    flag_value: Any = None,
 ) -> dict[str, Any]:
     """Field metadata for the generated click option, where the field alone does not say it.
 
@@ -49,8 +56,17 @@ def cli(
         metavar: What ``--help`` shows for the value.
         click_type: The click type when the field's own type is not what the user types
             (``model_size`` is typed as ``64MiB`` and becomes bytes).
+        flag_value: The value of the option given without one (``--resume`` = always).
     """
-    return {"cli": {"flag": flag, "envvar": envvar, "metavar": metavar, "type": click_type}}
+    return {
+        "cli": {
+            "flag": flag,
+            "envvar": envvar,
+            "metavar": metavar,
+            "type": click_type,
+            "flag_value": flag_value,
+        }
+    }
 
 
 @dataclass
@@ -71,12 +87,17 @@ class TrainConfig:
     """Complete, verified checkpoints to keep; older ones are deleted only once a newer one
     is durable."""
 
-    resume: bool = False
-    """Continue from the newest complete, verified checkpoint in --checkpoint-dir."""
+    resume: Resume = field(default="never", metadata=cli(flag_value="always"))
+    """never: refuse a directory that holds checkpoints; always (also a bare --resume):
+    continue from the newest complete, verified checkpoint; auto: continue from this
+    Polyaxon run's own newest verified checkpoint (a retried or resumed run keeps its uuid),
+    start fresh in an empty directory, refuse another run's checkpoints."""
 
     upload_to: str | None = field(default=None, metadata=cli(metavar="URL"))
-    """Also upload every checkpoint to this fsspec URL (file://, s3://, gs://, memory://),
-    timed as the upload stage."""
+    """Also upload every checkpoint, timed as the upload stage: an fsspec URL (file://,
+    s3://, gs://, memory://); run-artifacts: into this Polyaxon run's outputs, which
+    Polyaxon syncs to its artifacts store; run-artifacts-store: straight into the same place
+    in the artifacts store."""
 
     storage_profile: str = field(default="unlabelled", metadata=cli(envvar="STORAGE_PROFILE"))
     """Record label of the volume profile (the claim's VolumeAttributesClass); it does not
@@ -138,7 +159,12 @@ class TrainConfig:
             raise ConfigError(f"--model-size: {exc}") from None
         if self.model_size < MIN_MODEL_BYTES:
             raise ConfigError(f"--model-size must be at least 64KiB, got {self.model_size} bytes")
-        for name, allowed in (("device", DEVICES), ("format", FORMATS), ("durability", DURABILITY)):
+        for name, allowed in (
+            ("device", DEVICES),
+            ("format", FORMATS),
+            ("durability", DURABILITY),
+            ("resume", RESUME),
+        ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(
                     f"unknown {flag(name)} {getattr(self, name)!r}; choose from {', '.join(allowed)}"

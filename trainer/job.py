@@ -3,45 +3,55 @@ then the summary JSON and the terminal table."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import click
 
 from checkpoint_storage_bench.contract import CHECKPOINT_METRICS
-from checkpoint_storage_bench.tracking import tracked_run
-from trainer.config import TrainConfig
+from checkpoint_storage_bench.tracking import Tracker, tracked_run
+from trainer import provenance
+from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
+from trainer.errors import ConfigError
 from trainer.summary import format_timeline, write_json_atomic
 
+UPLOAD_SUBDIR = "checkpoints"
+"""Where ``--upload-to run-artifacts`` puts the checkpoints, under the run's outputs."""
 
-def code_revision() -> str | None:
-    """``CODE_REVISION`` from the image build, else the git commit of this checkout."""
-    if rev := os.environ.get("CODE_REVISION"):
-        return rev
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
+
+def upload_url(cfg: TrainConfig, tracker: Tracker) -> str | None:
+    """``--upload-to`` as a URL: the run's outputs for ``run-artifacts``, else as given.
+
+    ``run-artifacts`` is the run's local outputs directory, which Polyaxon's sidecar syncs
+    to the artifacts store (the upload stage then times the copy into it);
+    ``run-artifacts-store`` is the same place in the store, written directly. Side by side
+    they measure a direct upload against the sidecar's sync.
+
+    Raises:
+        ConfigError: The run has no such place (tracking off, or no artifacts store).
+    """
+    if cfg.upload_to not in RUN_ARTIFACTS_TARGETS:
+        return cfg.upload_to
+    if not tracker.enabled:
+        raise ConfigError(f"--upload-to {cfg.upload_to} needs Polyaxon tracking (not --no-track)")
+    url = tracker.outputs_path(UPLOAD_SUBDIR, store=RUN_ARTIFACTS_TARGETS[cfg.upload_to])
+    if not url:
+        raise ConfigError(
+            f"--upload-to {cfg.upload_to}: this run has no artifacts store connection "
+            "(only a run started by a Polyaxon agent has one)"
         )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    return url
 
 
 def run_job(cfg: TrainConfig) -> None:
     """Train under a tracked Polyaxon run and report."""
-    from trainer.train import run_inputs, train
+    from trainer.train import resolve_device, run_inputs, train  # torch: not for --help
 
     tags = ["checkpoint-training", cfg.storage_profile, cfg.format]
     with tracked_run(f"train-{cfg.storage_profile}", tags=tags, enabled=cfg.track) as tracker:
         tracker.log_inputs(**run_inputs(cfg))
-        revision = code_revision()
-        tracker.log_meta(image_digest=os.environ.get("IMAGE_DIGEST"), code_revision=revision)
+        prov = provenance.collect(resolve_device(cfg.device))
+        tracker.log_meta(**{k: v for k, v in prov.items() if k != "image"})
+        url = upload_url(cfg, tracker)
+        if url != cfg.upload_to:
+            click.echo(f"upload: --upload-to {cfg.upload_to} is {url}")
 
         def on_checkpoint(r) -> None:
             tracker.log_metrics(
@@ -59,16 +69,21 @@ def run_job(cfg: TrainConfig) -> None:
             on_checkpoint=on_checkpoint,
             on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": loss}),
             say=click.echo,
+            on_progress=tracker.log_progress,
+            upload_url=url,
         )
+        summary.provenance = prov
         # Known only once the model is built.
         tracker.log_inputs(
             param_count=summary.inputs["param_count"], device=summary.inputs["device"]
         )
         data = summary.to_json()
-        data["inputs"]["image_digest"] = os.environ.get("IMAGE_DIGEST")
-        data["code_revision"] = revision
+        # Where the verdict of earlier versions reads the build from.
+        data["inputs"]["image_digest"] = prov["image_digest"]
+        data["code_revision"] = prov["code_revision"]
         data["polyaxon_run_uuid"] = tracker.run_uuid
         tracker.log_outputs(**summary.outputs())
+        tracker.log_progress(1.0)
         if cfg.summary_json is not None:
             write_json_atomic(cfg.summary_json, data)
             tracker.log_artifact(cfg.summary_json, name="summary", kind="file")

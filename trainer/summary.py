@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint_storage_bench.contract import RUN_OUTPUTS, STAGES, SUMMARY_SCHEMA
+from checkpoint_storage_bench.contract import RESUMED_OUTPUT, RUN_OUTPUTS, STAGES, SUMMARY_SCHEMA
+from checkpoint_storage_bench.units import significant
 from trainer.ckpt.checkpointer import CheckpointRecord
 
 
@@ -31,6 +32,7 @@ class RunSummary:
     checkpoints: list[CheckpointRecord]
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     resumed_from: int | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def stage_stats(self) -> dict[str, dict[str, float]]:
         stats = {}
@@ -59,7 +61,10 @@ class RunSummary:
             "steps_run": self.steps_run,
             "steps_per_s": self.steps_run / self.runtime_s if ran else None,
             "final_loss": loss if loss is not None and math.isfinite(loss) else None,
+            # Set when the run continued from a checkpoint: its timings cover only the
+            # steps after it, so it is no whole run to rank against an uninterrupted one.
             "resumed_from_step": self.resumed_from,
+            "provenance": self.provenance,
             "checkpoint_count": len(self.checkpoints),
             "checkpoint_bytes": self.checkpoints[-1].bytes if self.checkpoints else 0,
             "ckpt_time_s_total": sum(r.total_s for r in self.checkpoints),
@@ -83,6 +88,9 @@ class RunSummary:
             values = [v for r in self.checkpoints if (v := getattr(r, rate)) is not None]
             if values:
                 out[f"ckpt_{rate}_median"] = statistics.median(values)
+        # A column shows what a figure can tell, not float noise (1.6497099000000617 s).
+        out = {k: significant(v) if isinstance(v, float) else v for k, v in out.items()}
+        out[RESUMED_OUTPUT] = self.resumed_from or 0  # 0: started at step 0
         return out
 
 
@@ -101,6 +109,11 @@ def format_timeline(summary: RunSummary) -> str:
         f"storage profile: {summary.storage_profile}   checkpoints: {summary.checkpoint_dir}",
         head,
     ]
+    if summary.resumed_from:
+        lines.insert(
+            1,
+            f"resumed from step {summary.resumed_from}: the figures cover only the steps after it",
+        )
     for r in summary.checkpoints:
         upload = f"{r.upload_s:8.3f}" if r.upload_s is not None else f"{'-':>8}"
         lines.append(
@@ -109,6 +122,7 @@ def format_timeline(summary: RunSummary) -> str:
         )
     data = summary.to_json()
     if not data["steps_run"]:
+        lines.remove(head)
         lines.append("no training step run (the checkpoint was already at --steps)")
         return "\n".join(lines)
     lines.append(

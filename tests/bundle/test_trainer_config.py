@@ -26,7 +26,9 @@ COMPONENT = COMPONENTS / "checkpoint-training" / "latest.yaml"
 FIELD_OF_INPUT = {"checkpoint_format": "format"}
 """Component input → TrainConfig field, where the names differ."""
 
-NOT_SETTINGS = {"image": "the job image the component runs, not a setting of the trainer"}
+NOT_SETTINGS = {
+    "image": "the job image the component runs; the trainer records it from env IMAGE_REF"
+}
 """Inputs that are no TrainConfig field, and why."""
 
 NOT_INPUTS = {"summary_json": "the component writes it next to the run's checkpoints"}
@@ -36,6 +38,9 @@ COMPONENT_DEFAULTS = {
     # The CLI default is sized for a laptop and the tests; on a GPU node the component
     # checkpoints a model of realistic size.
     "model_size": "1GiB",
+    # A retried or resumed Polyaxon run continues its own checkpoints; by hand, the CLI
+    # refuses a directory with checkpoints unless told.
+    "resume": "auto",
 }
 """Deliberate differences between the component's default and the CLI's."""
 

@@ -132,3 +132,32 @@ def test_upload_retries_are_data_and_a_missing_bucket_is_not_retried(tmp_path):
     with pytest.raises(UploadError, match="failed after 3 attempts: ConnectionError"):
         uploader.upload(tmp_path, ["x"])
     assert Refusing.calls == 3 and slept == [0.25, 0.5]
+
+
+@pytest.mark.parametrize("module", ["trainer.provenance", "trainer.progress"])
+def test_doctests(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0
+
+
+def test_cpu_count_honours_a_cgroup_limit(monkeypatch, tmp_path):
+    from trainer import provenance
+
+    real_read = provenance.Path.read_text
+
+    def cgroup(limit: str):
+        def read_text(self, *args, **kwargs):
+            if str(self) == "/sys/fs/cgroup/cpu.max":
+                return limit
+            return real_read(self, *args, **kwargs)
+
+        return read_text
+
+    monkeypatch.setattr(provenance.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(provenance.Path, "read_text", cgroup("150000 100000\n"))
+    assert provenance.cpu_count() == 2  # limits.cpu 1.5, rounded up
+    monkeypatch.setattr(provenance.Path, "read_text", cgroup("max 100000\n"))
+    assert provenance.cpu_count() == 16

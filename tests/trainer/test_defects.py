@@ -59,7 +59,7 @@ def test_retention_never_counts_a_corrupt_checkpoint_nor_deletes_good_ones(tmp_p
     train(tiny_config(tmp_path, steps=20, checkpoint_every=10, keep=2), say=quiet)
     flip_byte(tmp_path / "step-00000020" / "state.ckpt")
     said: list[str] = []
-    cfg = tiny_config(tmp_path, steps=30, checkpoint_every=15, keep=2, resume=True)
+    cfg = tiny_config(tmp_path, steps=30, checkpoint_every=15, keep=2, resume="always")
     assert train(cfg, say=said.append).resumed_from == 10
     assert any("skipping step-00000020" in line for line in said)
     good = [r.step for r in store.list_checkpoints(tmp_path) if verifies(r.path)]
@@ -74,7 +74,7 @@ def test_retention_never_counts_a_corrupt_checkpoint_nor_deletes_good_ones(tmp_p
 def test_resuming_at_or_past_steps_is_nothing_to_do(tmp_path, steps):
     train(tiny_config(tmp_path, steps=4, checkpoint_every=2), say=quiet)
     said: list[str] = []
-    summary = train(tiny_config(tmp_path, steps=steps, resume=True), say=said.append)
+    summary = train(tiny_config(tmp_path, steps=steps, resume="always"), say=said.append)
     assert any("nothing to do" in line for line in said), said
     data = summary.to_json()
     json.dumps(data, allow_nan=False)  # no NaN/Infinity anywhere
@@ -209,7 +209,7 @@ def test_a_manifest_with_wrong_field_types_is_skipped(tmp_path, how):
     path.write_text(json.dumps(_break(json.loads(path.read_text()), how)))
     said: list[str] = []
     assert (
-        train(tiny_config(tmp_path, steps=8, keep=3, resume=True), say=said.append).resumed_from
+        train(tiny_config(tmp_path, steps=8, keep=3, resume="always"), say=said.append).resumed_from
         == 4
     )
     assert any("skipping step-00000006" in line for line in said), said

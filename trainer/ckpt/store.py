@@ -1,10 +1,14 @@
 """Checkpoint directories on the volume: commit protocol, discovery, verification, retention.
 
-A checkpoint for step N is written into ``.step-0000000N.tmp-PID/``: the state file, then
+A checkpoint for step N is written into ``.step-0000000N.tmp-OWNER/``: the state file, then
 ``MANIFEST.json`` (sizes and per-chunk CRC32s), each fsynced; the directory is then renamed
 to ``step-0000000N/`` and the parent fsynced. A directory is a checkpoint only under its
 final name *and* with a manifest that parses and matches the bytes, so a crash at any point
 leaves at worst a ``.tmp`` directory that is never taken for a good checkpoint.
+
+OWNER is ``<run>-<host>-<pid>``: the Polyaxon run uuid (``local`` outside Polyaxon), the
+pod's (or host's) name and the pid. A pid alone says nothing after a restart (pids are per
+pod and are reused), so leftovers are judged by owner (:func:`remove_stale_tmp`).
 """
 
 from __future__ import annotations
@@ -20,30 +24,57 @@ from typing import Any
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import ALIGN, AlignedBuffer, WrittenFile, read_file
 from trainer.errors import CheckpointCorruptError
+from trainer.provenance import host_name, run_uuid
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_SCHEMA = "checkpoint-manifest/1"
 _FINAL = re.compile(r"^step-(\d{8})$")
-# In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint.
-_HIDDEN = re.compile(r"^\.step-(\d{8})\.(?:tmp|old)-(\d+)$")
+# In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint. Names of
+# trainers before owners were recorded carry only a pid.
+_HIDDEN = re.compile(
+    r"^\.step-(\d{8})\.(?:tmp|old)-"
+    r"(?:(?P<run>[0-9a-f]{32}|local)-(?P<host>[A-Za-z0-9-]+)-)?(?P<pid>\d+)$"
+)
+LOCAL_RUN = "local"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who writes a temporary checkpoint directory: run, pod (or host), process."""
+
+    run: str
+    host: str
+    pid: int
+
+    @classmethod
+    def current(cls) -> Owner:
+        run = (run_uuid() or "").replace("-", "").lower()
+        valid = re.fullmatch(r"[0-9a-f]{32}", run)
+        return cls(run if valid else LOCAL_RUN, host_name(), os.getpid())
+
+    @property
+    def token(self) -> str:
+        return f"{self.run}-{self.host}-{self.pid}"
 
 
 def final_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def tmp_name(step: int) -> str:
-    return f".step-{step:08d}.tmp-{os.getpid()}"
+def tmp_name(step: int, owner: Owner | None = None) -> str:
+    return f".step-{step:08d}.tmp-{(owner or Owner.current()).token}"
 
 
-def old_name(step: int) -> str:
-    return f".step-{step:08d}.old-{os.getpid()}"
+def old_name(step: int, owner: Owner | None = None) -> str:
+    return f".step-{step:08d}.old-{(owner or Owner.current()).token}"
 
 
 def manifest_for(step: int, fmt: str, filename: str, written: WrittenFile) -> dict[str, Any]:
     return {
         "schema": MANIFEST_SCHEMA,
         "step": step,
+        # Whose checkpoint this is: --resume auto continues only its own run's.
+        "run_id": run_uuid(),
         "format": fmt,
         "created_at": time.time(),
         "io_mode": written.io_mode,
@@ -199,19 +230,52 @@ def apply_retention(fs: LocalFS, directory: Path, keep: int, good: set[int]) -> 
     return removed
 
 
-def remove_stale_tmp(fs: LocalFS, directory: Path) -> list[Path]:
-    """Delete ``.tmp``/``.old`` directories left by writers that are no longer alive."""
-    removed = []
+def remove_stale_tmp(
+    fs: LocalFS, directory: Path, me: Owner | None = None
+) -> tuple[list[Path], list[Path]]:
+    """Delete the ``.tmp``/``.old`` directories this run's predecessors left.
+
+    A predecessor is an earlier process of the same run: on this pod (or host) one whose
+    pid is gone, or that had the pid we have now (a restarted container starts its pids
+    over); on another pod, any (a retried run gets a new pod, and only one pod of a run
+    writes at a time). Outside Polyaxon (run ``local``) only this host's dead pids count:
+    another host's cannot be told. Leftovers of other runs, and the pid-only names of older
+    trainers, are left alone.
+
+    Returns:
+        The removed entries and the leftovers left alone.
+    """
+    me = me or Owner.current()
+    removed, left = [], []
     for entry in directory.iterdir():
         match = _HIDDEN.match(entry.name)
         if not match:
             continue
-        pid = int(match.group(2))
-        if pid != os.getpid() and _alive(pid):
-            continue
-        fs.rmtree(entry)
-        removed.append(entry)
-    return removed
+        run, host, pid = match.group("run"), match.group("host"), int(match.group("pid"))
+        same_host = host == me.host
+        if run != me.run or (run == LOCAL_RUN and not same_host):
+            ours = False
+        elif same_host:
+            ours = pid == me.pid or not _alive(pid)
+        else:
+            ours = True
+        if ours:
+            fs.rmtree(entry)
+            removed.append(entry)
+        else:
+            left.append(entry)
+    return removed, left
+
+
+def checkpoint_run(ref: CheckpointRef) -> tuple[bool, str | None]:
+    """Whether a checkpoint's manifest is readable, and the run that wrote it (None when it
+    was written outside Polyaxon, or by a trainer that did not record it)."""
+    try:
+        manifest = read_manifest(ref.path)
+    except CheckpointCorruptError:
+        return False, None
+    run = manifest.get("run_id")
+    return True, run if isinstance(run, str) else None
 
 
 def _alive(pid: int) -> bool:

@@ -16,6 +16,7 @@ import fsspec
 
 from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
 from trainer.errors import ConfigError, UploadError
+from trainer.progress import PROGRESS_EVERY_S, UploadProgress
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,9 @@ fails the run (exit 5), with the local checkpoint kept."""
 
 # Another try cannot cure these: the bucket or path does not exist, or we may not write it.
 _PERMANENT = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)
+# Object stores have no directories to make, and their makedirs creates a missing bucket
+# (s3fs, gcsfs): an upload to a mistyped bucket must fail, not create one.
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}
 
 
 class Uploader:
@@ -35,14 +39,20 @@ class Uploader:
         url: str,
         backoff: Backoff = DEFAULT_BACKOFF,
         sleep: Callable[[float], None] = time.sleep,
+        say: Callable[[str], None] = lambda line: None,
+        progress_every_s: float = PROGRESS_EVERY_S,
     ) -> None:
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"--upload-to {url!r}: {exc}") from None
         self.url = url
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self.has_directories = not _OBJECT_STORES.intersection(protocols)
         self.backoff = backoff
         self.sleep = sleep
+        self.say = say
+        self.progress_every_s = progress_every_s
 
     def upload(self, checkpoint: Path, names: list[str]) -> None:
         """Upload ``names`` (the manifest last, so a remote copy is complete once it has one).
@@ -56,14 +66,21 @@ class Uploader:
 
         def attempt() -> None:
             try:
-                self.fs.makedirs(dest, exist_ok=True)
+                if self.has_directories:
+                    self.fs.makedirs(dest, exist_ok=True)
                 # A step uploaded before (a resumed run saving it again): drop its manifest
                 # first, or a failed upload would leave the old manifest beside new bytes, a
                 # remote copy that looks complete and is not.
                 if self.fs.exists(manifest):
                     self.fs.rm_file(manifest)
+                sizes = {name: (checkpoint / name).stat().st_size for name in names}
+                progress = UploadProgress(
+                    checkpoint.name, sum(sizes.values()), self.say, self.progress_every_s
+                )
                 for name in names:
-                    self.fs.put_file(str(checkpoint / name), f"{dest}/{name}")
+                    self.fs.put_file(str(checkpoint / name), f"{dest}/{name}", callback=progress)
+                    progress.file_done(sizes[name])
+                progress.done()
             except _PERMANENT:
                 raise
             except Exception as exc:  # noqa: BLE001 - stores raise anything; the rest is retried
