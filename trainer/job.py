@@ -7,6 +7,7 @@ import click
 
 from checkpoint_storage_bench.contract import CHECKPOINT_METRICS
 from checkpoint_storage_bench.tracking import Tracker, tracked_run
+from checkpoint_storage_bench.units import significant
 from trainer import provenance
 from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
 from trainer.errors import ConfigError
@@ -54,8 +55,14 @@ def run_job(cfg: TrainConfig) -> None:
             click.echo(f"upload: --upload-to {cfg.upload_to} is {url}")
 
         def on_checkpoint(r) -> None:
+            # Rounded like the outputs: Polyaxon copies each metric's last value into the
+            # run's outputs (the runs table). The summary JSON keeps full precision.
             tracker.log_metrics(
-                r.step, {metric: getattr(r, field) for field, metric in CHECKPOINT_METRICS.items()}
+                r.step,
+                {
+                    metric: significant(v) if isinstance(v := getattr(r, field), float) else v
+                    for field, metric in CHECKPOINT_METRICS.items()
+                },
             )
             upload = f" upload {r.upload_s:.3f}s" if r.upload_s is not None else ""
             click.echo(
@@ -67,7 +74,7 @@ def run_job(cfg: TrainConfig) -> None:
         summary = train(
             cfg,
             on_checkpoint=on_checkpoint,
-            on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": loss}),
+            on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": significant(loss, 6)}),
             say=click.echo,
             on_progress=tracker.log_progress,
             upload_url=url,
