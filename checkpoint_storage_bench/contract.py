@@ -206,3 +206,40 @@ MODIFICATION_WINDOWS: dict[str, tuple[int, float]] = {
 """CSI driver → (modifications allowed, per rolling window in seconds). EBS: 4 per 24 h
 since 2026-01-15, each after the previous one completed; GKE Hyperdisk: once per 4 h. A
 driver not listed has no known limit."""
+
+# --------------------------------------------- what the verdict reads from the other parts
+# Agreed names (issues 12, 13, 16): the hook, the trainer and its distributed mode write
+# these; the verdict refuses or adjusts a comparison by them.
+
+LEDGER_OUTPUT = "ledger"
+"""The hook logs the claim's ledger after its switch (the value of :data:`LEDGER_ANNOTATION`,
+as :func:`format_ledger` writes it) as this output: the verdict refuses a profile whose
+claim was switched to another class inside a training run's measured interval."""
+
+IMAGE_INPUT = "image"
+"""Trainer input: the image reference the run was started with (``repo:tag`` or
+``repo@sha256:…``)."""
+
+PROVENANCE_META = (
+    "code_revision",
+    "image_digest",
+    "node_name",
+    "gpu_model",
+    "gpu_count",
+    "cuda_version",
+    "torch_version",
+    "cpu_count",
+)
+"""Trainer meta (and the summary's ``"provenance"``): what ran, and where."""
+
+RESUMED_FROM_STEP = "resumed_from_step"
+"""Trainer output / summary key: the step a resumed run continued from (absent or null for
+an uninterrupted run); its timings cover only part of the run."""
+
+WORLD_SIZE = "world_size"
+SLOWEST_PAUSE_METRIC = "ckpt_slowest_pause_s"
+"""Per checkpoint of a distributed run: the slowest rank's pause, the one training waits on
+(summary checkpoint key ``slowest_pause_s``; output ``ckpt_slowest_pause_s_median``)."""
+AGGREGATE_GBPS_METRIC = "ckpt_aggregate_gbps"
+"""Per checkpoint of a distributed run: all ranks' bytes / wall time (summary checkpoint key
+``aggregate_gbps``; output ``ckpt_aggregate_gbps_median``)."""

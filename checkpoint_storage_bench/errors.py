@@ -47,7 +47,9 @@ def exit_codes_help(codes: dict[int, str]) -> str:
       0  ok
       3  refused
     """
-    lines = [f"  {code:<3}{text}" for code, text in sorted(codes.items(), key=_exit_order)]
+    # Codes like "128+N" widen the column for every line.
+    width = max(3, *(len(str(code)) + 2 for code in codes))
+    lines = [f"  {code!s:<{width}}{text}" for code, text in sorted(codes.items(), key=_exit_order)]
     return "\b\nExit codes:\n" + "\n".join(lines)
 
 

@@ -14,12 +14,13 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
+
+from checkpoint_storage_bench.processes import stop_group
 
 DIRECTIONS = ("read", "write")
 PERCENTILES = {"lat_p50_us": "50.000000", "lat_p99_us": "99.000000", "lat_p999_us": "99.900000"}
@@ -189,17 +190,6 @@ def run_fio(
     finally:
         if proc.poll() is None:
             # Not interruptible half-way: the caller removes fio's files right after this.
+            # SIGTERM makes fio stop its jobs; SIGKILL follows if that takes too long.
             with cleanup_guard():
-                _stop_group(proc)
-
-
-def _stop_group(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM fio's process group (fio stops its jobs), SIGKILL it if that takes too long."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.communicate(timeout=KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+                stop_group(proc.pid, grace=KILL_GRACE_S, popen=proc)

@@ -97,6 +97,11 @@ class Tracker:
             rel_path, ensure_path=not store, is_dir=True, use_store_path=store
         )
 
+    def set_readme(self, markdown: str) -> None:
+        """The run's readme: Polyaxon renders it on the run's page."""
+        if self._run:
+            self._run.set_readme(markdown, async_req=False)
+
     def log_artifact(self, path: Path, name: str | None = None, kind: str = "file") -> None:
         if self._run:
             self._run.log_artifact(path=str(path), name=name, kind=kind)

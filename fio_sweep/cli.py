@@ -1,25 +1,28 @@
 """``python -m fio_sweep``: a fio sweep on a mounted claim, logged to Polyaxon.
 
-Exit codes: 0 success, 1 unexpected error, 2 bad arguments or spec, 3 unsafe target or not
-enough free space, 4 fio missing, 5 a fio job failed, 128+N interrupted by signal N
-(files removed).
+Parse the options → :class:`~fio_sweep.sweep.Config` → :func:`~fio_sweep.sweep.prepare`
+and :func:`~fio_sweep.sweep.run_sweep`. Errors are :class:`~fio_sweep.errors.FioSweepError`
+subclasses that carry their exit code; click prints them (``fio-sweep: error: ...``) and
+exits with it. The exit codes are :data:`fio_sweep.errors.EXIT_CODES`.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
+from checkpoint_storage_bench.errors import exit_codes_help
 from checkpoint_storage_bench.tracking import tracked_run
-from fio_sweep.errors import FioSweepError
+from fio_sweep.errors import EXIT_CODES
 from fio_sweep.interrupts import signals_raise_interrupted
-from fio_sweep.spec import shipped_specs
+from fio_sweep.spec import MAX_WRITERS, WRITERS_CASE, shipped_specs
 from fio_sweep.sweep import Config, prepare, run_sweep
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]}, epilog=exit_codes_help(EXIT_CODES)
+)
 @click.option(
     "--mount",
     required=True,
@@ -45,6 +48,13 @@ from fio_sweep.sweep import Config, prepare, run_sweep
 )
 @click.option("--runtime", type=int, help="Cap every case at this many seconds.")
 @click.option(
+    "--writers",
+    type=click.IntRange(1, MAX_WRITERS),
+    help=f"Add the case {WRITERS_CASE!r}: N parallel checkpoint writers (numjobs=N, one file "
+    "each, O_DIRECT, fsync at the end, 2 GiB in all before --size-scale), to match a "
+    "job whose N ranks write their shards at once.",
+)
+@click.option(
     "--reference-dir",
     type=click.Path(path_type=Path),
     help="Run the spec's overhead case here too (e.g. the node's local disk) and report "
@@ -61,46 +71,45 @@ def main(
     spec: str | None,
     size_scale: float,
     runtime: int | None,
+    writers: int | None,
     reference_dir: Path | None,
     summary_json: Path | None,
     allow_raw_device: bool,
     no_track: bool,
 ) -> None:
     """Run a fio sweep on a mounted claim and log each case with Polyaxon tracking."""
-    try:
-        config = Config(
-            mount=mount,
-            target=target,
-            spec=spec,
-            size_scale=size_scale,
-            runtime=runtime,
-            reference_dir=reference_dir,
-            summary_json=summary_json,
-            allow_raw_device=allow_raw_device,
-        )
-        with signals_raise_interrupted():
-            plan = prepare(config)
-            tags = ["fio-sweep", f"spec:{Path(plan.spec.source).stem}"]
-            with tracked_run("fio-sweep", tags=tags, enabled=not no_track) as tracker:
-                summary = run_sweep(plan, config, tracker)
-    except FioSweepError as exc:
-        click.echo(f"fio-sweep: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    config = Config(
+        mount=mount,
+        target=target,
+        spec=spec,
+        size_scale=size_scale,
+        runtime=runtime,
+        reference_dir=reference_dir,
+        summary_json=summary_json,
+        allow_raw_device=allow_raw_device,
+        writers=writers,
+    )
+    with signals_raise_interrupted():
+        plan = prepare(config)
+        tags = ["fio-sweep", f"spec:{Path(plan.spec.source).stem}"]
+        with tracked_run("fio-sweep", tags=tags, enabled=not no_track) as tracker:
+            summary = run_sweep(plan, config, tracker)
+    print_results(summary)
+
+
+def print_results(summary: dict) -> None:
+    """The result table on stdout: one line per case, then the overhead check."""
     for case in summary["cases"]:
         click.echo(
             f"{case['name']}: {case['bw_mbps']:.1f} MB/s, {case['iops']:.0f} IOPS, "
             f"p99 {case['lat_p99_us'] or 0:.0f} us"
             + (f"  [{'; '.join(case['notes'])}]" if case["notes"] else "")
         )
-    if summary["overhead"] and summary["overhead"]["overhead_pct"] is not None:
-        o = summary["overhead"]
-        flag = "  ABOVE 10%: investigate" if o["flagged"] else ""
-        click.echo(f"overhead vs {o['reference_dir']}: {o['overhead_pct']:+.1f}%{flag}")
-    elif summary["overhead"] and summary["overhead"].get("note"):
+    overhead = summary["overhead"]
+    if overhead and overhead["overhead_pct"] is not None:
+        flag = "  ABOVE 10%: investigate" if overhead["flagged"] else ""
         click.echo(
-            f"overhead vs {summary['overhead']['reference_dir']}: {summary['overhead']['note']}"
+            f"overhead vs {overhead['reference_dir']}: {overhead['overhead_pct']:+.1f}%{flag}"
         )
-
-
-if __name__ == "__main__":
-    main()
+    elif overhead and overhead.get("note"):
+        click.echo(f"overhead vs {overhead['reference_dir']}: {overhead['note']}")

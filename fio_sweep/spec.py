@@ -168,6 +168,43 @@ class Spec:
         cases = tuple(c.scaled(size_scale, runtime) for c in self.cases)
         return dataclasses.replace(self, cases=cases)
 
+    def with_case(self, case: Case) -> Spec:
+        """The spec with one more case at the end (refused if its name is taken)."""
+        return dataclasses.replace(self, cases=(*self.cases, case))
+
+
+WRITERS_CASE = "ckptwriters"
+WRITERS_TOTAL = 2 * 1024**3
+WRITERS_BS = 8 * 1024**2
+MAX_WRITERS = 256
+
+
+def writers_case(writers: int) -> Case:
+    """N writers like N ranks each writing its own shard of one checkpoint.
+
+    ``numjobs=N`` processes, one new file each (fio's default for clones), O_DIRECT,
+    8 MiB writes with four in flight per writer (as the trainer's writer does), fsynced at
+    the end; 2 GiB in all, split evenly (``size`` is per job), before ``--size-scale``.
+
+    Raises:
+        SpecError: ``writers`` is not between 1 and 256.
+    """
+    if isinstance(writers, bool) or not isinstance(writers, int) or not 1 <= writers <= MAX_WRITERS:
+        raise SpecError(f"--writers must be between 1 and {MAX_WRITERS}, got {writers!r}")
+    per_writer = max(WRITERS_BS, WRITERS_TOTAL // writers // WRITERS_BS * WRITERS_BS)
+    return Case(
+        name=WRITERS_CASE,
+        rw="write",
+        bs=WRITERS_BS,
+        size=per_writer,
+        iodepth=4,
+        numjobs=writers,
+        direct=True,
+        end_fsync=True,
+        fallocate="none",
+        description=f"{writers} parallel checkpoint writers, one file each",
+    )
+
 
 def shipped_specs() -> dict[str, Path]:
     """The specs shipped in ``fio_sweep/specs``, by name (file name without .yaml)."""

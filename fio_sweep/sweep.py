@@ -37,7 +37,7 @@ from fio_sweep.runner import (
     scratch_dir,
     supports_direct_io,
 )
-from fio_sweep.spec import SYNC_ENGINES, Case, Spec, check_scale, load_spec
+from fio_sweep.spec import SYNC_ENGINES, Case, Spec, check_scale, load_spec, writers_case
 
 OVERHEAD_THRESHOLD_PCT = 10.0
 FALLBACK_ENGINE = "psync"
@@ -56,9 +56,12 @@ class Config:
     reference_dir: Path | None = None
     summary_json: Path | None = None
     allow_raw_device: bool = False
+    writers: int | None = None
 
     def __post_init__(self) -> None:
         check_scale(self.size_scale, self.runtime)
+        if self.writers is not None:
+            writers_case(self.writers)  # validates the count
 
 
 @dataclass
@@ -295,7 +298,10 @@ class Plan:
 
 def prepare(config: Config) -> Plan:
     """Validate the spec, the paths, the free space and the fio binary, in that order."""
-    spec = load_spec(config.spec).scaled(config.size_scale, config.runtime)
+    spec = load_spec(config.spec)
+    if config.writers is not None:
+        spec = spec.with_case(writers_case(config.writers))
+    spec = spec.scaled(config.size_scale, config.runtime)
     target = resolve_target(config.mount, config.target, config.allow_raw_device)
     reference = check_directory(config.reference_dir) if config.reference_dir else None
     if target.raw_device:
@@ -322,6 +328,7 @@ def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | Non
         runtime_override=config.runtime,
         reference_dir=str(config.reference_dir) if config.reference_dir else None,
         case_count=len(spec.cases),
+        writers=config.writers,
         # Set by the pipeline for each profile's stage, as for the trainer.
         storage_profile=os.environ.get("STORAGE_PROFILE"),
     )
@@ -367,6 +374,7 @@ def run_sweep(plan: Plan, config: Config, tracker: Tracker, stream: TextIO | Non
         "fio_version": plan.fio_version,
         "size_scale": config.size_scale,
         "runtime_override": config.runtime,
+        "writers": config.writers,
         "cases": [r.to_dict() for r in results],
         "overhead": overhead,
         "outputs": outputs,

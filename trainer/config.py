@@ -24,7 +24,7 @@ from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
 
 Device = Literal["auto", "cpu", "cuda"]
-Format = Literal["raw", "torch"]
+Format = Literal["raw", "torch", "dcp", "safetensors"]
 Durability = Literal["fsync", "none"]
 Resume = Literal["never", "auto", "always"]
 
@@ -38,6 +38,7 @@ RUN_ARTIFACTS_TARGETS = {"run-artifacts": False, "run-artifacts-store": True}
 to the artifacts store (True) or into the local outputs directory Polyaxon syncs (False)."""
 
 MIN_MODEL_BYTES = 64 * 1024
+MAX_IO_STREAMS = 64
 
 
 def cli(
@@ -116,7 +117,8 @@ class TrainConfig:
     """auto (CUDA when available), cpu or cuda."""
 
     format: Format = "raw"
-    """raw: the direct, checksummed writer; torch: torch.save (the reference)."""
+    """raw: the direct, checksummed writer; references: torch (torch.save), dcp
+    (torch.distributed.checkpoint; async_save with --async), safetensors (save_file + fsync)."""
 
     async_checkpoint: bool = field(default=False, metadata=cli(flag="--async/--sync"))
     """Write checkpoints in the background; training is blocked only while the state is
@@ -125,6 +127,14 @@ class TrainConfig:
     durability: Durability = "fsync"
     """fsync: a checkpoint counts once its files and directory are fsynced; none: skip the
     fsyncs."""
+
+    io_streams: int = 1
+    """Files (and parallel writers) a checkpoint is spread over, 1 to 64, for volumes that
+    cap the throughput of one stream."""
+
+    no_overlap: bool = field(default=False, metadata=cli(flag="--no-overlap/--overlap"))
+    """raw: copy the whole state, then write it (the strict stage split); by default chunk k
+    is written while chunk k+1 is copied, so serialize + write can exceed the pause."""
 
     batch_size: int = 8
     """Sequences per training step."""
@@ -146,9 +156,20 @@ class TrainConfig:
         self.checkpoint_dir = Path(self.checkpoint_dir)
         if self.summary_json is not None:
             self.summary_json = Path(self.summary_json)
-        for name in ("steps", "checkpoint_every", "batch_size", "seq_len", "log_every"):
+        for name in (
+            "steps",
+            "checkpoint_every",
+            "batch_size",
+            "seq_len",
+            "log_every",
+            "io_streams",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{flag(name)} must be positive, got {getattr(self, name)}")
+        if self.io_streams > MAX_IO_STREAMS:
+            raise ConfigError(
+                f"--io-streams must be at most {MAX_IO_STREAMS}, got {self.io_streams}"
+            )
         if self.keep < 1:
             raise ConfigError(f"--keep must be at least 1, got {self.keep}")
         if not (self.lr > 0 and math.isfinite(self.lr)):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from checkpoint_storage_bench.retry import Backoff
 from trainer.ckpt import store
 from trainer.ckpt.checkpointer import Checkpointer, CheckpointRecord
-from trainer.ckpt.formats import make_format
+from trainer.ckpt.formats import WriteOptions, load_verified, make_format
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
 from trainer.ckpt.upload import DEFAULT_BACKOFF, Uploader
@@ -80,7 +80,7 @@ def restore_latest(
                 raise CheckpointCorruptError(
                     f"{ref.path.name} is format {manifest['format']!r}, this run uses {cfg.format!r}"
                 )
-            state = fmt.load(data)
+            state = load_verified(fmt, ref.path, manifest, data)
         except CheckpointCorruptError as exc:
             say(f"resume: skipping {exc}")
             continue
@@ -228,6 +228,7 @@ def train(
         asynchronous=cfg.async_checkpoint,
         device=device,
         verified=() if resumed is None else (resumed,),
+        options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
     )
     data = SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len)
     records: list[CheckpointRecord] = []
@@ -286,6 +287,8 @@ def run_inputs(cfg: TrainConfig) -> dict[str, Any]:
         "checkpoint_format": cfg.format,
         "durability": cfg.durability,
         "async_checkpoint": cfg.async_checkpoint,
+        "io_streams": cfg.io_streams,
+        "overlap": not cfg.no_overlap,
         "steps": cfg.steps,
         "checkpoint_every": cfg.checkpoint_every,
         "batch_size": cfg.batch_size,

@@ -219,3 +219,10 @@ def status(
         _echo(f"error: unexpected {type(exc).__name__}: {exc}")
         sys.exit(errors.EXIT_UNEXPECTED)
     click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else render_status(data))
+
+
+# The modification plan (issue 17) is a module of its own; registered here so that
+# `python -m hooks.storage_profile plan` finds it.
+from hooks.storage_profile.plan import plan_command  # noqa: E402
+
+main.add_command(plan_command)

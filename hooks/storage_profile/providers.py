@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from hooks.storage_profile.config import Deadline
 from hooks.storage_profile.errors import HookError, Infeasible, PreflightRefused
+from hooks.storage_profile.gke import GkeProvider
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,11 @@ class Provider(Protocol):
         """
         ...
 
-    def wait_settled(self, volume_handle: str, deadline: Deadline) -> str:
-        """Block until the provider finished the latest modification; return a note."""
+    def wait_settled(
+        self, volume_handle: str, deadline: Deadline, target_class: dict | None = None
+    ) -> str:
+        """Block until the provider finished the latest modification (and, where the
+        provider reports them, delivers ``target_class``'s values); return a note."""
         ...
 
 
@@ -144,7 +148,9 @@ class EbsProvider:
             raise PreflightRefused("; ".join(problems) + " (--force to try anyway)")
         return [f"--force: {p}" for p in problems]
 
-    def wait_settled(self, volume_handle: str, deadline: Deadline) -> str:
+    def wait_settled(
+        self, volume_handle: str, deadline: Deadline, target_class: dict | None = None
+    ) -> str:
         what = f"waiting for EBS volume {volume_handle} to finish optimizing"
         while True:
             mods = self.modifications(volume_handle)
@@ -166,6 +172,7 @@ class EbsProvider:
 # driver name -> factory; a factory gets the PV (for region or project hints).
 PROVIDERS: dict[str, Callable[[dict], Provider]] = {
     EbsProvider.driver: lambda pv: EbsProvider(region=region_of(pv)),
+    GkeProvider.driver: GkeProvider.for_pv,
 }
 
 

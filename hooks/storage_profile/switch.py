@@ -100,7 +100,7 @@ def switch_kubernetes(
     echo(f"claim {cfg.namespace}/{cfg.claim} settled on {cfg.target} in Kubernetes")
 
     if provider is not None:
-        note = provider.wait_settled(plan.volume_handle, deadline)
+        note = provider.wait_settled(plan.volume_handle, deadline, target_class=plan.target_class)
         report.provider_settled_at = now_iso()
         report.notes.append(note)
         echo(note)

@@ -33,13 +33,13 @@ def offline_runs() -> list[dict]:
 
 
 def declared_outputs(name: str, params: dict) -> set[str]:
-    component = check(COMPONENTS / name / "v1.0.yaml", params).component
+    component = check(COMPONENTS / name / "latest.yaml", params).component
     return {io.name for io in component.outputs}
 
 
 def run_component(name: str, params: dict, mount: Path) -> dict:
     """Compile the component, run its command and return its one offline run's record."""
-    pod = compile_component(COMPONENTS / name / "v1.0.yaml", params)
+    pod = compile_component(COMPONENTS / name / "latest.yaml", params)
     # The component's own env; Polyaxon's (POLYAXON_RUN_INSTANCE...) would mean a live run.
     own_env = {k: v for k, v in pod.env.items() if v is not None and "POLYAXON" not in k}
     result = subprocess.run(
@@ -66,6 +66,8 @@ def test_training_command_runs_and_logs_every_declared_output(tmp_path: Path) ->
         "batch_size": 2,
         "seq_len": 16,
         "device": "cpu",
+        # The upload outputs are logged only when there is an upload stage.
+        "upload_to": (tmp_path / "store").as_uri(),
     }
     mount = tmp_path / "claim"
     (mount / "checkpoint-baseline-test").mkdir(parents=True)

@@ -46,7 +46,7 @@ def test_every_shipped_spec_loads():
 
 def test_matrix_expands_the_product_with_named_cases():
     spec = load_spec("checkpoint-matrix")
-    got = {(c.name, c.bs, c.iodepth) for c in spec.cases}
+    got = {(c.name, c.bs, c.iodepth) for c in spec.cases if c.name.startswith("ckptwrite_")}
     assert got == {
         ("ckptwrite_1m_qd1", MiB, 1),
         ("ckptwrite_1m_qd16", MiB, 16),

@@ -41,6 +41,9 @@ KINDS = {
     ("storage.k8s.io", "volumeattributesclasses"): "VolumeAttributesClass",
 }
 CLUSTER_SCOPED = {"PersistentVolume", "VolumeAttributesClass"}
+# Field selectors kube-apiserver 1.34 accepts for claims (anything else is a 400); events and
+# pods accept many more, which the double does not check.
+CLAIM_FIELD_SELECTORS = ("metadata.name", "metadata.namespace")
 IMMUTABLE_SPEC = (
     "spec is immutable after creation except resources.requests and "
     "volumeAttributesClassName for bound claims"
@@ -55,8 +58,8 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status_body(code: int, reason: str, message: str) -> dict:
-    return {
+def status_body(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    body = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
@@ -65,6 +68,23 @@ def status_body(code: int, reason: str, message: str) -> dict:
         "reason": reason,
         "code": code,
     }
+    if details is not None:
+        body["details"] = details
+    return body
+
+
+def qualified(group: str, resource: str) -> str:
+    """How kube-apiserver names a resource in messages: ``resource[.group]``."""
+    return f"{resource}.{group}" if group else resource
+
+
+def details(group: str, resource: str, name: str | None) -> dict:
+    """A Status body's ``details`` for one object (as kube-apiserver writes them)."""
+    out: dict[str, str] = {"name": name} if name else {}
+    if group:
+        out["group"] = group
+    out["kind"] = resource
+    return out
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -127,6 +147,7 @@ class Rbac:
 
     namespaced: dict[str, list[dict]] = field(default_factory=dict)
     cluster: list[dict] = field(default_factory=list)
+    user: str = "system:serviceaccount:ml-team:storage-profile-hook"
 
     @classmethod
     def from_manifests(cls, path: Path, service_account: str) -> Rbac:
@@ -138,7 +159,7 @@ class Rbac:
             if d["kind"] in ("Role", "ClusterRole")
         }
         sa_ns, sa_name = service_account.split(":")
-        rbac = cls()
+        rbac = cls(user=f"system:serviceaccount:{sa_ns}:{sa_name}")
         for binding in docs:
             if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
                 continue
@@ -352,7 +373,8 @@ class KubeDouble:
                 "reason": reason,
                 "message": message,
                 "count": 1,
-                "source": {"component": "external-resizer ebs.csi.aws.com"},
+                "source": {"component": f"external-resizer {self.resizer.driver}"},
+                "reportingComponent": f"external-resizer {self.resizer.driver}",
                 "firstTimestamp": now_rfc3339(),
                 "lastTimestamp": now_rfc3339(),
             }
@@ -391,11 +413,7 @@ class KubeDouble:
                 query,
                 "unknown",
                 404,
-                status_body(
-                    404,
-                    "NotFound",
-                    f"the server could not find the requested resource ({request.path})",
-                ),
+                status_body(404, "NotFound", "the server could not find the requested resource"),
             )
         group, resource = match["group"] or "", match["resource"]
         ns, name = match["ns"], match["name"]
@@ -440,6 +458,11 @@ class KubeDouble:
             # RBAC authorizes list/watch by name only through a metadata.name selector.
             auth_name = name or dict(selector).get("metadata.name")
             if not self.rbac.allows(verb, group, resource, ns, auth_name):
+                # kube-apiserver names the object of the URL, or of a metadata.name selector.
+                what = qualified(group, resource)
+                if auth_name:
+                    what += f' "{auth_name}"'
+                scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
                 return self._answer(
                     request,
                     query,
@@ -448,23 +471,39 @@ class KubeDouble:
                     status_body(
                         403,
                         "Forbidden",
-                        f'{resource} "{auth_name or ""}" is forbidden: User '
-                        f'"system:serviceaccount:storage-profile-hook" cannot {verb} resource '
-                        f'"{resource}" in API group "{group}"',
+                        f'{what} is forbidden: User "{self.rbac.user}" cannot {verb} resource '
+                        f'"{resource}" in API group "{group}" {scope}',
+                        details(group, resource, auth_name),
+                    ),
+                )
+        if kind == "PersistentVolumeClaim" and verb in ("list", "watch"):
+            unknown = [key for key, _ in selector if key not in CLAIM_FIELD_SELECTORS]
+            if unknown:
+                known = ", ".join(f'"{k}"' for k in CLAIM_FIELD_SELECTORS)
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    400,
+                    status_body(
+                        400,
+                        "BadRequest",
+                        f'"{unknown[0]}" is not a known field selector: only {known}',
                     ),
                 )
         if verb == "watch":
             return await self._watch(request, ns, selector, query)
         if verb == "list":
             with self.lock:
+                # List items carry no kind/apiVersion (watch events' objects do).
                 items = [
-                    copy.deepcopy(o)
+                    {k: v for k, v in copy.deepcopy(o).items() if k not in ("kind", "apiVersion")}
                     for (k, o_ns, _), o in self.objects.items()
                     if k == kind and (ns is None or o_ns == ns) and matches(o, selector)
                 ]
                 listing = {
                     "kind": f"{kind}List",
-                    "apiVersion": "v1",
+                    "apiVersion": f"{group}/v1" if group else "v1",
                     "metadata": {"resourceVersion": str(self.rv)},
                     "items": items,
                 }
@@ -477,7 +516,12 @@ class KubeDouble:
                     query,
                     verb,
                     404,
-                    status_body(404, "NotFound", f'{resource} "{name}" not found'),
+                    status_body(
+                        404,
+                        "NotFound",
+                        f'{qualified(group, resource)} "{name}" not found',
+                        details(group, resource, name),
+                    ),
                 )
             return self._answer(request, query, verb, 200, obj)
         if verb == "patch" and kind == "PersistentVolumeClaim":
@@ -537,11 +581,8 @@ class KubeDouble:
                 query,
                 "patch",
                 415,
-                status_body(
-                    415,
-                    "UnsupportedMediaType",
-                    f"the double takes merge patches, not {content_type}",
-                ),
+                # kube-apiserver also takes JSON patches and apply patches; the double does not.
+                status_body(415, "UnsupportedMediaType", "415: Unsupported Media Type", {}),
                 body=patch,
             )
         with self.lock:
@@ -552,7 +593,12 @@ class KubeDouble:
                     query,
                     "patch",
                     404,
-                    status_body(404, "NotFound", f'persistentvolumeclaims "{name}" not found'),
+                    status_body(
+                        404,
+                        "NotFound",
+                        f'persistentvolumeclaims "{name}" not found',
+                        details("", CLAIMS, name),
+                    ),
                     body=patch,
                 )
             new = merge_patch(old, patch)
@@ -567,13 +613,27 @@ class KubeDouble:
             )
             error = self._validate_claim_update(old, new)
             if error:
+                field_path, cause = error.split(": ", 1)
                 return self._answer(
                     request,
                     query,
                     "patch",
                     422,
                     status_body(
-                        422, "Invalid", f'PersistentVolumeClaim "{name}" is invalid: {error}'
+                        422,
+                        "Invalid",
+                        f'PersistentVolumeClaim "{name}" is invalid: {error}',
+                        {
+                            "name": name,
+                            "kind": "PersistentVolumeClaim",
+                            "causes": [
+                                {
+                                    "reason": "FieldValueForbidden",
+                                    "message": cause,
+                                    "field": field_path,
+                                }
+                            ],
+                        },
                     ),
                     body=patch,
                 )

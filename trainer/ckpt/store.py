@@ -1,10 +1,11 @@
 """Checkpoint directories on the volume: commit protocol, discovery, verification, retention.
 
-A checkpoint for step N is written into ``.step-0000000N.tmp-OWNER/``: the state file, then
-``MANIFEST.json`` (sizes and per-chunk CRC32s), each fsynced; the directory is then renamed
-to ``step-0000000N/`` and the parent fsynced. A directory is a checkpoint only under its
-final name *and* with a manifest that parses and matches the bytes, so a crash at any point
-leaves at worst a ``.tmp`` directory that is never taken for a good checkpoint.
+A checkpoint for step N is written into ``.step-0000000N.tmp-OWNER/``: the state file(s),
+then ``MANIFEST.json`` (sizes, per-chunk checksums and their algorithm), each fsynced; the
+directory is then renamed to ``step-0000000N/`` and the parent fsynced. A directory is a
+checkpoint only under its final name *and* with a manifest that parses and matches the
+bytes, so a crash at any point leaves at worst a ``.tmp`` directory that is never taken for
+a good checkpoint.
 
 OWNER is ``<run>-<host>-<pid>``: the Polyaxon run uuid (``local`` outside Polyaxon), the
 pod's (or host's) name and the pid. A pid alone says nothing after a restart (pids are per
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.ckpt import checksum as checksums
 from trainer.ckpt.fs import LocalFS
-from trainer.ckpt.io import ALIGN, AlignedBuffer, WrittenFile, read_file
+from trainer.ckpt.io import ALIGN, AlignedBuffer, WrittenFile, read_image, stripe_sizes
 from trainer.errors import CheckpointCorruptError
 from trainer.provenance import host_name, run_uuid
 
@@ -69,7 +71,21 @@ def old_name(step: int, owner: Owner | None = None) -> str:
     return f".step-{step:08d}.old-{(owner or Owner.current()).token}"
 
 
-def manifest_for(step: int, fmt: str, filename: str, written: WrittenFile) -> dict[str, Any]:
+def manifest_for(
+    step: int,
+    fmt: str,
+    filename: str,
+    written: WrittenFile | list[WrittenFile],
+    layout: str = "striped",
+) -> dict[str, Any]:
+    """The manifest of a checkpoint whose ``written`` files are complete.
+
+    ``layout`` "striped": the files hold one image, chunk k in file k mod N (one file: the
+    image itself); "files": independent files a library wrote (dcp, safetensors). Each
+    file's checksums are stored under the algorithm's name, ``checksum`` names it
+    (manifests without it are CRC32).
+    """
+    files = written if isinstance(written, list) else [written]
     return {
         "schema": MANIFEST_SCHEMA,
         "step": step,
@@ -77,14 +93,17 @@ def manifest_for(step: int, fmt: str, filename: str, written: WrittenFile) -> di
         "run_id": run_uuid(),
         "format": fmt,
         "created_at": time.time(),
-        "io_mode": written.io_mode,
+        "io_mode": files[0].io_mode,
+        "checksum": files[0].checksum,
+        "layout": layout,
         "files": [
             {
-                "name": filename,
-                "bytes": written.nbytes,
-                "chunk_bytes": written.chunk_bytes,
-                "crc32": written.crc32,
+                "name": f.name or filename,
+                "bytes": f.nbytes,
+                "chunk_bytes": f.chunk_bytes,
+                f.checksum: f.checksums,
             }
+            for f in files
         ],
     }
 
@@ -158,9 +177,11 @@ def _is(value: Any, kind: type) -> bool:
     return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
 
 
-def _file_entry(path: Path, entry: dict[str, Any]) -> tuple[str, int, int, list[int]]:
+def _file_entry(
+    path: Path, entry: dict[str, Any], algorithm: str
+) -> tuple[str, int, int, list[int]]:
     """The name, size, chunk size and checksums of a manifest's file entry, type-checked."""
-    name, nbytes, chunk, crcs = (entry.get(k) for k in ("name", "bytes", "chunk_bytes", "crc32"))
+    name, nbytes, chunk, crcs = (entry.get(k) for k in ("name", "bytes", "chunk_bytes", algorithm))
     # A plain file name: a manifest must never make us read outside its own directory.
     if not (isinstance(name, str) and name and name == Path(name).name and name not in (".", "..")):
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid file name {name!r}")
@@ -179,35 +200,79 @@ def _file_entry(path: Path, entry: dict[str, Any]) -> tuple[str, int, int, list[
 
 def read_verified(
     fs: LocalFS, path: Path, buffer: AlignedBuffer
-) -> tuple[dict[str, Any], memoryview]:
-    """Read a checkpoint's state file and check it against the manifest.
+) -> tuple[dict[str, Any], memoryview | None]:
+    """Read a checkpoint's files and check them against the manifest.
+
+    Returns:
+        The manifest and, for a striped image (raw, torch), the image in ``buffer``; for
+        library-written files (dcp, safetensors) None: they verified, the library loads them.
 
     Raises:
         CheckpointCorruptError: Missing or malformed manifest, missing or short file, a read
             error, or a checksum mismatch.
     """
     manifest = read_manifest(path)
-    name, expected_bytes, chunk, expected_crcs = _file_entry(path, manifest["files"][0])
-    file = path / name
+    algorithm = manifest.get("checksum", checksums.LEGACY)
+    layout = manifest.get("layout", "striped")
     try:
-        size = file.stat().st_size
-    except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path.name}: {name} is missing") from None
-    if size != expected_bytes:
-        raise CheckpointCorruptError(
-            f"{path.name}: {name} has {size} bytes, manifest says {expected_bytes}"
-        )
-    try:
-        data, crcs, _ = read_file(fs, file, size, buffer, direct=True, chunk_bytes=chunk)
-    except OSError as exc:
-        raise CheckpointCorruptError(f"{path.name}: reading {name} failed: {exc}") from exc
-    if crcs != expected_crcs:
-        bad = next(
-            (i for i, (a, b) in enumerate(zip(crcs, expected_crcs, strict=False)) if a != b),
-            len(crcs),
-        )
-        raise CheckpointCorruptError(f"{path.name}: checksum mismatch in chunk {bad} of {name}")
+        if not isinstance(algorithm, str):
+            raise ValueError(f"checksum algorithm {algorithm!r} is not a name")
+        checksums.get(algorithm)
+    except ValueError as exc:
+        raise CheckpointCorruptError(f"{path.name}: {exc}") from None
+    if layout not in ("striped", "files"):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an unknown layout {layout!r}")
+    # read_manifest checked that "files" is a non-empty list of objects.
+    entries = [_file_entry(path, e, algorithm) for e in manifest["files"]]
+    for name, nbytes, _, _ in entries:
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            raise CheckpointCorruptError(f"{path.name}: {name} is missing") from None
+        if size != nbytes:
+            raise CheckpointCorruptError(
+                f"{path.name}: {name} has {size} bytes, manifest says {nbytes}"
+            )
+    if layout == "striped":
+        chunk = entries[0][2]
+        total = sum(e[1] for e in entries)
+        if any(e[2] != chunk for e in entries) or [e[1] for e in entries] != stripe_sizes(
+            total, chunk, len(entries)
+        ):
+            raise CheckpointCorruptError(f"{path.name}: {MANIFEST} file sizes do not form a stripe")
+        data, got = _read(fs, path, [path / e[0] for e in entries], total, buffer, chunk, algorithm)
+    else:
+        data, got = None, []
+        for name, nbytes, chunk, _ in entries:
+            # Files a library wrote, read through once here and again by the library.
+            _, (values,) = _read(fs, path, [path / name], nbytes, buffer, chunk, algorithm)
+            got.append(values)
+    for (name, _, _, expected), values in zip(entries, got, strict=True):
+        if values != expected:
+            bad = next(
+                (i for i, (a, b) in enumerate(zip(values, expected, strict=False)) if a != b),
+                len(values),
+            )
+            raise CheckpointCorruptError(f"{path.name}: checksum mismatch in chunk {bad} of {name}")
     return manifest, data
+
+
+def _read(
+    fs: LocalFS,
+    path: Path,
+    files: list[Path],
+    nbytes: int,
+    buffer: AlignedBuffer,
+    chunk: int,
+    algorithm: str,
+) -> tuple[memoryview, list[list[int]]]:
+    try:
+        data, values, _ = read_image(
+            fs, files, nbytes, buffer, direct=True, chunk_bytes=chunk, checksum=algorithm
+        )
+    except OSError as exc:
+        raise CheckpointCorruptError(f"{path.name}: reading {files[0].name} failed: {exc}") from exc
+    return data, values
 
 
 def apply_retention(fs: LocalFS, directory: Path, keep: int, good: set[int]) -> list[Path]:

@@ -1,0 +1,525 @@
+"""The modification plan: before a pipeline's first switch, how many volume modifications a
+run over the ordered profiles needs, and whether the provider's window allows them now.
+
+``python -m hooks.storage_profile plan --namespace NS --claim C --profiles a,b,c
+[--return-to-first]`` reads the claim, its volume's driver, the profiles' classes and the
+claim's ledger of switches (``contract.LEDGER_ANNOTATION``), and changes nothing.
+
+Counting: the run visits the profiles in order (then the first again with
+``--return-to-first``), starting from the claim's class; a step to the class the claim is
+already on is no modification. Judging: the provider allows ``count`` modifications per
+rolling ``window`` (``contract.MODIFICATION_WINDOWS``). The plan does not know how long the
+run takes, so it assumes the worst case, that every switch of the run falls inside one
+window: it fits now when the ledger's switches inside the last window plus the run's
+modifications stay within ``count``; otherwise it names the earliest time old switches
+have left the window, or says it never fits when the run alone needs more than ``count``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+
+from checkpoint_storage_bench.contract import (
+    LEDGER_ANNOTATION,
+    MODIFICATION_WINDOWS,
+    LedgerEntry,
+    parse_ledger,
+)
+from checkpoint_storage_bench.errors import (
+    EXIT_OK,
+    EXIT_UNEXPECTED,
+    EXIT_USAGE,
+    BenchError,
+    exit_codes_help,
+)
+from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
+from hooks.storage_profile.errors import HookError
+from hooks.storage_profile.kube import Kube, load_api_client
+from hooks.storage_profile.local import DRIVER as LOCAL_DRIVER
+from hooks.storage_profile.local import SandboxProfiles
+
+SCHEMA = "storage-profile-plan/1"
+EXIT_REFUSED = 3
+
+EXIT_CODES: dict[int | str, str] = {
+    EXIT_OK: "the plan fits now (or needs no modification); nothing was changed",
+    EXIT_UNEXPECTED: "unexpected error (the API could not be read, …)",
+    EXIT_USAGE: "bad arguments",
+    EXIT_REFUSED: "refused, nothing changed: the modifications do not fit in the provider's "
+    "window now (the message names when they would, or never), a class is missing or for "
+    "another driver, or the claim cannot start on the first profile",
+}
+
+
+class PlanRefused(BenchError):
+    """The plan cannot be carried out (now); nothing was changed."""
+
+    exit_code = EXIT_REFUSED
+    prog = "storage-profile"
+
+
+class _HookFailure(BenchError):
+    """A hook error met while reading, with the exit code it carries."""
+
+    prog = "storage-profile"
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@contextmanager
+def hook_errors_exit() -> Iterator[None]:
+    """Let click map the hook's errors (refusals from reading the claim, …) to their exit.
+
+    Why: the hook's own errors are not click exceptions on every branch yet; once they
+    derive from ``BenchError`` they pass through unchanged.
+    """
+    try:
+        yield
+    except HookError as exc:
+        if isinstance(exc, BenchError):
+            raise
+        raise _HookFailure(str(exc), exc.exit_code) from exc
+
+
+def parse_profiles(text: str) -> list[str]:
+    """``a,b,c`` → ``["a", "b", "c"]``; a name may repeat, but none may be empty.
+
+    >>> parse_profiles("checkpoint-baseline, checkpoint-throughput")
+    ['checkpoint-baseline', 'checkpoint-throughput']
+
+    Raises:
+        ValueError: No profile, or an empty name.
+    """
+    names = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not n for n in names):
+        raise ValueError(f"--profiles must be class names separated by commas, got {text!r}")
+    return names
+
+
+def switches_of(
+    current: str | None, profiles: list[str], return_to_first: bool
+) -> list[tuple[str | None, str]]:
+    """The (from, to) modifications a run makes: each change of class along the order.
+
+    >>> switches_of("a", ["a", "b", "b", "c"], return_to_first=True)
+    [('a', 'b'), ('b', 'c'), ('c', 'a')]
+    """
+    order = [*profiles, profiles[0]] if return_to_first else list(profiles)
+    switches: list[tuple[str | None, str]] = []
+    previous = current
+    for name in order:
+        if name != previous:
+            switches.append((previous, name))
+        previous = name
+    return switches
+
+
+def earliest_start(
+    ledger: list[LedgerEntry], needed: int, allowed: int, window: timedelta, now: datetime
+) -> datetime | None:
+    """When ``needed`` more modifications fit in the rolling window: ``now``, later, or never.
+
+    Worst case: all of them fall inside one window after the start. They fit at T when the
+    ledger's switches in (T − window, T] number at most ``allowed − needed``.
+
+    Returns:
+        ``now`` when they fit now; the time enough old switches have left the window; or
+        None when ``needed > allowed`` (never, in one run).
+    """
+    if needed == 0:
+        return now
+    if needed > allowed:
+        return None
+    recent = sorted(e.at for e in ledger if e.at > now - window)
+    excess = len(recent) + needed - allowed
+    if excess <= 0:
+        return now
+    return recent[excess - 1] + window
+
+
+@dataclass
+class ModificationPlan:
+    """What the run over the profiles needs from the claim, judged against its window."""
+
+    backend: str
+    namespace: str
+    claim: str
+    driver: str
+    current_class: str | None
+    profiles: list[str]
+    return_to_first: bool
+    now: datetime
+    bound: bool = True
+    window: tuple[int, float] | None = None
+    ledger: list[LedgerEntry] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def switches(self) -> list[tuple[str | None, str]]:
+        return switches_of(self.current_class, self.profiles, self.return_to_first)
+
+    @property
+    def modifications_needed(self) -> int:
+        return len(self.switches)
+
+    @property
+    def in_window(self) -> int:
+        """The ledger's switches inside the last window (what the provider still counts)."""
+        if self.window is None:
+            return 0
+        return sum(1 for e in self.ledger if e.at > self.now - timedelta(seconds=self.window[1]))
+
+    @property
+    def earliest_start(self) -> datetime | None:
+        if self.window is None:
+            return self.now
+        allowed, seconds = self.window
+        return earliest_start(
+            self.ledger, self.modifications_needed, allowed, timedelta(seconds=seconds), self.now
+        )
+
+    @property
+    def fits(self) -> bool:
+        start = self.earliest_start
+        return start is not None and start <= self.now
+
+    def refusal(self) -> str | None:
+        """Why the plan cannot start now (None when it can)."""
+        if self.fits:
+            return None
+        allowed, seconds = self.window or (0, 0.0)
+        needed = self.modifications_needed
+        what = (
+            f"the run over {', '.join(self.profiles)}"
+            + (" and back to the first" if self.return_to_first else "")
+            + f" needs {needed} modification{'s' if needed != 1 else ''} of claim "
+            f"{self.namespace}/{self.claim}, and {self.driver} allows {allowed} per "
+            f"{_hours(seconds)}"
+        )
+        start = self.earliest_start
+        if start is None:
+            return (
+                f"{what}: it cannot fit in one window, whenever it starts; compare at most "
+                f"{allowed} change{'s' if allowed != 1 else ''} per run (fewer profiles, the "
+                "claim already on the first one, or no --return-to-first)"
+            )
+        return (
+            f"{what}; its ledger ({LEDGER_ANNOTATION}) has {self.in_window} in the last "
+            f"{_hours(seconds)}: the plan fits from {_iso(start)} "
+            f"(in {_duration((start - self.now).total_seconds())})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        start = self.earliest_start
+        return {
+            "schema": SCHEMA,
+            "backend": self.backend,
+            "namespace": self.namespace,
+            "claim": self.claim,
+            "driver": self.driver,
+            "bound": self.bound,
+            "current_class": self.current_class,
+            "profiles": self.profiles,
+            "return_to_first": self.return_to_first,
+            "switches": [{"from": a, "to": b} for a, b in self.switches],
+            "modifications_needed": self.modifications_needed,
+            "modifications_allowed": self.window[0] if self.window else None,
+            "window_s": self.window[1] if self.window else None,
+            "ledger_in_window": self.in_window if self.window else None,
+            "planned_at": _iso(self.now),
+            "earliest_start": _iso(start) if start else None,
+            "fits": self.fits,
+            "refusal": self.refusal(),
+            "notes": self.notes,
+        }
+
+    def render(self) -> str:
+        order = [*self.profiles, self.profiles[0]] if self.return_to_first else self.profiles
+        switches = ", ".join(f"{a or '(none)'} -> {b}" for a, b in self.switches) or "none"
+        if self.window is None:
+            window = "none known (no provider limit)"
+        else:
+            window = (
+                f"{self.window[0]} per {_hours(self.window[1])}; {self.in_window} in the last "
+                f"{_hours(self.window[1])} (ledger)"
+            )
+        start = self.earliest_start
+        lines = [
+            f"plan for claim {self.namespace}/{self.claim} ({self.driver})",
+            f"  current class    {self.current_class or '(none)'}",
+            f"  order            {' -> '.join(order)}",
+            f"  modifications    {self.modifications_needed} ({switches})",
+            f"  window           {window}",
+            f"  earliest start   {'never, in one run' if start is None else _iso(start)}"
+            + (" (now)" if self.fits else ""),
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g} h"
+
+
+def _duration(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+# ------------------------------------------------------------------------- the backends
+
+
+def plan_kubernetes(
+    kube: Kube,
+    namespace: str,
+    claim_name: str,
+    profiles: list[str],
+    return_to_first: bool,
+    now: datetime,
+) -> ModificationPlan:
+    """Read the claim, its volume, the classes and the ledger; judge nothing yet.
+
+    Raises:
+        PlanRefused: The claim or a class is missing, a class is for another driver, the
+            ledger is not one, or an unbound claim names another class than the first.
+    """
+    ref = f"{namespace}/{claim_name}"
+    claim = kube.read_claim(namespace, claim_name)
+    if claim is None:
+        raise PlanRefused(f"claim {ref} not found")
+    classes = {name: kube.read_class(name) for name in dict.fromkeys(profiles)}
+    missing = [name for name, vac in classes.items() if vac is None]
+    if missing:
+        raise PlanRefused(f"VolumeAttributesClass not found: {', '.join(missing)}")
+    drivers = {name: vac["driverName"] for name, vac in classes.items() if vac is not None}
+
+    spec_class = claim["spec"].get("volumeAttributesClassName")
+    status = claim.get("status") or {}
+    volume = claim["spec"].get("volumeName")
+    bound = status.get("phase") == "Bound" and bool(volume)
+    notes = []
+    if bound:
+        pv = kube.read_pv(volume)
+        csi = (pv or {}).get("spec", {}).get("csi")
+        if not csi:
+            raise PlanRefused(f"claim {ref} is not bound to a CSI volume (PV {volume})")
+        driver = csi["driver"]
+        other = {n: d for n, d in drivers.items() if d != driver}
+        if other:
+            raise PlanRefused(
+                f"the volume of claim {ref} is provisioned by {driver}, but "
+                + ", ".join(f"{n} is for {d}" for n, d in other.items())
+            )
+        applied = status.get("currentVolumeAttributesClassName")
+        if applied != spec_class:
+            notes.append(
+                f"a modification to {spec_class} is under way (applied: {applied}); it is "
+                "counted as the claim's class"
+            )
+    else:
+        if len(set(drivers.values())) > 1:
+            raise PlanRefused(
+                "the profiles' classes are for different drivers: "
+                + ", ".join(f"{n}: {d}" for n, d in drivers.items())
+            )
+        driver = drivers[profiles[0]]
+        if profiles[0] != spec_class:
+            raise PlanRefused(
+                f"claim {ref} is not bound yet and names {spec_class or 'no class'}: its class "
+                "applies when the volume is provisioned and cannot change before, so the "
+                f"first profile must be {spec_class or 'its class'} (not {profiles[0]}); put "
+                "it first, or re-create the claim with spec.volumeAttributesClassName: "
+                f"{profiles[0]}"
+            )
+        notes.append(
+            f"claim {ref} is not bound: {spec_class} applies when its first pod provisions it"
+        )
+    annotations = claim["metadata"].get("annotations") or {}
+    try:
+        ledger = parse_ledger(annotations.get(LEDGER_ANNOTATION))
+    except (ValueError, TypeError) as exc:
+        raise PlanRefused(
+            f"the annotation {LEDGER_ANNOTATION} of claim {ref} is not a ledger of switches "
+            f"({exc}); fix or remove it"
+        ) from exc
+    window = MODIFICATION_WINDOWS.get(driver)
+    if window is None:
+        notes.append(f"no modification window known for {driver}: any number fits")
+    return ModificationPlan(
+        backend="kubernetes",
+        namespace=namespace,
+        claim=claim_name,
+        driver=driver,
+        current_class=spec_class,
+        profiles=profiles,
+        return_to_first=return_to_first,
+        now=now,
+        bound=bound,
+        window=window,
+        ledger=ledger,
+        notes=notes,
+    )
+
+
+def plan_local(
+    sandbox: SandboxProfiles,
+    namespace: str,
+    claim: str,
+    profiles: list[str],
+    return_to_first: bool,
+    now: datetime,
+) -> ModificationPlan:
+    """The sandbox: profiles are directories, and nothing limits how often they change.
+
+    Raises:
+        PlanRefused: Another claim, or a profile the sandbox does not have.
+    """
+    if (namespace, claim) != (sandbox.namespace, sandbox.claim):
+        raise PlanRefused(
+            f"the sandbox has claim {sandbox.namespace}/{sandbox.claim}, not {namespace}/{claim}"
+        )
+    unknown = [p for p in dict.fromkeys(profiles) if p not in sandbox.profiles]
+    if unknown:
+        raise PlanRefused(
+            f"unknown sandbox profile {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(sandbox.profiles))})"
+        )
+    current = sandbox.current()
+    return ModificationPlan(
+        backend="local",
+        namespace=namespace,
+        claim=claim,
+        driver=LOCAL_DRIVER,
+        current_class=current.name if current else None,
+        profiles=profiles,
+        return_to_first=return_to_first,
+        now=now,
+        notes=["local backend: switches are symlink changes, no provider window"],
+    )
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _kube(kubeconfig: str | None) -> Kube:
+    return Kube(load_api_client(kubeconfig))
+
+
+# Seams for tests: the clock, and how the Kubernetes client is made.
+NOW: Callable[[], datetime] = _utcnow
+MAKE_KUBE: Callable[[str | None], Kube] = _kube
+
+
+@click.command("plan", epilog=exit_codes_help(EXIT_CODES))
+@click.option("--namespace", "-n", required=True, help="The claim's namespace.")
+@click.option("--claim", required=True, help="The PersistentVolumeClaim's name.")
+@click.option(
+    "--profiles",
+    "profiles_text",
+    required=True,
+    help="The classes (sandbox profiles) the run switches to, in order, comma-separated.",
+)
+@click.option(
+    "--return-to-first",
+    is_flag=True,
+    help="The run ends with a switch back to the first profile (A…B…A, measures drift).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Else in-cluster config, else the default kubeconfig.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(("kubernetes", "local")),
+    default="kubernetes",
+    show_default=True,
+    help="local: the embedded sandbox (no provider window).",
+)
+@click.option(
+    "--profiles-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Sandbox profiles (default: connections/sandbox-profiles.yaml under $SANDBOX_ROOT "
+    "or the working directory).",
+)
+@click.option(
+    "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
+)
+def plan_command(
+    namespace: str,
+    claim: str,
+    profiles_text: str,
+    return_to_first: bool,
+    kubeconfig: str | None,
+    backend: str,
+    profiles_file: Path | None,
+    summary_json: Path | None,
+) -> None:
+    """How many volume modifications the run needs, and whether they fit now; changes nothing."""
+    try:
+        profiles = parse_profiles(profiles_text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--profiles") from exc
+    with hook_errors_exit():
+        if backend == "local":
+            sandbox = SandboxProfiles.load(profiles_file)
+            plan = plan_local(sandbox, namespace, claim, profiles, return_to_first, NOW())
+        else:
+            plan = plan_kubernetes(
+                MAKE_KUBE(kubeconfig), namespace, claim, profiles, return_to_first, NOW()
+            )
+    click.echo(plan.render())
+    summary = plan.to_dict()
+    if summary_json is not None:
+        summary_json.parent.mkdir(parents=True, exist_ok=True)
+        summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    if in_polyaxon_run():
+        # Inside the pipeline's first op: the plan's figures become the run's outputs, and
+        # a refused plan marks the run failed (raised inside the tracked block).
+        with tracked_run("storage-profile-plan", tags=["storage-profile"]) as tracker:
+            tracker.log_inputs(
+                claim=claim,
+                namespace=namespace,
+                profiles=",".join(profiles),
+                return_to_first=return_to_first,
+                driver=plan.driver,
+                current_class=plan.current_class,
+            )
+            tracker.log_outputs(
+                **{
+                    k: summary[k]
+                    for k in (
+                        "modifications_needed",
+                        "modifications_allowed",
+                        "window_s",
+                        "earliest_start",
+                        "fits",
+                    )
+                }
+            )
+            _refuse_unless_fits(plan)
+    _refuse_unless_fits(plan)
+
+
+def _refuse_unless_fits(plan: ModificationPlan) -> None:
+    reason = plan.refusal()
+    if reason is not None:
+        raise PlanRefused(reason)

@@ -1,0 +1,319 @@
+"""``plan``: the modification plan before a pipeline's first switch, through the real CLI
+against the Kubernetes double (and the sandbox's local profiles)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
+from hooks.storage_profile import plan as plan_module
+from hooks.storage_profile.plan import earliest_start, switches_of
+from tests.hooks.helpers import run_hook
+from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+
+NS, CLAIM = "ml-team", "training-checkpoints"
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+EBS, GKE = "ebs.csi.aws.com", "pd.csi.storage.gke.io"
+
+
+@pytest.fixture(autouse=True)
+def _fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_module, "NOW", lambda: NOW)
+
+
+def cluster(double: KubeDouble, driver: str = EBS, **volume) -> KubeDouble:
+    make_volume(double, driver=driver, current="checkpoint-baseline", **volume)
+    make_class(double, "checkpoint-baseline", driver=driver, iops="3000", throughput="125")
+    make_class(double, "checkpoint-throughput", driver=driver, iops="6000", throughput="250")
+    make_class(double, "checkpoint-io2", driver=driver, iops="16000", throughput="500")
+    return double
+
+
+def set_ledger(double: KubeDouble, *hours_ago: float) -> None:
+    entries = [
+        LedgerEntry(NOW - timedelta(hours=h), "checkpoint-baseline", "checkpoint-throughput")
+        for h in hours_ago
+    ]
+
+    def annotate(claim: dict) -> None:
+        claim["metadata"].setdefault("annotations", {})[LEDGER_ANNOTATION] = format_ledger(entries)
+
+    double.update("PersistentVolumeClaim", CLAIM, NS, annotate)
+
+
+def plan(kubeconfig: Path, profiles: str, *extra: str, summary: Path | None = None):
+    args = ["plan", "-n", NS, "--claim", CLAIM, "--profiles", profiles]
+    args += ["--kubeconfig", str(kubeconfig), *extra]
+    if summary is not None:
+        args += ["--summary-json", str(summary)]
+    return run_hook(*args)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------------ counting
+
+
+def test_counting_rules() -> None:
+    # The current class and repeated classes need no modification.
+    assert switches_of("a", ["a", "b"], False) == [("a", "b")]
+    assert switches_of("a", ["a", "a", "b", "b"], False) == [("a", "b")]
+    assert switches_of("b", ["a", "b", "c"], False) == [("b", "a"), ("a", "b"), ("b", "c")]
+    assert switches_of(None, ["a"], False) == [(None, "a")]
+    # --return-to-first adds one, unless the run already ends on the first.
+    assert switches_of("a", ["a", "b", "c"], True) == [("a", "b"), ("b", "c"), ("c", "a")]
+    assert switches_of("a", ["a", "b", "a"], True) == [("a", "b"), ("b", "a")]
+    assert switches_of("a", ["a"], True) == []
+
+
+def test_earliest_start_in_a_rolling_window() -> None:
+    day = timedelta(hours=24)
+    ledger = [LedgerEntry(NOW - timedelta(hours=h), None, "x") for h in (30, 20, 10, 2)]
+    # 3 in the last 24 h (20, 10, 2 h ago); 4 allowed.
+    assert earliest_start(ledger, 1, 4, day, NOW) == NOW
+    assert earliest_start(ledger, 2, 4, day, NOW) == NOW - timedelta(hours=20) + day
+    assert earliest_start(ledger, 3, 4, day, NOW) == NOW - timedelta(hours=10) + day
+    assert earliest_start(ledger, 4, 4, day, NOW) == NOW - timedelta(hours=2) + day
+    assert earliest_start(ledger, 5, 4, day, NOW) is None
+    assert earliest_start(ledger, 0, 4, day, NOW) == NOW
+
+
+# -------------------------------------------------------------------- through the CLI (EBS)
+
+
+def test_fits_and_changes_nothing(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    cluster(double)
+    out = tmp_path / "plan.json"
+    result = plan(
+        kubeconfig, "checkpoint-baseline,checkpoint-throughput", "--return-to-first", summary=out
+    )
+    assert result.exit_code == 0, result.output
+    data = load(out)
+    assert data["schema"] == "storage-profile-plan/1"
+    assert data["driver"] == EBS and data["current_class"] == "checkpoint-baseline"
+    assert data["modifications_needed"] == 2
+    assert data["switches"] == [
+        {"from": "checkpoint-baseline", "to": "checkpoint-throughput"},
+        {"from": "checkpoint-throughput", "to": "checkpoint-baseline"},
+    ]
+    assert (data["modifications_allowed"], data["window_s"]) == (4, 86400.0)
+    assert data["fits"] and data["earliest_start"] == "2026-12-01T12:00:00Z"
+    assert data["refusal"] is None and data["ledger_in_window"] == 0
+    assert "modifications    2 (checkpoint-baseline -> checkpoint-throughput" in result.stdout
+    assert "earliest start   2026-12-01T12:00:00Z (now)" in result.stdout
+    assert double.writes() == []  # read only
+
+
+def test_refused_until_old_switches_leave_the_window(
+    double: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
+    cluster(double)
+    set_ledger(double, 30, 20, 10, 2)  # three inside the last 24 h
+    out = tmp_path / "plan.json"
+    result = plan(
+        kubeconfig, "checkpoint-baseline,checkpoint-throughput,checkpoint-io2", summary=out
+    )
+    assert result.exit_code == 3
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("storage-profile: error: the run over checkpoint-baseline, ")
+    assert "needs 2 modifications" in line and "allows 4 per 24 h" in line
+    assert "has 3 in the last 24 h" in line
+    # The 20-hours-old switch leaves the window 4 h from now.
+    assert "fits from 2026-12-01T16:00:00Z (in 4 h 0 min)" in line
+    data = load(out)
+    assert not data["fits"] and data["earliest_start"] == "2026-12-01T16:00:00Z"
+    assert data["ledger_in_window"] == 3
+    assert double.writes() == []
+
+
+def test_one_more_switch_would_fit(double: KubeDouble, kubeconfig: Path):
+    cluster(double)
+    set_ledger(double, 30, 20, 10, 2)
+    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput")
+    assert result.exit_code == 0, result.output
+
+
+def test_more_than_the_window_allows_never_fits(
+    double: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
+    cluster(double)
+    out = tmp_path / "plan.json"
+    profiles = "checkpoint-throughput,checkpoint-io2,checkpoint-throughput,checkpoint-io2"
+    result = plan(kubeconfig, profiles, "--return-to-first", summary=out)
+    assert result.exit_code == 3
+    assert "needs 5 modifications" in result.stderr
+    assert "cannot fit in one window, whenever it starts" in result.stderr
+    data = load(out)
+    assert data["earliest_start"] is None and data["modifications_needed"] == 5
+    assert "earliest start   never, in one run" in result.stdout
+
+
+def test_a_missing_class_is_refused(double: KubeDouble, kubeconfig: Path):
+    cluster(double)
+    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-nvme,checkpoint-gold")
+    assert result.exit_code == 3
+    assert "VolumeAttributesClass not found: checkpoint-nvme, checkpoint-gold" in result.stderr
+
+
+def test_a_class_of_another_driver_is_refused(double: KubeDouble, kubeconfig: Path):
+    cluster(double)
+    make_class(double, "hyperdisk-fast", driver=GKE, iops="6000", throughput="290Mi")
+    result = plan(kubeconfig, "checkpoint-baseline,hyperdisk-fast")
+    assert result.exit_code == 3
+    assert f"provisioned by {EBS}, but hyperdisk-fast is for {GKE}" in result.stderr
+
+
+def test_a_malformed_ledger_is_refused(double: KubeDouble, kubeconfig: Path):
+    cluster(double)
+
+    def annotate(claim: dict) -> None:
+        claim["metadata"]["annotations"] = {LEDGER_ANNOTATION: '{"not": "a list"}'}
+
+    double.update("PersistentVolumeClaim", CLAIM, NS, annotate)
+    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput")
+    assert result.exit_code == 3 and "is not a ledger of switches" in result.stderr
+
+
+def test_a_missing_claim_is_refused(double: KubeDouble, kubeconfig: Path):
+    cluster(double, claim="other-claim")
+    result = plan(kubeconfig, "checkpoint-baseline")
+    assert result.exit_code == 3 and f"claim {NS}/{CLAIM} not found" in result.stderr
+
+
+# --------------------------------------------------------------- GKE, unbound, unknown
+
+
+def test_gke_allows_one_change_per_four_hours(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    cluster(double, driver=GKE, handle="projects/p/zones/z/disks/d")
+    assert plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput").exit_code == 0
+    set_ledger(double, 1)  # switched an hour ago
+    out = tmp_path / "plan.json"
+    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput", summary=out)
+    assert result.exit_code == 3
+    assert "allows 1 per 4 h" in result.stderr and "fits from 2026-12-01T15:00:00Z" in result.stderr
+    assert load(out)["window_s"] == 4 * 3600
+    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput", "--return-to-first")
+    assert result.exit_code == 3 and "cannot fit in one window" in result.stderr
+
+
+def test_unbound_claim_on_the_first_profile(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    cluster(double, bound=False)
+    out = tmp_path / "plan.json"
+    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput", summary=out)
+    assert result.exit_code == 0, result.output
+    data = load(out)
+    assert data["bound"] is False and data["driver"] == EBS  # from the classes
+    assert data["modifications_needed"] == 1
+    assert any("applies when its first pod provisions it" in n for n in data["notes"])
+
+
+def test_unbound_claim_on_another_class_is_refused(double: KubeDouble, kubeconfig: Path):
+    cluster(double, bound=False)
+    result = plan(kubeconfig, "checkpoint-throughput,checkpoint-baseline")
+    assert result.exit_code == 3
+    assert "is not bound yet and names checkpoint-baseline" in result.stderr
+    assert "the first profile must be checkpoint-baseline (not checkpoint-throughput)" in (
+        result.stderr
+    )
+
+
+def test_a_driver_without_a_known_window(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
+    cluster(double, driver="example.csi.vendor.io", handle="v-1")
+    out = tmp_path / "plan.json"
+    profiles = "checkpoint-throughput,checkpoint-io2,checkpoint-throughput,checkpoint-io2"
+    result = plan(kubeconfig, profiles, summary=out)
+    assert result.exit_code == 0, result.output
+    data = load(out)
+    assert data["modifications_needed"] == 4 and data["modifications_allowed"] is None
+    assert any("no modification window known" in n for n in data["notes"])
+
+
+@pytest.mark.parametrize("profiles", ["", "a,,b", " , "])
+def test_bad_profiles_are_a_usage_error(double: KubeDouble, kubeconfig: Path, profiles: str):
+    cluster(double)
+    result = plan(kubeconfig, profiles)
+    assert result.exit_code == 2 and "--profiles" in result.stderr
+
+
+# ------------------------------------------------------------------------ Polyaxon record
+
+
+def test_inside_a_run_the_plan_is_logged_and_a_refusal_fails_it(
+    double: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    cluster(double)
+    monkeypatch.setattr(plan_module, "in_polyaxon_run", lambda: True)
+    assert plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput").exit_code == 0
+    set_ledger(double, 20, 10, 2)
+    assert (
+        plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput,checkpoint-io2").exit_code == 3
+    )
+    records = [
+        json.loads(p.read_text())
+        for p in (tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")
+    ]
+    by_status = {r["status"]: r for r in records}
+    assert set(by_status) == {"succeeded", "failed"}
+    ok, refused = by_status["succeeded"], by_status["failed"]
+    assert ok["inputs"]["profiles"] == "checkpoint-baseline,checkpoint-throughput"
+    assert ok["outputs"]["modifications_needed"] == 1 and ok["outputs"]["fits"] is True
+    assert refused["outputs"]["modifications_needed"] == 2
+    assert refused["outputs"]["earliest_start"] == "2026-12-01T16:00:00Z"
+
+
+# ---------------------------------------------------------------------------- sandbox
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Path:
+    root = tmp_path / "sandbox"
+    for name in ("disk", "memory"):
+        (root / "media" / name).mkdir(parents=True)
+    (root / "claims").mkdir()
+    (root / "claims" / "training-checkpoints").symlink_to(root / "media" / "disk")
+    path = root / "profiles.yaml"
+    path.write_text(
+        "claim: training-checkpoints\nnamespace: sandbox\n"
+        "claimPath: claims/training-checkpoints\n"
+        "profiles:\n  disk: {path: media/disk}\n  memory: {path: media/memory}\n"
+    )
+    return path
+
+
+def local_plan(profiles_file: Path, profiles: str, *extra: str):
+    return run_hook(
+        "plan", "-n", "sandbox", "--claim", "training-checkpoints", "--profiles", profiles,
+        "--backend", "local", "--profiles-file", str(profiles_file), *extra,
+    )  # fmt: skip
+
+
+def test_local_backend_has_no_window(
+    sandbox: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("SANDBOX_ROOT", str(sandbox.parent))
+    out = tmp_path / "plan.json"
+    profiles = "disk,memory,disk,memory,disk,memory"
+    result = local_plan(sandbox, profiles, "--return-to-first", "--summary-json", str(out))
+    assert result.exit_code == 0, result.output
+    data = load(out)
+    assert data["backend"] == "local" and data["current_class"] == "disk"
+    assert data["modifications_needed"] == 6 and data["window_s"] is None and data["fits"]
+    assert (sandbox.parent / "claims" / "training-checkpoints").resolve().name == "disk"
+
+
+def test_local_backend_refuses_unknown_profiles(sandbox: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SANDBOX_ROOT", str(sandbox.parent))
+    result = local_plan(sandbox, "disk,nvme")
+    assert result.exit_code == 3
+    assert "unknown sandbox profile nvme (known: disk, memory)" in result.stderr
+    result = run_hook(
+        "plan", "-n", "other", "--claim", "training-checkpoints", "--profiles", "disk",
+        "--backend", "local", "--profiles-file", str(sandbox),
+    )  # fmt: skip
+    assert result.exit_code == 3 and "the sandbox has claim sandbox/" in result.stderr
