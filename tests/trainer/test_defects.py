@@ -191,6 +191,12 @@ def _break(manifest: dict, how: str) -> dict:
         manifest["files"] = [["state.ckpt"]]
     elif how == "step_str":
         manifest["step"] = "6"
+    elif how == "checksum_list":
+        manifest["checksum"] = ["crc32"]
+    elif how == "checksum_unknown":
+        manifest["checksum"] = "md5"
+    elif how == "layout_list":
+        manifest["layout"] = ["striped"]
     elif how == "not_a_dict":
         return [manifest]  # type: ignore[return-value]
     return manifest
@@ -200,7 +206,8 @@ def _break(manifest: dict, how: str) -> dict:
     "how",
     [
         "no_format", "format_null", "name_null", "name_escapes", "crc32_null", "crc32_short",
-        "bytes_str", "files_str", "entry_list", "step_str", "not_a_dict",
+        "bytes_str", "files_str", "entry_list", "step_str", "checksum_list", "checksum_unknown",
+        "layout_list", "not_a_dict",
     ],
 )  # fmt: skip
 def test_a_manifest_with_wrong_field_types_is_skipped(tmp_path, how):
