@@ -197,7 +197,9 @@ class Checkpointer:
             manifest = store.manifest_for(
                 step, self.fmt.name, self.fmt.filename, written.files, layout=written.layout
             )
-            store.commit(self.fs, tmp_dir, final_dir, manifest, durable=self.durable)
+            store.commit(
+                self.fs, tmp_dir, final_dir, manifest, durable=self.durable, owner=self.owner
+            )
             t_done_local = time.monotonic()
         except BaseException as exc:
             inflight.abort()

@@ -109,19 +109,25 @@ def manifest_for(
 
 
 def commit(
-    fs: LocalFS, tmp_dir: Path, final_dir: Path, manifest: dict[str, Any], durable: bool
+    fs: LocalFS,
+    tmp_dir: Path,
+    final_dir: Path,
+    manifest: dict[str, Any],
+    durable: bool,
+    owner: Owner | None = None,
 ) -> None:
     """Write the manifest, then atomically publish ``tmp_dir`` as ``final_dir``.
 
     An existing ``final_dir`` (a resumed run saving a step again, over a copy that failed
-    verification) is moved aside first and deleted only once the new one is published.
+    verification) is moved aside first, under ``owner``'s name (default: this process),
+    and deleted only once the new one is published.
     """
     fs.write_small(tmp_dir / MANIFEST, json.dumps(manifest, indent=1).encode(), durable=durable)
     if durable:
         fs.fsync_dir(tmp_dir)
     replaced = None
     if final_dir.exists():
-        replaced = final_dir.with_name(old_name(manifest["step"]))
+        replaced = final_dir.with_name(old_name(manifest["step"], owner))
         fs.rename(final_dir, replaced)
     fs.rename(tmp_dir, final_dir)
     if durable:
