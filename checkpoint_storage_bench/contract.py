@@ -53,8 +53,26 @@ STAGE_OUTPUTS = tuple(f"ckpt_{s}_s_median" for s in STAGES) + (
 )
 """Outputs summarizing the per-checkpoint figures (comparison-view columns)."""
 
-TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS
+RESUMED_OUTPUT = "resumed_from_step"
+"""The step a run continued from (0: it started at step 0). A resumed run's timings cover
+only part of the run; the summary holds the same as ``resumed_from_step`` (null: step 0)."""
+
+TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_OUTPUT,)
 """Every output the training job logs, hence every output its component declares."""
+
+PROVENANCE_KEYS = (
+    "image",
+    "code_revision",
+    "image_digest",
+    "node_name",
+    "gpu_model",
+    "gpu_count",
+    "cuda_version",
+    "torch_version",
+    "cpu_count",
+)
+"""What ran where: the summary's ``provenance``. ``image`` (the image reference the run was
+started with, env ``IMAGE_REF``) is a run input; the others are run meta."""
 
 # ------------------------------------------------------------- what makes runs comparable
 

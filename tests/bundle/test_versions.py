@@ -85,7 +85,11 @@ def test_the_dockerfile_builds_the_job_image() -> None:
     assert base and re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda[\d.]+-cudnn\d+-runtime", base[1])
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert re.search(r"apt-get install -y --no-install-recommends fio\b", text)
-    assert re.search(r"python -m pip install \.(\s|$)", text)
+    # The package with its fsspec upload backends (s3fs, gcsfs).
+    assert re.search(r'python -m pip install "\.\[upload\]"(\s|$)', text)
+    # Provenance: the revision is a build argument that every run reads from the env.
+    assert re.search(r"^ARG CODE_REVISION=", text, re.M)
+    assert re.search(r"^ENV CODE_REVISION=\$\{CODE_REVISION\}$", text, re.M)
     assert f'org.opencontainers.image.version="{package_version()}"' in text
     assert re.search(r"^WORKDIR /app$", text, re.M)
 

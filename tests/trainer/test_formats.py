@@ -536,7 +536,7 @@ def test_training_resumes_from_library_formats(tmp_path, fmt):
     train(tiny_config(tmp_path, steps=4, format=fmt, io_streams=2), say=lambda s: None)
     said: list[str] = []
     summary = train(
-        tiny_config(tmp_path, steps=6, format=fmt, io_streams=2, resume=True), say=said.append
+        tiny_config(tmp_path, steps=6, format=fmt, io_streams=2, resume="always"), say=said.append
     )
     assert summary.resumed_from == 4, said
     assert [r.step for r in store.list_checkpoints(tmp_path)] == [6, 4]

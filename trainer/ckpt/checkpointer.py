@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -74,6 +74,8 @@ class Checkpointer:
         uploader: Uploads each committed checkpoint, or None.
         asynchronous: Persist in the background.
         device: The model's device, synchronized around timed regions.
+        verified: Steps already known good (the one a resume verified): retention counts
+            these and the ones this writer makes durable, nothing else.
         options: Overlap, streams and checksum (``durable`` and ``background`` are set
             from the arguments above).
     """
@@ -88,6 +90,7 @@ class Checkpointer:
         uploader: Uploader | None = None,
         asynchronous: bool = False,
         device: torch.device | None = None,
+        verified: Iterable[int] = (),
         options: WriteOptions | None = None,
     ) -> None:
         self.directory = directory
@@ -101,6 +104,10 @@ class Checkpointer:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
         self._inflight: Future[CheckpointRecord] | None = None
         self._done: list[CheckpointRecord] = []
+        self._good = set(verified)
+        # One owner for every temporary name this writer makes (run, pod, pid), so a
+        # restarted run can tell its predecessors' leftovers from another run's.
+        self.owner = store.Owner.current()
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -111,8 +118,7 @@ class Checkpointer:
         t_request = time.monotonic()
         self._drain(wait=True)  # at most one in flight; waiting for it counts as pause
         self._sync_device()
-        t0 = time.monotonic()  # this checkpoint's own work starts here
-        tmp_dir = self.directory / store.tmp_name(step)
+        tmp_dir = self.directory / store.tmp_name(step, self.owner)
         final_dir = self.directory / store.final_name(step)
         try:
             self.fs.mkdir(tmp_dir)
@@ -123,10 +129,10 @@ class Checkpointer:
             self._failed(exc, tmp_dir, final_dir)
             raise
         if self._pool is None:
-            self._done.append(self._persist(step, inflight, t0, t_request, pause_end=None))
+            self._done.append(self._persist(step, inflight, tmp_dir, t_request, pause_end=None))
         else:
             self._inflight = self._pool.submit(
-                self._persist, step, inflight, t0, t_request, pause_end=time.monotonic()
+                self._persist, step, inflight, tmp_dir, t_request, pause_end=time.monotonic()
             )
 
     def _failed(self, exc: BaseException, tmp_dir: Path, final_dir: Path) -> None:
@@ -136,6 +142,10 @@ class Checkpointer:
             raise_if_full(exc, f"writing checkpoint {final_dir.name}")
             if exc.errno == errno.EROFS:
                 raise CheckpointDirError(f"checkpoint volume became read-only: {exc}") from exc
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise CheckpointDirError(
+                    f"access refused while writing checkpoint {final_dir.name}: {exc}"
+                ) from exc
 
     @property
     def in_flight(self) -> bool:
@@ -169,11 +179,10 @@ class Checkpointer:
         self,
         step: int,
         inflight: InFlight,
-        t0: float,
+        tmp_dir: Path,
         t_request: float,
         pause_end: float | None,
     ) -> CheckpointRecord:
-        tmp_dir = self.directory / store.tmp_name(step)
         final_dir = self.directory / store.final_name(step)
         try:
             written = inflight.finish()
@@ -188,7 +197,9 @@ class Checkpointer:
             manifest = store.manifest_for(
                 step, self.fmt.name, self.fmt.filename, written.files, layout=written.layout
             )
-            store.commit(self.fs, tmp_dir, final_dir, manifest, durable=self.durable)
+            store.commit(
+                self.fs, tmp_dir, final_dir, manifest, durable=self.durable, owner=self.owner
+            )
             t_done_local = time.monotonic()
         except BaseException as exc:
             inflight.abort()
@@ -199,7 +210,11 @@ class Checkpointer:
             t_up = time.monotonic()
             self.uploader.upload(final_dir, [f.name for f in written.files] + [store.MANIFEST])
             upload_s = time.monotonic() - t_up
-        store.apply_retention(self.fs, self.directory, self.keep, newest_step=step)
+        if self.durable:
+            # Without fsync no checkpoint is known to survive a crash, so none may replace
+            # an older one: retention then deletes nothing (the trainer says so up front).
+            self._good.add(step)
+            store.apply_retention(self.fs, self.directory, self.keep, self._good)
         t_end = time.monotonic()
         return CheckpointRecord(
             step=step,
@@ -209,7 +224,7 @@ class Checkpointer:
             fsync_s=t_done_local - t_fsync,
             upload_s=upload_s,
             pause_s=(pause_end if pause_end is not None else t_end) - t_request,
-            total_s=t_end - t0,
+            total_s=t_end - t_request,  # from the save request, waiting included
             write_gbps=written.nbytes / max(written.write_s, 1e-9) / 1e9,
             upload_gbps=_gbps(written.nbytes, upload_s),
             path=str(final_dir),

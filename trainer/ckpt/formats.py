@@ -64,10 +64,15 @@ LAYOUT_STRIPED = "striped"
 LAYOUT_FILES = "files"
 """Independent files a library wrote; each is checksummed on its own."""
 
-_DTYPES = {str(dt).removeprefix("torch."): dt for dt in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-)}  # fmt: skip
+# Every dtype whose tensors torch can copy into and view out of a byte buffer. Sub-byte
+# (int1-7, uint1-7) and quantized dtypes cannot be copied; stage() refuses them, so nothing
+# is ever written that load() cannot read. getattr: older torch builds lack the newest ones.
+_DTYPES = {name: getattr(torch, name) for name in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+    "uint64", "uint32", "uint16", "uint8", "bool", "complex128", "complex64", "complex32",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2",
+) if isinstance(getattr(torch, name, None), torch.dtype)}  # fmt: skip
 
 
 def flatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
@@ -199,8 +204,11 @@ class RawFormat:
         skeleton = flatten(state, tensors)
         entries, offset = [], 0
         for t in tensors:
+            dtype_name = str(t.dtype).removeprefix("torch.")
+            if dtype_name not in _DTYPES:
+                raise TypeError(f"cannot checkpoint a tensor of dtype {t.dtype} in the raw format")
             nbytes = t.numel() * t.element_size()
-            entries.append([str(t.dtype).removeprefix("torch."), list(t.shape), offset, nbytes])
+            entries.append([dtype_name, list(t.shape), offset, nbytes])
             offset = align_up(offset + nbytes, TENSOR_ALIGN)
         data_bytes = offset
         header = json.dumps(

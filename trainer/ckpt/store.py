@@ -1,10 +1,15 @@
 """Checkpoint directories on the volume: commit protocol, discovery, verification, retention.
 
-A checkpoint for step N is written into ``.step-0000000N.tmp-PID/``: the state file, then
-``MANIFEST.json`` (sizes, per-chunk checksums and their algorithm), each fsynced; the directory is then renamed
-to ``step-0000000N/`` and the parent fsynced. A directory is a checkpoint only under its
-final name *and* with a manifest that parses and matches the bytes, so a crash at any point
-leaves at worst a ``.tmp`` directory that is never taken for a good checkpoint.
+A checkpoint for step N is written into ``.step-0000000N.tmp-OWNER/``: the state file(s),
+then ``MANIFEST.json`` (sizes, per-chunk checksums and their algorithm), each fsynced; the
+directory is then renamed to ``step-0000000N/`` and the parent fsynced. A directory is a
+checkpoint only under its final name *and* with a manifest that parses and matches the
+bytes, so a crash at any point leaves at worst a ``.tmp`` directory that is never taken for
+a good checkpoint.
+
+OWNER is ``<run>-<host>-<pid>``: the Polyaxon run uuid (``local`` outside Polyaxon), the
+pod's (or host's) name and the pid. A pid alone says nothing after a restart (pids are per
+pod and are reused), so leftovers are judged by owner (:func:`remove_stale_tmp`).
 """
 
 from __future__ import annotations
@@ -21,24 +26,49 @@ from trainer.ckpt import checksum as checksums
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import ALIGN, AlignedBuffer, WrittenFile, read_image, stripe_sizes
 from trainer.errors import CheckpointCorruptError
+from trainer.provenance import host_name, run_uuid
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_SCHEMA = "checkpoint-manifest/1"
 _FINAL = re.compile(r"^step-(\d{8})$")
-# In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint.
-_HIDDEN = re.compile(r"^\.step-(\d{8})\.(?:tmp|old)-(\d+)$")
+# In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint. Names of
+# trainers before owners were recorded carry only a pid.
+_HIDDEN = re.compile(
+    r"^\.step-(\d{8})\.(?:tmp|old)-"
+    r"(?:(?P<run>[0-9a-f]{32}|local)-(?P<host>[A-Za-z0-9-]+)-)?(?P<pid>\d+)$"
+)
+LOCAL_RUN = "local"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who writes a temporary checkpoint directory: run, pod (or host), process."""
+
+    run: str
+    host: str
+    pid: int
+
+    @classmethod
+    def current(cls) -> Owner:
+        run = (run_uuid() or "").replace("-", "").lower()
+        valid = re.fullmatch(r"[0-9a-f]{32}", run)
+        return cls(run if valid else LOCAL_RUN, host_name(), os.getpid())
+
+    @property
+    def token(self) -> str:
+        return f"{self.run}-{self.host}-{self.pid}"
 
 
 def final_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def tmp_name(step: int) -> str:
-    return f".step-{step:08d}.tmp-{os.getpid()}"
+def tmp_name(step: int, owner: Owner | None = None) -> str:
+    return f".step-{step:08d}.tmp-{(owner or Owner.current()).token}"
 
 
-def old_name(step: int) -> str:
-    return f".step-{step:08d}.old-{os.getpid()}"
+def old_name(step: int, owner: Owner | None = None) -> str:
+    return f".step-{step:08d}.old-{(owner or Owner.current()).token}"
 
 
 def manifest_for(
@@ -59,6 +89,8 @@ def manifest_for(
     return {
         "schema": MANIFEST_SCHEMA,
         "step": step,
+        # Whose checkpoint this is: --resume auto continues only its own run's.
+        "run_id": run_uuid(),
         "format": fmt,
         "created_at": time.time(),
         "io_mode": files[0].io_mode,
@@ -77,19 +109,25 @@ def manifest_for(
 
 
 def commit(
-    fs: LocalFS, tmp_dir: Path, final_dir: Path, manifest: dict[str, Any], durable: bool
+    fs: LocalFS,
+    tmp_dir: Path,
+    final_dir: Path,
+    manifest: dict[str, Any],
+    durable: bool,
+    owner: Owner | None = None,
 ) -> None:
     """Write the manifest, then atomically publish ``tmp_dir`` as ``final_dir``.
 
     An existing ``final_dir`` (a resumed run saving a step again, over a copy that failed
-    verification) is moved aside first and deleted only once the new one is published.
+    verification) is moved aside first, under ``owner``'s name (default: this process),
+    and deleted only once the new one is published.
     """
     fs.write_small(tmp_dir / MANIFEST, json.dumps(manifest, indent=1).encode(), durable=durable)
     if durable:
         fs.fsync_dir(tmp_dir)
     replaced = None
     if final_dir.exists():
-        replaced = final_dir.with_name(old_name(manifest["step"]))
+        replaced = final_dir.with_name(old_name(manifest["step"], owner))
         fs.rename(final_dir, replaced)
     fs.rename(tmp_dir, final_dir)
     if durable:
@@ -115,15 +153,55 @@ def list_checkpoints(directory: Path) -> list[CheckpointRef]:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
+    """A checkpoint's manifest, its fields checked for type (the bytes are not read).
+
+    Raises:
+        CheckpointCorruptError: Missing, unreadable, or not a manifest of this schema with
+            fields of the right types: such a checkpoint is skipped, never a crash.
+    """
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         raise CheckpointCorruptError(f"{path.name}: no {MANIFEST} (incomplete)") from None
     except (OSError, ValueError) as exc:
         raise CheckpointCorruptError(f"{path.name}: unreadable {MANIFEST}: {exc}") from None
-    if manifest.get("schema") != MANIFEST_SCHEMA or not manifest.get("files"):
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} is not a {MANIFEST_SCHEMA}")
+    files = manifest.get("files")
+    if not (isinstance(files, list) and files and all(isinstance(f, dict) for f in files)):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} lacks a file entry")
+    for key, kind in (("step", int), ("format", str)):
+        if not _is(manifest.get(key), kind):
+            raise CheckpointCorruptError(
+                f"{path.name}: {MANIFEST} field {key!r} is {manifest.get(key)!r}, not a {kind.__name__}"
+            )
     return manifest
+
+
+def _is(value: Any, kind: type) -> bool:
+    """``isinstance`` where a JSON ``true`` is no number."""
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _file_entry(
+    path: Path, entry: dict[str, Any], algorithm: str
+) -> tuple[str, int, int, list[int]]:
+    """The name, size, chunk size and checksums of a manifest's file entry, type-checked."""
+    name, nbytes, chunk, crcs = (entry.get(k) for k in ("name", "bytes", "chunk_bytes", algorithm))
+    # A plain file name: a manifest must never make us read outside its own directory.
+    if not (isinstance(name, str) and name and name == Path(name).name and name not in (".", "..")):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid file name {name!r}")
+    if not (_is(nbytes, int) and nbytes >= 0):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid size {nbytes!r}")
+    if not (_is(chunk, int) and chunk > 0 and chunk % ALIGN == 0):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an invalid chunk size {chunk!r}")
+    if not (
+        isinstance(crcs, list)
+        and all(_is(c, int) for c in crcs)
+        and len(crcs) == -(-nbytes // chunk)
+    ):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has invalid checksums for {name}")
+    return name, nbytes, chunk, crcs
 
 
 def read_verified(
@@ -143,24 +221,16 @@ def read_verified(
     algorithm = manifest.get("checksum", checksums.LEGACY)
     layout = manifest.get("layout", "striped")
     try:
+        if not isinstance(algorithm, str):
+            raise ValueError(f"checksum algorithm {algorithm!r} is not a name")
         checksums.get(algorithm)
     except ValueError as exc:
         raise CheckpointCorruptError(f"{path.name}: {exc}") from None
     if layout not in ("striped", "files"):
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an unknown layout {layout!r}")
-    try:
-        entries = [
-            (e["name"], e["bytes"], e["chunk_bytes"], e[algorithm]) for e in manifest["files"]
-        ]
-    except (KeyError, IndexError, TypeError):
-        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} lacks a file entry") from None
-    for name, nbytes, chunk, _ in entries:
-        if not (isinstance(chunk, int) and chunk > 0 and chunk % ALIGN == 0):
-            raise CheckpointCorruptError(
-                f"{path.name}: {MANIFEST} has an invalid chunk size {chunk!r}"
-            )
-        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-            raise CheckpointCorruptError(f"{path.name}: {MANIFEST} names a file {name!r}")
+    # read_manifest checked that "files" is a non-empty list of objects.
+    entries = [_file_entry(path, e, algorithm) for e in manifest["files"]]
+    for name, nbytes, _, _ in entries:
         try:
             size = (path / name).stat().st_size
         except FileNotFoundError:
@@ -211,32 +281,72 @@ def _read(
     return data, values
 
 
-def apply_retention(fs: LocalFS, directory: Path, keep: int, newest_step: int) -> list[Path]:
-    """Keep the ``keep`` newest checkpoints up to ``newest_step`` (just made durable).
+def apply_retention(fs: LocalFS, directory: Path, keep: int, good: set[int]) -> list[Path]:
+    """Keep the ``keep`` newest *good* checkpoints; delete what is older than all of them.
 
-    Checkpoints above ``newest_step`` are left alone: they are what a resumed run skipped
-    (incomplete or corrupt), and must not push good ones out of the count.
+    Only ``good`` steps count: the ones this run made durable and the one it resumed from
+    (verified). Anything else (a checkpoint a resume skipped as corrupt, one never verified)
+    never pushes a good one out; it is deleted only once it is older than every kept one,
+    and left alone while fewer than ``keep`` good checkpoints exist.
     """
+    refs = list_checkpoints(directory)
+    kept = [r for r in refs if r.step in good][:keep]
+    if len(kept) < keep:
+        return []
     removed = []
-    for ref in [r for r in list_checkpoints(directory) if r.step <= newest_step][keep:]:
-        fs.rmtree(ref.path)
-        removed.append(ref.path)
+    for ref in refs:
+        if ref.step < kept[-1].step:
+            fs.rmtree(ref.path)
+            removed.append(ref.path)
     return removed
 
 
-def remove_stale_tmp(fs: LocalFS, directory: Path) -> list[Path]:
-    """Delete ``.tmp``/``.old`` directories left by writers that are no longer alive."""
-    removed = []
+def remove_stale_tmp(
+    fs: LocalFS, directory: Path, me: Owner | None = None
+) -> tuple[list[Path], list[Path]]:
+    """Delete the ``.tmp``/``.old`` directories this run's predecessors left.
+
+    A predecessor is an earlier process of the same run: on this pod (or host) one whose
+    pid is gone, or that had the pid we have now (a restarted container starts its pids
+    over); on another pod, any (a retried run gets a new pod, and only one pod of a run
+    writes at a time). Outside Polyaxon (run ``local``) only this host's dead pids count:
+    another host's cannot be told. Leftovers of other runs, and the pid-only names of older
+    trainers, are left alone.
+
+    Returns:
+        The removed entries and the leftovers left alone.
+    """
+    me = me or Owner.current()
+    removed, left = [], []
     for entry in directory.iterdir():
         match = _HIDDEN.match(entry.name)
         if not match:
             continue
-        pid = int(match.group(2))
-        if pid != os.getpid() and _alive(pid):
-            continue
-        fs.rmtree(entry)
-        removed.append(entry)
-    return removed
+        run, host, pid = match.group("run"), match.group("host"), int(match.group("pid"))
+        same_host = host == me.host
+        if run != me.run or (run == LOCAL_RUN and not same_host):
+            ours = False
+        elif same_host:
+            ours = pid == me.pid or not _alive(pid)
+        else:
+            ours = True
+        if ours:
+            fs.rmtree(entry)
+            removed.append(entry)
+        else:
+            left.append(entry)
+    return removed, left
+
+
+def checkpoint_run(ref: CheckpointRef) -> tuple[bool, str | None]:
+    """Whether a checkpoint's manifest is readable, and the run that wrote it (None when it
+    was written outside Polyaxon, or by a trainer that did not record it)."""
+    try:
+        manifest = read_manifest(ref.path)
+    except CheckpointCorruptError:
+        return False, None
+    run = manifest.get("run_id")
+    return True, run if isinstance(run, str) else None
 
 
 def _alive(pid: int) -> bool:
