@@ -18,12 +18,13 @@ from kubernetes.client.rest import ApiException
 
 from tests.bundle.bundle import (
     AGENT_CONFIG,
-    COMPONENTS,
     CONNECTIONS,
+    Pod,
     compile_component,
-    load_dag,
     load_yaml_documents,
+    pipeline_jobs,
 )
+from tests.bundle.test_compile import JOB_FILES, KIND_OF_COMPONENT
 from tests.kube.cluster import NAMESPACE, Cluster, is_manifest
 
 pytestmark = pytest.mark.kube
@@ -73,41 +74,39 @@ def test_a_shipped_manifest_applies_server_side(cluster: Cluster) -> None:
 
 # -- the pods the components compile to ----------------------------------------------------
 
-PARAMS = {
-    "checkpoint-training": {"storage_profile": "checkpoint-baseline"},
-    "storage-profile": {"target_class": "checkpoint-throughput"},
-    "fio-sweep": {},
-    "checkpoint-compare": {"pipeline": "0" * 32},
-}
-COMPONENT_FILES = sorted(COMPONENTS.glob("*/*.yaml"))
+
+def dry_run_pod(cluster: Cluster, pod: Pod, name: str) -> dict:
+    """Create ``pod``'s template (one replica's, for a PyTorchJob: as the operator makes it)
+    as a Pod in the claim's namespace, server-side dry run."""
+    manifest = copy.deepcopy(pod.as_pod())
+    manifest["metadata"] = {**(manifest.get("metadata") or {}), "name": name}
+    assert pod.manifest["metadata"]["namespace"] == NAMESPACE
+    manifest["metadata"]["namespace"] = NAMESPACE
+    return cluster.create_dry_run(manifest)
 
 
-def dry_run_pod(cluster: Cluster, manifest: dict, name: str) -> dict:
-    template = manifest["batchJobSpec"]["template"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {**copy.deepcopy(template.get("metadata") or {}), "name": name},
-        "spec": copy.deepcopy(template["spec"]),
-    }
-    assert manifest["metadata"]["namespace"] == NAMESPACE
-    pod["metadata"]["namespace"] = NAMESPACE
-    return cluster.create_dry_run(pod)
+def admitted(cluster: Cluster, job: Pod, name: str) -> None:
+    pods = job.replicas() if "pytorchJobSpec" in job.manifest else {"": job}
+    for replica, pod in pods.items():
+        pod_name = f"{name}-{replica.lower()}" if replica else name
+        created = dry_run_pod(cluster, pod, pod_name)
+        assert created["metadata"]["name"] == pod_name
+        # Admission defaulted it like a real pod (the ServiceAccount plugin, defaults).
+        assert created["spec"]["serviceAccountName"]
+        assert created["status"]["phase"] == "Pending"
 
 
-@pytest.mark.parametrize("path", COMPONENT_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_component_pods_are_admitted(cluster: Cluster, path: Path) -> None:
-    pod = compile_component(path, PARAMS[path.parent.name], agent_config=AGENT_CONFIG)
-    name = f"{path.parent.name}-{path.stem.replace('.', '-')}"
-    created = dry_run_pod(cluster, pod.manifest, name)
-    assert created["metadata"]["name"] == name
-    # Admission defaulted it like a real pod (the ServiceAccount plugin, defaults).
-    assert created["spec"]["serviceAccountName"]
-    assert created["status"]["phase"] == "Pending"
+    _, params = KIND_OF_COMPONENT[path.parent.name]
+    job = compile_component(path, params, agent_config=AGENT_CONFIG)
+    admitted(cluster, job, f"{path.parent.name}-{path.stem.replace('.', '-')}")
 
 
-def test_pipeline_op_pods_are_admitted(cluster: Cluster) -> None:
-    dag = load_dag()
-    for op in dag.order():
-        created = dry_run_pod(cluster, dag.compile_op(op).manifest, op)
-        assert created["metadata"]["name"] == op
+def test_pipeline_job_pods_are_admitted(cluster: Cluster) -> None:
+    """Every job of the pipeline's tree (plan, each profile's switch/fio/train, compare,
+    release), compiled as the server would create it."""
+    jobs = pipeline_jobs(agent_config=AGENT_CONFIG)
+    assert {job.run_name for job in jobs.values()} >= {"switch", "fio", "train"}
+    for index, job in enumerate(jobs.values()):
+        admitted(cluster, job, f"{job.run_name}-{index}")
