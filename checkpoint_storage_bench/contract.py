@@ -188,3 +188,51 @@ MODIFICATION_WINDOWS: dict[str, tuple[int, float]] = {
 """CSI driver → (modifications allowed, per rolling window in seconds). EBS: 4 per 24 h
 since 2026-01-15, each after the previous one completed; GKE Hyperdisk: once per 4 h. A
 driver not listed has no known limit."""
+
+# ------------------------------------------------- trainer under torchrun (issue 16)
+# Appended, not merged into the tables above, so the parts' edits of those stay apart.
+
+PARALLEL_MODES = ("none", "ddp", "fsdp")
+"""``--parallel``: one process; DDP (replicated model, the checkpoint split across ranks);
+FSDP2 ``fully_shard`` (each rank writes its local shards)."""
+
+DISTRIBUTED_CHECKPOINT_KEYS = (
+    "world_size",
+    "ranks",
+    "aggregate_gbps",
+    "slowest_pause_s",
+    "commit_s",
+)
+"""Extra keys of a checkpoint written by several ranks, in the summary's ``checkpoints``:
+``ranks`` is the list of per-rank stage dicts (:data:`RANK_STAGE_KEYS`)."""
+
+RANK_STAGE_KEYS = (
+    "rank",
+    "bytes",
+    "serialize_s",
+    "write_s",
+    "fsync_s",
+    "upload_s",
+    "pause_s",
+    "total_s",
+    "write_gbps",
+    "io_mode",
+)
+"""One rank's figures of one checkpoint (an entry of ``ranks``)."""
+
+DISTRIBUTED_CHECKPOINT_METRICS = {
+    "aggregate_gbps": "ckpt_aggregate_gbps",
+    "slowest_pause_s": "ckpt_slowest_pause_s",
+}
+"""Per-checkpoint field → the Polyaxon metric rank 0 logs (only when several ranks wrote)."""
+
+DISTRIBUTED_INPUTS = ("world_size", "parallel")
+"""Trainer inputs recorded by every run (1 and none for one process)."""
+
+DISTRIBUTED_OUTPUTS = ("world_size", "ckpt_aggregate_gbps_median", "ckpt_slowest_pause_s_median")
+"""Run-level outputs: ``world_size`` always; the medians only when several ranks wrote."""
+
+# A run of 8 ranks writes 8 streams at once: it is no baseline for a run of one.
+COMPARABLE_INPUTS = COMPARABLE_INPUTS + DISTRIBUTED_INPUTS
+
+TRAINING_OUTPUTS = TRAINING_OUTPUTS + DISTRIBUTED_OUTPUTS

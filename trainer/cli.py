@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 unexpected error; 2 bad arguments; 3 checkpoint dir missing or
 unwritable; 4 no space left on the volume; 5 upload failed after retries; 6 no usable
-checkpoint / corrupt data.
+checkpoint / corrupt data; 7 under torchrun: another rank failed or timed out during a
+checkpoint, nothing was committed.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import click
 
-from checkpoint_storage_bench.contract import CHECKPOINT_METRICS
+from checkpoint_storage_bench.contract import CHECKPOINT_METRICS, DISTRIBUTED_CHECKPOINT_METRICS
 from checkpoint_storage_bench.tracking import tracked_run
-from trainer.config import DEVICES, DURABILITY, FORMATS, TrainConfig
+from trainer.config import DEVICES, DURABILITY, FORMATS, PARALLEL, TrainConfig
 from trainer.errors import TrainerError
 from trainer.summary import format_timeline, write_json_atomic
 
@@ -120,6 +121,23 @@ def code_revision() -> str | None:
 @click.option(
     "--log-every", type=int, default=10, show_default=True, help="Record the loss every N steps."
 )
+# -- many ranks (issue 16)
+@click.option(
+    "--parallel",
+    type=click.Choice(PARALLEL),
+    default="none",
+    show_default=True,
+    help="Under torchrun with several processes: ddp (replicated model, the checkpoint split "
+    "across ranks) or fsdp (FSDP2, each rank writes its local shards).",
+)
+@click.option(
+    "--checkpoint-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Under torchrun: seconds to wait for every rank's shard before nothing is committed "
+    "(exit 7).",
+)
 @click.option(
     "--track/--no-track",
     default=True,
@@ -145,6 +163,8 @@ def main(
     seq_len: int,
     lr: float,
     log_every: int,
+    parallel: str,
+    checkpoint_timeout: float,
     track: bool,
 ) -> None:
     """Train a small transformer and time every checkpoint stage on the mounted volume."""
@@ -168,6 +188,8 @@ def main(
             seq_len=seq_len,
             lr=lr,
             log_every=log_every,
+            parallel=parallel,
+            checkpoint_timeout=checkpoint_timeout,
         )
         cfg.check_checkpoint_dir()  # before a tracked run is opened for nothing
         run(cfg, summary_json, track)
@@ -178,30 +200,41 @@ def main(
 
 def run(cfg: TrainConfig, summary_json: Path | None, track: bool) -> None:
     """Train under a tracked Polyaxon run and report."""
+    from trainer.distributed import is_main_process
     from trainer.train import run_inputs, train
 
+    # Under torchrun every rank trains; only rank 0 tracks, prints and writes the summary.
+    main = is_main_process()
+    echo = click.echo if main else lambda *args, **kwargs: None
+    metrics = CHECKPOINT_METRICS | DISTRIBUTED_CHECKPOINT_METRICS
     tags = ["checkpoint-training", cfg.storage_profile, cfg.format]
-    with tracked_run(f"train-{cfg.storage_profile}", tags=tags, enabled=track) as tracker:
+    with tracked_run(f"train-{cfg.storage_profile}", tags=tags, enabled=track and main) as tracker:
         tracker.log_inputs(**run_inputs(cfg))
         revision = code_revision()
         tracker.log_meta(image_digest=os.environ.get("IMAGE_DIGEST"), code_revision=revision)
 
         def on_checkpoint(r) -> None:
+            # A single process's record has no aggregate: None is not logged.
             tracker.log_metrics(
-                r.step, {metric: getattr(r, field) for field, metric in CHECKPOINT_METRICS.items()}
+                r.step, {metric: getattr(r, field, None) for field, metric in metrics.items()}
             )
             upload = f" upload {r.upload_s:.3f}s" if r.upload_s is not None else ""
-            click.echo(
+            echo(
                 f"checkpoint step {r.step}: {r.bytes / 1e6:.1f} MB serialize {r.serialize_s:.3f}s "
                 f"write {r.write_s:.3f}s ({r.write_gbps:.2f} GB/s) fsync {r.fsync_s:.3f}s{upload} "
                 f"pause {r.pause_s:.3f}s total {r.total_s:.3f}s [{r.io_mode}]"
             )
+            if hasattr(r, "aggregate_gbps"):
+                echo(
+                    f"  {r.world_size} ranks: aggregate {r.aggregate_gbps:.2f} GB/s, slowest "
+                    f"pause {r.slowest_pause_s:.3f}s, commit {r.commit_s:.3f}s"
+                )
 
         summary = train(
             cfg,
             on_checkpoint=on_checkpoint,
             on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": loss}),
-            say=click.echo,
+            say=echo,
         )
         # Known only once the model is built.
         tracker.log_inputs(
@@ -212,7 +245,7 @@ def run(cfg: TrainConfig, summary_json: Path | None, track: bool) -> None:
         data["code_revision"] = revision
         data["polyaxon_run_uuid"] = tracker.run_uuid
         tracker.log_outputs(**summary.outputs())
-        if summary_json is not None:
+        if summary_json is not None and main:
             write_json_atomic(summary_json, data)
             tracker.log_artifact(summary_json, name="summary", kind="file")
-        click.echo(format_timeline(summary))
+        echo(format_timeline(summary))

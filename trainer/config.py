@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
@@ -13,6 +13,9 @@ from trainer.errors import CheckpointDirError, ConfigError
 FORMATS = ("raw", "torch")
 DURABILITY = ("fsync", "none")
 DEVICES = ("auto", "cpu", "cuda")
+# Many ranks (issue 16): how the model is spread over torchrun's processes.
+Parallel = Literal["none", "ddp", "fsdp"]
+PARALLEL: tuple[str, ...] = get_args(Parallel)
 
 
 @dataclass
@@ -33,6 +36,8 @@ class TrainConfig:
         format: raw (our direct writer) or torch (``torch.save``, the reference).
         async_checkpoint: Write in the background; block only while staging.
         durability: fsync (file and directory) or none.
+        parallel: none, or ddp / fsdp under torchrun (issue 16).
+        checkpoint_timeout: Seconds a sharded checkpoint waits for the slowest rank.
     """
 
     checkpoint_dir: Path
@@ -52,6 +57,17 @@ class TrainConfig:
     seq_len: int = 64
     lr: float = 3e-4
     log_every: int = 10
+
+    # -- many ranks (issue 16); used only under torchrun with more than one process
+    parallel: Parallel = "none"
+    """Under torchrun with several processes: ddp (replicated model, the checkpoint split
+    across ranks) or fsdp (FSDP2 fully_shard, each rank writes its local shards); none for
+    one process. A world of one process always runs the single-process path."""
+
+    checkpoint_timeout: float = 600.0
+    """Under torchrun: seconds rank 0 waits for every rank to report its checkpoint shard
+    durable (and a rank for rank 0's answer); past it nothing is committed and the run
+    fails (exit 7)."""
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -77,6 +93,14 @@ class TrainConfig:
                 )
         if not self.storage_profile:
             raise ConfigError("--storage-profile must not be empty")
+        if self.parallel not in PARALLEL:
+            raise ConfigError(
+                f"unknown --parallel {self.parallel!r}; choose from {', '.join(PARALLEL)}"
+            )
+        if not self.checkpoint_timeout > 0:
+            raise ConfigError(
+                f"--checkpoint-timeout must be positive, got {self.checkpoint_timeout}"
+            )
 
     def check_checkpoint_dir(self) -> None:
         """Fail early, before any training, when the checkpoint directory is unusable."""

@@ -37,3 +37,18 @@ class CheckpointCorruptError(TrainerError):
     """A checkpoint is incomplete or fails its checksum, or none is usable for ``--resume``."""
 
     exit_code = 6
+
+
+# ------------------------------------------------------- many ranks (torchrun), issue 16
+
+
+class RankFailedError(TrainerError):
+    """Under torchrun: another rank failed, died or timed out during a checkpoint, so
+    nothing was committed (the rank that failed exits with its own code)."""
+
+    exit_code = 7
+
+
+class WorldSizeError(ConfigError):
+    """Resuming a checkpoint written by another number of ranks (or another --parallel
+    mode): shards are not resharded (exit 2, like any option that does not fit)."""

@@ -30,6 +30,7 @@ class RunSummary:
     checkpoints: list[CheckpointRecord]
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     resumed_from: int | None = None
+    world_size: int = 1
 
     def stage_stats(self) -> dict[str, dict[str, float]]:
         stats = {}
@@ -55,6 +56,7 @@ class RunSummary:
             "steps_per_s": self.steps_run / self.runtime_s if self.runtime_s > 0 else 0.0,
             "final_loss": self.final_loss,
             "resumed_from_step": self.resumed_from,
+            "world_size": self.world_size,
             "checkpoint_count": len(self.checkpoints),
             "checkpoint_bytes": self.checkpoints[-1].bytes if self.checkpoints else 0,
             "ckpt_time_s_total": sum(r.total_s for r in self.checkpoints),
@@ -78,6 +80,12 @@ class RunSummary:
             values = [v for r in self.checkpoints if (v := getattr(r, rate)) is not None]
             if values:
                 out[f"ckpt_{rate}_median"] = statistics.median(values)
+        # Many ranks (issue 16): the whole job's write rate and its slowest rank's pause.
+        out["world_size"] = self.world_size
+        for name in ("aggregate_gbps", "slowest_pause_s"):
+            values = [v for r in self.checkpoints if (v := getattr(r, name, None)) is not None]
+            if values:
+                out[f"ckpt_{name}_median"] = statistics.median(values)
         return out
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainer.ckpt import store
+from trainer import distributed
+from trainer.ckpt import sharded, store
 from trainer.ckpt.checkpointer import Checkpointer, CheckpointRecord
 from trainer.ckpt.formats import make_format
 from trainer.ckpt.fs import LocalFS
@@ -72,6 +73,8 @@ def restore_latest(
     refs = store.list_checkpoints(cfg.checkpoint_dir)
     for ref in refs:
         try:
+            # Shards of several ranks are refused (exit 2), never misread as one file.
+            sharded.check_world(store.read_manifest(ref.path), ref.path.name, 1, "none")
             manifest, data = store.read_verified(fs, ref.path, buffer)
             if manifest["format"] != cfg.format:
                 raise CheckpointCorruptError(
@@ -129,15 +132,20 @@ def train(
     """
     fs = fs or LocalFS()
     cfg.check_checkpoint_dir()
-    device = resolve_device(cfg.device)
+    # Under torchrun with several processes (issue 16); None: the single-process path.
+    ranks = distributed.setup(cfg)
+    device = ranks.device if ranks else resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
     model = TinyGPT(shape, cfg.seq_len).to(device)
+    if ranks:
+        model = distributed.wrap(model, ranks)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     param_count = sum(p.numel() for p in model.parameters())
     say(
         f"model: d_model={shape.d_model} layers={shape.n_layers} params={param_count:,} "
         f"({param_count * 4 / 2**20:.1f} MiB fp32) on {device}"
+        + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks else "")
     )
 
     start = 0
@@ -147,24 +155,55 @@ def train(
             f"{cfg.checkpoint_dir} already holds checkpoints (newest {existing[0].path.name}): "
             "pass --resume to continue that run, or use a new directory"
         )
-    if cfg.resume:
+    if cfg.resume and ranks:
+        resumed = sharded.restore(
+            cfg.checkpoint_dir,
+            cfg.format,
+            make_format(cfg.format),
+            fs,
+            model,
+            opt,
+            ranks,
+            say,
+            check_config=lambda saved, name: _check_same_model(cfg, saved, name),
+        )
+    elif cfg.resume:
         resumed = restore_latest(cfg, fs, model, opt, say)
+    if cfg.resume:
         if resumed is None:
             say("resume: no complete checkpoint found; starting from step 0")
         start = resumed or 0
-    store.remove_stale_tmp(fs, cfg.checkpoint_dir)
+    if ranks:
+        sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
+    else:
+        store.remove_stale_tmp(fs, cfg.checkpoint_dir)
     uploader = Uploader(cfg.upload_to, upload_backoff) if cfg.upload_to else None
-    ckpt = Checkpointer(
-        cfg.checkpoint_dir,
-        make_format(cfg.format, pin=device.type == "cuda"),
-        fs,
-        durable=cfg.durability == "fsync",
-        keep=cfg.keep,
-        uploader=uploader,
-        asynchronous=cfg.async_checkpoint,
-        device=device,
-    )
+    ckpt: Checkpointer | sharded.ShardedCheckpointer
+    if ranks:
+        ckpt = sharded.ShardedCheckpointer(
+            cfg.checkpoint_dir,
+            make_format(cfg.format, pin=device.type == "cuda"),
+            fs,
+            durable=cfg.durability == "fsync",
+            keep=cfg.keep,
+            ranks=ranks,
+            uploader=uploader,
+            asynchronous=cfg.async_checkpoint,
+        )
+    else:
+        ckpt = Checkpointer(
+            cfg.checkpoint_dir,
+            make_format(cfg.format, pin=device.type == "cuda"),
+            fs,
+            durable=cfg.durability == "fsync",
+            keep=cfg.keep,
+            uploader=uploader,
+            asynchronous=cfg.async_checkpoint,
+            device=device,
+        )
     data = SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len)
+    if ranks:
+        data = distributed.RankData(data, ranks)  # each rank its own batches
     records: list[CheckpointRecord] = []
     curve: list[tuple[int, float]] = []
 
@@ -184,7 +223,7 @@ def train(
             loss.backward()
             opt.step()
             if step % cfg.log_every == 0 or step == cfg.steps:
-                loss_value = loss.item()
+                loss_value = ranks.mean(loss) if ranks else loss.item()
                 curve.append((step, loss_value))
                 on_loss(step, loss_value)
             if step % cfg.checkpoint_every == 0:
@@ -196,6 +235,8 @@ def train(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     runtime = time.monotonic() - t_start
+    if ranks:
+        ranks.close()
     return RunSummary(
         storage_profile=cfg.storage_profile,
         checkpoint_dir=str(Path(cfg.checkpoint_dir)),
@@ -206,11 +247,13 @@ def train(
         checkpoints=records,
         loss_curve=curve,
         resumed_from=start if cfg.resume else None,
+        world_size=ranks.world_size if ranks else 1,
     )
 
 
 def run_inputs(cfg: TrainConfig) -> dict[str, Any]:
     """The inputs that decide whether two runs are comparable (logged to Polyaxon)."""
+    world = distributed.world_env().world_size
     return {
         "storage_profile": cfg.storage_profile,
         "checkpoint_dir": str(cfg.checkpoint_dir),
@@ -223,4 +266,6 @@ def run_inputs(cfg: TrainConfig) -> dict[str, Any]:
         "checkpoint_every": cfg.checkpoint_every,
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
+        "world_size": world,
+        "parallel": distributed.effective_parallel(cfg.parallel, world),
     }
