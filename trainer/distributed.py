@@ -156,10 +156,12 @@ class Ranks:
         except RuntimeError as exc:
             # gloo raises RuntimeError for both: "Connection closed by peer" when a rank
             # died, "Timed out waiting ..." past the group's timeout.
-            raise RankFailedError(
-                f"rank {self.rank} waited for {what} and got no answer within "
-                f"{self.timeout_s:g}s, or a peer died: {_one_line(exc)}"
-            ) from exc
+            text = _one_line(exc)
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                why = f"timed out after {self.timeout_s:g}s (--checkpoint-timeout)"
+            else:
+                why = "failed: a rank died or closed its connection"
+            raise RankFailedError(f"rank {self.rank} waiting for {what} {why}: {text}") from exc
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 
 LAYOUT = "sharded"
 FAULT_ENV = "TRAINER_FAULT_SHARD_WRITE"
+FAILED_RANK_GRACE_S = 2.0
 # read_file learns a checksum argument with the writer's choice of algorithm; manifests
 # name the algorithm, so verification passes it on where read_file takes it.
 _READ_TAKES_CHECKSUM = "checksum" in inspect.signature(read_file).parameters
@@ -498,7 +499,13 @@ class ShardedCheckpointer:
         if own_error is not None:
             raise own_error
         if not decision["committed"]:
-            raise RankFailedError(f"checkpoint {final.name} was not committed: {decision['error']}")
+            message = f"checkpoint {final.name} was not committed: {decision['error']}"
+            # torchrun stops every rank once one exits and names the first to exit as the
+            # root cause: let the rank that failed exit first, and say now what we were told
+            # (torchrun's SIGTERM may come before the error is printed).
+            log.error("rank %d: %s", ranks.rank, message)
+            time.sleep(FAILED_RANK_GRACE_S)
+            raise RankFailedError(message)
 
         uploads = self._upload(final, name) if self.uploader is not None else None
         if uploads is not None:
