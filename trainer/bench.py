@@ -415,6 +415,14 @@ def render(result: dict[str, Any]) -> str:
 )
 @click.option("--train-model-size", default="32MiB", show_default=True)
 @click.option(
+    "--ranks",
+    type=int,
+    default=1,
+    show_default=True,
+    help="N > 1: N processes write shards of one state at once (the trainer's sharded "
+    "checkpoint), against fio numjobs=N (trainer.bench_ranks); the other cases are not run.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(path_type=Path),
@@ -428,6 +436,7 @@ def main(
     threads: int,
     train_steps: int,
     train_model_size: str,
+    ranks: int,
     json_path: Path | None,
 ) -> None:
     """Benchmark the checkpoint writer against fio and torch.save on one directory."""
@@ -437,12 +446,22 @@ def main(
         raise click.BadParameter(str(exc), param_hint="--size") from None
     if repeats < 1:
         raise click.BadParameter("must be at least 1", param_hint="--repeats")
+    if ranks < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--ranks")
     base = directory or Path("/var/tmp")
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=base))
     try:
         if shutil.disk_usage(work).free < 6 * nbytes:
             raise click.ClickException(f"{work} needs about {format_bytes(6 * nbytes)} free")
+        if ranks > 1:  # many writers at once (issue 16)
+            from trainer import bench_ranks
+
+            result = bench_ranks.run_ranks(work, nbytes, ranks, repeats)
+            click.echo(bench_ranks.render(result))
+            if json_path:
+                json_path.write_text(json.dumps(result, indent=2))
+            return
         bench = Bench(work, nbytes, threads)
         if not bench.fio:
             click.echo("fio not found: ratios to fio are skipped (apt-get install fio)", err=True)

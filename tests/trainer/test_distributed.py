@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -466,3 +467,28 @@ def test_summary_outputs_of_many_ranks_and_of_one():
     assert summary.to_json()["checkpoints"][0]["ranks"] == []
     one = RunSummary("p", "d", {}, 10.0, 6, 1.0, [_record(2, 0.5)]).outputs()
     assert one["world_size"] == 1 and "ckpt_aggregate_gbps_median" not in one
+
+
+@pytest.mark.slow
+def test_bench_ranks_writes_shards_from_several_processes_against_fio(tmp_path):
+    from trainer import bench
+
+    out = tmp_path / "ranks.json"
+    bench.main.main(
+        ["--dir", str(tmp_path / "vol"), "--size", "8MiB", "--repeats", "2", "--ranks", "2",
+         "--json", str(out)],
+        standalone_mode=False,
+    )  # fmt: skip
+    data = json.loads(out.read_text())
+    assert data["ranks"] == 2 and data["repeats"] == 2
+    saves = data["samples"]["save"]
+    assert [s["step"] for s in saves] == [1, 2]
+    for save in saves:
+        assert save["world_size"] == 2 and [r["rank"] for r in save["ranks"]] == [0, 1]
+        assert all(0 < r["bytes"] < save["bytes"] for r in save["ranks"])  # split, not copied
+        assert save["aggregate_gbps"] > 0 and save["slowest_pause_s"] > 0
+    assert data["aggregate_gbps"] == statistics.median(s["aggregate_gbps"] for s in saves)
+    if shutil.which("fio"):
+        assert data["fio_gbps"] > 0 and len(data["samples"]["fio"]) == 2
+        assert data["aggregate_vs_fio"] == pytest.approx(data["aggregate_gbps"] / data["fio_gbps"])
+    assert list((tmp_path / "vol").iterdir()) == []  # cleaned up
