@@ -52,12 +52,16 @@ def world_env(environ: dict[str, str] | None = None) -> WorldEnv:
     WorldEnv(rank=1, world_size=4, local_rank=1)
     >>> world_env({})
     WorldEnv(rank=0, world_size=1, local_rank=0)
+    >>> world_env({"RANK": "3", "WORLD_SIZE": "4"})  # one process per pod
+    WorldEnv(rank=3, world_size=4, local_rank=0)
     """
     env = os.environ if environ is None else environ
     try:
         world = int(env.get("WORLD_SIZE", "1"))
         rank = int(env.get("RANK", "0"))
-        local = int(env.get("LOCAL_RANK", str(rank)))
+        # Without LOCAL_RANK one process runs per host (a PyTorchJob pod started without
+        # torchrun: RANK is the pod's index), so its device is the first.
+        local = int(env.get("LOCAL_RANK", "0"))
     except ValueError:
         raise ConfigError(
             "RANK, WORLD_SIZE and LOCAL_RANK must be integers (as torchrun sets them), got "

@@ -492,3 +492,11 @@ def test_bench_ranks_writes_shards_from_several_processes_against_fio(tmp_path):
         assert data["fio_gbps"] > 0 and len(data["samples"]["fio"]) == 2
         assert data["aggregate_vs_fio"] == pytest.approx(data["aggregate_gbps"] / data["fio_gbps"])
     assert list((tmp_path / "vol").iterdir()) == []  # cleaned up
+
+
+@pytest.mark.parametrize("module", [distributed, sharded])
+def test_doctests(module):
+    import doctest
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
