@@ -430,6 +430,9 @@ def test_world_env_and_setup_refusals(tmp_path, monkeypatch):
         distributed.world_env({"WORLD_SIZE": "2", "RANK": "2"})
     cfg = tiny_config(tmp_path)
     assert distributed.setup(cfg) is None  # one process: the single-process path
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc-per-node 1
+    monkeypatch.setenv("RANK", "0")
+    assert distributed.setup(tiny_config(tmp_path, parallel="fsdp")) is None
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="--parallel none"):
