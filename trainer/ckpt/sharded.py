@@ -294,7 +294,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-@dataclass
+@dataclass(kw_only=True)  # after the base's fields, whether or not they have defaults
 class ShardedCheckpointRecord(CheckpointRecord):
     """One sharded checkpoint as rank 0 reports it: the whole, and every rank's stages.
 
