@@ -238,6 +238,13 @@ def setup(cfg: Any) -> Ranks | None:
             f"--format {cfg.format} cannot be written as per-rank shards; under torchrun use "
             f"{' or '.join(SHARDED_FORMATS)}"
         )
+    # --io-streams (issue 15) stripes one process's image over files; here each rank
+    # writes its own file already (getattr: the field comes with that branch).
+    if getattr(cfg, "io_streams", 1) > 1:
+        raise ConfigError(
+            f"--io-streams {cfg.io_streams} stripes one process's checkpoint; under torchrun "
+            "every rank writes its own shard file (N ranks are N streams): leave it at 1"
+        )
     return init(
         env.rank, env.world_size, env.local_rank, cfg.parallel, cfg.device, cfg.checkpoint_timeout
     )

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -437,6 +438,11 @@ def test_world_env_and_setup_refusals(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="--parallel none"):
         distributed.setup(cfg)  # refused before joining any group
+    striped = SimpleNamespace(parallel="ddp", format="raw", io_streams=4)
+    with pytest.raises(ConfigError, match="--io-streams 4 stripes one process's checkpoint"):
+        distributed.setup(striped)
+    with pytest.raises(ConfigError, match="--format dcp cannot be written as per-rank shards"):
+        distributed.setup(SimpleNamespace(parallel="fsdp", format="dcp"))
 
 
 def test_config_parallel_choices_match_the_contract(tmp_path):
