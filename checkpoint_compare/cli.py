@@ -1,28 +1,52 @@
-"""``python -m checkpoint_compare``: the verdict step of the pipeline, and a local tool."""
+"""``python -m checkpoint_compare``: parse the arguments into a
+:class:`~checkpoint_compare.config.CompareConfig`, then :func:`checkpoint_compare.command.run`.
+
+Errors are :class:`~checkpoint_compare.errors.CompareError`\\ s carrying their exit code;
+click prints them and exits with it.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
-from dataclasses import dataclass, field
+import math
 from pathlib import Path
 
 import click
 
-from checkpoint_compare.cost import DEFAULT_PRICING, load_pricing
-from checkpoint_compare.errors import CompareError, RunsMissing
-from checkpoint_compare.loading import ApiSource, group_by_profile, load_offline, load_summary
-from checkpoint_compare.records import RunRecord
-from checkpoint_compare.stats import Thresholds
-from checkpoint_compare.verdict import Report, build_report, op_outputs
-from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
+from checkpoint_compare import command
+from checkpoint_compare.comparison import Thresholds
+from checkpoint_compare.config import CompareConfig, Sources
+from checkpoint_compare.cost import DEFAULT_PRICING
+from checkpoint_compare.errors import EXIT_CODES
+from checkpoint_compare.figures import DEFAULT_WARMUP
+from checkpoint_compare.recommendation import Budget
+from checkpoint_storage_bench.errors import exit_codes_help
 
-log = logging.getLogger("checkpoint_compare")
+
+class FiniteFloat(click.ParamType):
+    """A float that is finite and within bounds: click's FloatRange lets ``nan`` through
+    (every comparison with NaN is false) and ``inf`` through an open upper bound."""
+
+    name = "float"
+
+    def __init__(self, low: float = 0.0, high: float = math.inf, high_open: bool = False):
+        self.low, self.high, self.high_open = low, high, high_open
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # noqa: ANN201
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        above = number >= self.high if self.high_open else number > self.high
+        if not math.isfinite(number) or number < self.low or above:
+            bound = f"{self.low:g} ≤ x {'<' if self.high_open else '≤'} {self.high:g}"
+            self.fail(f"{value!r} is not a finite number with {bound}", param, ctx)
+        return number
 
 
 def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str | None]:
-    """Parse ``KEY=VALUE`` options; with ``need_key=False`` a bare VALUE maps to None."""
+    """Parse ``KEY=VALUE`` options into value → key; with ``need_key=False`` a bare VALUE
+    maps to None."""
     result: dict[str, str | None] = {}
     for text in values:
         key, sep, value = text.partition("=")
@@ -36,84 +60,10 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
     return result
 
 
-@dataclass
-class Sources:
-    """Where the runs come from (exactly one of offline root, summaries, API)."""
-
-    offline_root: Path | None = None
-    summaries: dict[str, Path] = field(default_factory=dict)
-    api_host: str | None = None
-    project: str | None = None
-    pipeline: str | None = None
-    runs: dict[str, str | None] = field(default_factory=dict)
-    token: str | None = None
-
-    def __post_init__(self) -> None:
-        api = bool(self.api_host or self.pipeline or (self.runs and not self.offline_root))
-        # Inside the pipeline's compare op, no source means: the runs of my own pipeline.
-        api = api or (in_polyaxon_run() and not (self.offline_root or self.summaries))
-        chosen = [bool(self.offline_root), bool(self.summaries), api]
-        if sum(chosen) != 1:
-            raise click.UsageError(
-                "give exactly one source: --offline-root DIR, --summary PROFILE=PATH ..., or "
-                "the Polyaxon API (--pipeline UUID and/or --run [PROFILE=]UUID, with "
-                "--api-host URL --project OWNER/NAME outside a Polyaxon run)"
-            )
-        if api and not in_polyaxon_run() and not (self.api_host and self.project):
-            raise click.UsageError("outside a Polyaxon run the API needs --api-host and --project")
-        if api and not (self.pipeline or self.runs or in_polyaxon_run()):
-            raise click.UsageError("the API source needs --pipeline UUID or --run [PROFILE=]UUID")
-
-    def load(self) -> list[RunRecord]:
-        """Load the runs.
-
-        Raises:
-            RunsMissing: A run given with ``--run`` does not exist.
-        """
-        if self.summaries:
-            return [load_summary(p, path) for p, path in self.summaries.items()]
-        if self.offline_root:
-            records = load_offline(self.offline_root)
-            return _select(records, self.runs, str(self.offline_root)) if self.runs else records
-        api = ApiSource(host=self.api_host, project=self.project, token=self.token)
-        pipeline = self.pipeline or (None if self.runs else api.own_pipeline())
-        records = api.pipeline_runs(pipeline) if pipeline else []
-        if self.runs:
-            known = {r.uuid for r in records}
-            records += api.runs({u: p for u, p in self.runs.items() if u not in known})
-            records = _select(records, self.runs, "the pipeline")
-        return records
-
-
-def _select(records: list[RunRecord], runs: dict[str, str | None], where: str) -> list[RunRecord]:
-    by_uuid = {r.uuid: r for r in records}
-    missing = [u for u in runs if u not in by_uuid]
-    if missing:
-        raise RunsMissing(f"run(s) not found in {where}: {', '.join(missing)}")
-    for run_uuid, hint in runs.items():
-        by_uuid[run_uuid].profile_hint = hint
-    return [by_uuid[u] for u in runs]
-
-
-def run_compare(
-    sources: Sources,
-    pricing_path: Path,
-    gpu_hourly: float | None,
-    volume_gib: float | None,
-    thresholds: Thresholds,
-    baseline: str | None,
-    expected: tuple[str, ...],
-) -> Report:
-    """Load, group, compare and price; raises CompareError subclasses."""
-    pricing = load_pricing(pricing_path, gpu_hourly=gpu_hourly, volume_gib=volume_gib)
-    records = sources.load()
-    groups, failed = group_by_profile(records, expected=expected)
-    for run in failed:
-        log.warning("run %s %s and is not used: %s", run.label, run.status, run.message)
-    return build_report(groups, pricing, thresholds, baseline=baseline, failed_runs=failed)
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=exit_codes_help(EXIT_CODES),
+)
 @click.option("--offline-root", type=click.Path(path_type=Path), help="Offline Polyaxon runs.")
 @click.option(
     "--summary",
@@ -141,9 +91,13 @@ def run_compare(
     show_default=True,
     help="Pricing file.",
 )
-@click.option("--gpu-hourly", type=click.FloatRange(min=0), help="GPU USD/hour (file default).")
-@click.option("--volume-gib", type=click.FloatRange(min=0), help="Volume size (file default).")
-@click.option("--baseline", help="Baseline profile (default: the first one run).")
+@click.option("--gpu-hourly", type=FiniteFloat(), help="GPU USD/hour (file default).")
+@click.option("--volume-gib", type=FiniteFloat(), help="Volume size (file default).")
+@click.option(
+    "--baseline",
+    help="Baseline profile (default: the first one run; required for runs without start "
+    "times, e.g. summaries).",
+)
 @click.option(
     "--expect",
     "expected",
@@ -153,13 +107,61 @@ def run_compare(
 )
 @click.option(
     "--runtime-floor",
-    type=click.FloatRange(0, 1, max_open=True),
+    type=FiniteFloat(0, 1, high_open=True),
     default=0.02,
     show_default=True,
     help="Relative runtime change treated as noise.",
 )
+@click.option(
+    "--practical-floor-s",
+    type=FiniteFloat(),
+    default=Thresholds.practical_floor_s,
+    show_default=True,
+    help="A checkpoint pause difference below this many seconds never counts.",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=DEFAULT_WARMUP,
+    show_default=True,
+    help="Checkpoints at the start of each run reported as warm-up and left out.",
+)
+@click.option(
+    "--confidence",
+    type=FiniteFloat(0.5, 1, high_open=True),
+    default=Thresholds.confidence,
+    show_default=True,
+    help="Confidence of the intervals.",
+)
+@click.option(
+    "--max-pause-s",
+    type=FiniteFloat(),
+    help="Pause budget: the longest acceptable (median) pause per checkpoint, seconds.",
+)
+@click.option(
+    "--max-pause-share",
+    type=FiniteFloat(0, 1),
+    help="Pause budget: the largest acceptable share of the runtime spent paused (0-1).",
+)
+@click.option(
+    "--checkpoints-per-month",
+    type=FiniteFloat(),
+    help="The team's checkpoint cadence, for the net cost (GPU time paused + storage).",
+)
+@click.option(
+    "--allow-resumed",
+    is_flag=True,
+    help="Rank runs resumed part-way (their timings cover only part of a run) against "
+    "uninterrupted ones; refused (exit 3) without it.",
+)
 @click.option("--html", "html_path", type=click.Path(path_type=Path), help="Write the HTML report.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the JSON report.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(path_type=Path),
+    help="Write the markdown report (tracked runs get it as their readme in any case).",
+)
 @click.option(
     "--track/--no-track",
     default=True,
@@ -180,15 +182,19 @@ def main(
     baseline: str | None,
     expected: tuple[str, ...],
     runtime_floor: float,
+    practical_floor_s: float,
+    warmup: int,
+    confidence: float,
+    max_pause_s: float | None,
+    max_pause_share: float | None,
+    checkpoints_per_month: float | None,
+    allow_resumed: bool,
     html_path: Path | None,
     json_path: Path | None,
+    markdown_path: Path | None,
     track: bool,
 ) -> None:
-    """Compare the training runs of storage profiles and say which one to keep.
-
-    Exit codes: 0 verdict given, 1 unexpected error or API unavailable, 2 bad arguments
-    or input files, 3 runs missing, failed or not comparable.
-    """
+    """Compare the training runs of storage profiles and say which one to keep."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     summary_paths = {p: Path(v) for v, p in _pairs(summaries, "--summary", True).items()}
     sources = Sources(
@@ -200,44 +206,24 @@ def main(
         runs=_pairs(runs, "--run", False),
         token=token,
     )
-    thresholds = Thresholds(runtime_floor=runtime_floor)
-    try:
-        report = run_compare(
-            sources, pricing_path, gpu_hourly, volume_gib, thresholds, baseline, expected
-        )
-    except CompareError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    _write(report, html_path, json_path, track)
-
-
-def _write(report: Report, html_path: Path | None, json_path: Path | None, track: bool) -> None:
-    from checkpoint_compare.render import dumps, terminal
-
-    click.echo(terminal(report), nl=False)
-    written = []
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(dumps(report))
-        written.append(json_path)
-    if html_path:
-        from checkpoint_compare.report_html import to_html
-
-        html_path.parent.mkdir(parents=True, exist_ok=True)
-        html_path.write_text(to_html(report))
-        written.append(html_path)
-    with tracked_run("compare", tags=["compare"], enabled=track) as tracker:
-        tracker.log_inputs(
-            baseline=report.baseline,
-            profiles=",".join(s.profile for s in report.stats),
-            compared_runs=",".join(s.runs.training.uuid for s in report.stats),
-        )
-        tracker.log_outputs(**op_outputs(report))
-        for path in written:
-            tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
-    for path in written:
-        click.echo(f"wrote {path}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main(prog_name=os.path.basename(sys.argv[0]))
+    config = CompareConfig(
+        sources=sources,
+        pricing_path=pricing_path,
+        gpu_hourly=gpu_hourly,
+        volume_gib=volume_gib,
+        thresholds=Thresholds(
+            runtime_floor=runtime_floor,
+            practical_floor_s=practical_floor_s,
+            confidence=confidence,
+            warmup=warmup,
+        ),
+        baseline=baseline,
+        expected=expected,
+        budget=Budget(max_pause_s, max_pause_share, checkpoints_per_month),
+        allow_resumed=allow_resumed,
+        html_path=html_path,
+        json_path=json_path,
+        markdown_path=markdown_path,
+        track=track,
+    )
+    command.run(config)

@@ -1,13 +1,15 @@
-"""What each profile costs: the pricing file and the cost figures of the report.
+"""What each profile costs: the pricing file and the cost figures of the verdict.
 
 Storage is billed per month for what is provisioned (EBS gp3: size, IOPS above the
-included 3000, throughput above the included 125 MiB/s), prorated by time. A training run
-is billed for GPU time. The figures show both sides so a team can see whether the storage
-change outweighs the GPU time it saves.
+included 3000, throughput above the included 125 MiB/s; GKE Hyperdisk Balanced: the same
+with 3000 IOPS and 140 MiB/s included), prorated by time. A training run is billed for GPU
+time. The figures show both sides so a team can see whether the storage change outweighs
+the GPU time it saves.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,16 @@ from typing import Any
 import yaml
 
 from checkpoint_compare.errors import BadInput
+from checkpoint_storage_bench.units import parse_quantity
 
 DEFAULT_PRICING = Path(__file__).resolve().parents[1] / "connections" / "pricing.yaml"
+
+
+def _check_price(value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,7 @@ class VolumeType:
         throughput_included_mibps: Throughput (MiB/s) included.
         throughput_mibps_month: Per MiB/s-month above ``throughput_included_mibps``.
         note: The assumption behind these prices, shown next to the numbers.
+        as_of: The date the list prices were read (they change).
     """
 
     name: str
@@ -40,6 +51,7 @@ class VolumeType:
     throughput_included_mibps: float = 0
     throughput_mibps_month: float = 0
     note: str = ""
+    as_of: str = ""
 
     def __post_init__(self) -> None:
         for key in (
@@ -49,9 +61,7 @@ class VolumeType:
             "throughput_included_mibps",
             "throughput_mibps_month",
         ):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"volume type {self.name}: {key} must be a number >= 0")
+            _check_price(getattr(self, key), f"volume type {self.name}: {key}")
 
     def monthly(self, size_gib: float, iops: float, throughput_mibps: float) -> float:
         """USD per month for a volume of this type with these provisioned figures."""
@@ -70,6 +80,12 @@ class ProfilePrice:
     type: str
     iops: float = 0
     throughput: float = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str):
+            raise ValueError(f"type must be a volume type name, got {self.type!r}")
+        _check_price(self.iops, "iops")
+        _check_price(self.throughput, "throughput")
 
 
 @dataclass(frozen=True)
@@ -99,9 +115,7 @@ class Pricing:
 
     def __post_init__(self) -> None:
         for key in ("hours_per_month", "volume_size_gib", "gpu_hourly_usd"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"{key} must be a number >= 0, got {value!r}")
+            _check_price(getattr(self, key), key)
         if self.hours_per_month == 0:
             raise ValueError("hours_per_month must be > 0")
         for name, price in self.profiles.items():
@@ -112,13 +126,31 @@ class Pricing:
                 raise ValueError(f"driver {driver}: unknown volume type {type_name!r}")
 
 
+def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a mapping, not {type(value).__name__}")
+    return value
+
+
+def _entries(data: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
+    """A section whose every entry is itself a mapping of fields."""
+    section = _section(data, key)
+    for name, fields in section.items():
+        if not isinstance(fields, dict):
+            raise ValueError(f"{key}.{name} must be a mapping of fields, got {fields!r}")
+    return section
+
+
 def load_pricing(
     path: Path, gpu_hourly: float | None = None, volume_gib: float | None = None
 ) -> Pricing:
     """Read and validate a pricing file; command-line values override its defaults.
 
     Raises:
-        BadInput: The file is missing, not YAML, or a value is invalid.
+        BadInput: The file is missing, not YAML, or a section or value is invalid.
     """
     try:
         data = yaml.safe_load(path.read_text())
@@ -129,12 +161,13 @@ def load_pricing(
     try:
         types = {
             name: VolumeType(name=name, **fields)
-            for name, fields in (data.get("volume_types") or {}).items()
+            for name, fields in _entries(data, "volume_types").items()
         }
         profiles = {
-            name: ProfilePrice(**fields) for name, fields in (data.get("profiles") or {}).items()
+            name: _profile_price(name, fields)
+            for name, fields in _entries(data, "profiles").items()
         }
-        defaults: dict[str, Any] = data.get("defaults") or {}
+        defaults = _section(data, "defaults")
         return Pricing(
             source=str(path),
             region=str(data.get("region", "")),
@@ -143,10 +176,19 @@ def load_pricing(
             gpu_hourly_usd=gpu_hourly if gpu_hourly is not None else defaults["gpu_hourly_usd"],
             types=types,
             profiles=profiles,
-            drivers=dict(data.get("drivers") or {}),
+            drivers={str(k): v for k, v in _section(data, "drivers").items()},
         )
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError) as exc:
         raise BadInput(f"pricing file {path}: {exc}") from exc
+    except KeyError as exc:
+        raise BadInput(f"pricing file {path}: defaults.{exc.args[0]} is missing") from exc
+
+
+def _profile_price(name: str, fields: dict[str, Any]) -> ProfilePrice:
+    try:
+        return ProfilePrice(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"profile {name}: {exc}") from exc
 
 
 @dataclass
@@ -185,14 +227,47 @@ def _hook_value(hook: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+MIB = 2**20
+
+
+def class_iops(value: Any) -> float:
+    """A class's ``iops`` parameter as Kubernetes writes it ("6000", "3k").
+
+    Raises:
+        ValueError: Not a quantity.
+    """
+    return parse_quantity(value if isinstance(value, str) else str(value))
+
+
+def class_throughput_mibps(value: Any) -> float:
+    """A class's ``throughput`` parameter in MiB/s.
+
+    EBS writes a plain number of MiB/s ("250"); GKE a quantity of bytes per second with a
+    suffix ("290Mi" = 290 MiB/s). A value with a suffix is read as bytes per second.
+
+    >>> class_throughput_mibps("290Mi"), class_throughput_mibps("250"), class_throughput_mibps(125)
+    (290.0, 250.0, 125.0)
+
+    Raises:
+        ValueError: Not a quantity.
+    """
+    text = value if isinstance(value, str) else str(value)
+    number = parse_quantity(text)
+    return number / MIB if text[-1:].isalpha() else number
+
+
 def profile_cost(
     pricing: Pricing, profile: str, runtime_s: float, hook: dict[str, Any]
 ) -> ProfileCost:
     """Price a profile for a run of ``runtime_s`` seconds.
 
     The provisioned figures come from the hook's record when it has them (``vac_iops``,
-    ``vac_throughput``, ``vac_type``), else from the pricing file's ``profiles``. A hook
-    that used a driver listed under ``drivers`` (the sandbox's ``local``) sets the type.
+    ``vac_throughput``, ``vac_type``, as inputs or outputs), else from the pricing file's
+    ``profiles``. A hook that used a driver listed under ``drivers`` sets the type (the
+    sandbox's ``local``; ``pd.csi.storage.gke.io`` is Hyperdisk Balanced).
+
+    Raises:
+        BadInput: The hook recorded an IOPS or throughput that is not a Kubernetes quantity.
     """
     price = pricing.profiles.get(profile)
     driver = hook.get("driver")
@@ -207,11 +282,20 @@ def profile_cost(
             profile=profile, known=False, assumptions=[f"{profile}: {why}; cost not computed"]
         )
     vtype = pricing.types[type_name]
-    iops = _num_or(_hook_value(hook, "vac_iops"), price.iops if price else 0)
-    throughput = _num_or(_hook_value(hook, "vac_throughput"), price.throughput if price else 0)
-    origin = "the hook's record" if _hook_value(hook, "vac_iops") else pricing.source
+    hook_iops, hook_throughput = _hook_value(hook, "vac_iops"), _hook_value(hook, "vac_throughput")
+    try:
+        iops = class_iops(hook_iops) if hook_iops is not None else (price.iops if price else 0)
+        throughput = (
+            class_throughput_mibps(hook_throughput)
+            if hook_throughput is not None
+            else (price.throughput if price else 0)
+        )
+    except ValueError as exc:
+        raise BadInput(f"profile {profile}: the hook's class parameters: {exc}") from exc
+    origin = "the hook's record" if hook_iops is not None else pricing.source
     if vtype.note:
-        assumptions.append(f"{type_name}: {vtype.note}")
+        dated = f" (list prices as of {vtype.as_of})" if vtype.as_of else ""
+        assumptions.append(f"{type_name}: {vtype.note}{dated}")
     assumptions.append(
         f"{profile}: {type_name}, {iops:g} IOPS, {throughput:g} MiB/s (from {origin}), "
         f"{pricing.volume_size_gib:g} GiB"
@@ -232,13 +316,6 @@ def profile_cost(
         run_total=storage_run + gpu_run,
         assumptions=assumptions,
     )
-
-
-def _num_or(value: Any, default: float) -> float:
-    try:
-        return float(value) if value is not None else float(default)
-    except (TypeError, ValueError):
-        return float(default)
 
 
 @dataclass

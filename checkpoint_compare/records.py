@@ -9,14 +9,19 @@ on hand-made records.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from checkpoint_storage_bench.contract import FIO_METRIC, FIO_OUTPUT, output_key
+from checkpoint_storage_bench.contract import FIO_METRIC, FIO_OUTPUT, LOSS_METRIC, output_key
 
 # A metric series: (step, value) pairs in step order.
 Series = list[tuple[int, float]]
+
+# The loss of a run that diverged is NaN or infinite: a result of training, reported as such
+# (the run cannot win), not malformed input. Every other recorded number must be finite.
+LOSS_KEYS = frozenset({"final_loss", LOSS_METRIC})
 
 
 class RunKind(enum.Enum):
@@ -77,6 +82,24 @@ class RunRecord:
             return RunKind.FIO
         return RunKind.OTHER
 
+    def check_numbers(self) -> None:
+        """Refuse non-finite numbers (NaN, ±inf, or ``1e400`` read as inf) anywhere but the loss.
+
+        Raises:
+            ValueError: Naming the field and the value.
+        """
+        for section, values in (("inputs", self.inputs), ("outputs", self.outputs),
+                                ("meta", self.meta)):  # fmt: skip
+            for key, value in values.items():
+                if key not in LOSS_KEYS and not _finite(value):
+                    raise ValueError(f"{section} {key} = {value!r} is not a finite number")
+        for name, series in self.metrics.items():
+            for step, value in series:
+                if name not in LOSS_KEYS and not _finite(value):
+                    raise ValueError(
+                        f"metric {name} at step {step} = {value!r} is not a finite number"
+                    )
+
     @property
     def succeeded(self) -> bool:
         return self.status == "succeeded"
@@ -103,6 +126,10 @@ class RunRecord:
                 case = output_key(match["case"])
                 cases.setdefault(case, {}).setdefault(match["measure"], series[-1][1])
         return cases
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def parse_metric_events(text: str) -> Series:

@@ -1,10 +1,21 @@
-"""Put figures, comparisons and costs together into one answer a team can act on."""
+"""The verdict: figures, comparisons and costs put together into one answer a team can act on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from checkpoint_compare.comparability import check_comparable
+from checkpoint_compare.comparison import (
+    NO_DIFFERENCE,
+    Comparison,
+    Difference,
+    Drift,
+    Outcome,
+    Thresholds,
+    compare,
+    measure_drift,
+)
 from checkpoint_compare.cost import (
     CostDelta,
     Pricing,
@@ -13,19 +24,13 @@ from checkpoint_compare.cost import (
     general_assumptions,
     profile_cost,
 )
-from checkpoint_compare.errors import RunsMissing
-from checkpoint_compare.loading import ProfileRuns
+from checkpoint_compare.errors import BadInput, RunsMissing
+from checkpoint_compare.figures import ProfileFigures, profile_figures
+from checkpoint_compare.grouping import ProfileRuns, run_time
+from checkpoint_compare.intervals import Shift
+from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.stats import (
-    NO_DIFFERENCE,
-    Comparison,
-    Outcome,
-    ProfileStats,
-    Thresholds,
-    check_comparable,
-    compare,
-    profile_stats,
-)
+from checkpoint_compare.switches import check_switches
 from checkpoint_storage_bench.contract import output_key
 
 
@@ -40,12 +45,12 @@ class Candidate:
 
 
 @dataclass
-class Report:
-    """Everything the renderers show.
+class Verdict:
+    """The answer and everything behind it that the reports show.
 
     Attributes:
         baseline: The profile the others are compared with.
-        stats: Figures per profile, baseline first.
+        profiles: Figures per profile, baseline first.
         costs: Cost figures per profile.
         candidates: One entry per non-baseline profile.
         verdict: The profile to keep, or "no measurable difference".
@@ -53,10 +58,13 @@ class Report:
         assumptions: Cost assumptions, general then per profile.
         failed_runs: Failed training runs that were seen and not used.
         thresholds: The noise floors used.
+        drift: The baseline's drift, when the pipeline returned to it at the end.
+        recommendation: The profile to use given the budget and cadence, and why.
+        notes: About the whole comparison (checks that could not be made, resumed runs).
     """
 
     baseline: str
-    stats: list[ProfileStats]
+    profiles: list[ProfileFigures]
     costs: dict[str, ProfileCost]
     candidates: list[Candidate]
     verdict: str
@@ -64,56 +72,118 @@ class Report:
     assumptions: list[str]
     failed_runs: list[RunRecord] = field(default_factory=list)
     thresholds: Thresholds = field(default_factory=Thresholds)
+    drift: Drift | None = None
+    recommendation: Recommendation | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def winners(self) -> list[Candidate]:
+        """Candidates measurably better than the baseline on the whole: faster and not
+        costlier per run, or slower but cheaper per run (the GPU time lost is worth less
+        than the storage saved)."""
+        return [c for c in self.candidates if c.outcome in _WINS]
 
     @property
     def best(self) -> Candidate | None:
-        """The candidate the verdict is about: the winner, else the most informative one."""
-        order = [Outcome.BETTER, Outcome.FASTER_COSTLIER, Outcome.NO_DIFFERENCE, Outcome.WORSE]
+        """The candidate the verdict is about: the cheapest winner per run (the fastest
+        when not priced), else the most informative one."""
         if not self.candidates:
             return None
+        if self.winners:
+            return min(self.winners, key=_cheapest)
         return min(
             self.candidates,
-            key=lambda c: (order.index(c.outcome), c.comparison.runtime_delta_s),
+            key=lambda c: (_ORDER.index(c.outcome), c.comparison.runtime_delta_s),
         )
+
+
+_WINS = (Outcome.BETTER, Outcome.SLOWER_CHEAPER)
+_ORDER = [
+    Outcome.BETTER,
+    Outcome.SLOWER_CHEAPER,
+    Outcome.FASTER_COSTLIER,
+    Outcome.WORSE,
+    Outcome.NO_DIFFERENCE,
+]
+
+
+def _cheapest(c: Candidate) -> tuple[float, float]:
+    return (c.cost.run_total if c.cost else 0.0, c.comparison.runtime_delta_s)
 
 
 def _fmt_usd(value: float) -> str:
-    return f"{value:+.4f} USD" if abs(value) < 1 else f"{value:+.2f} USD"
+    return f"{value:.4f} USD" if abs(value) < 1 else f"{value:.2f} USD"
+
+
+def interval(shift: Shift, digits: int = 3) -> str:
+    """``+0.123 s [+0.100, +0.150] 95 %``, or the estimate and why there is no interval."""
+    est = f"{shift.estimate:+.{digits}f} s"
+    if not shift.has_interval:
+        return f"{est} (no interval: {shift.method})"
+    level = f" {shift.confidence:.0%}" if shift.confidence is not None else ""
+    return f"{est} [{shift.low:+.{digits}f}, {shift.high:+.{digits}f}]{level}"
+
+
+def _counted(diff: Difference) -> str:
+    return "counts" if diff.counts else "does not count"
 
 
 def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
+    """The outcome of one pair; swapping the pair gives the mirrored outcome (better ↔
+    worse, faster_costlier ↔ slower_cheaper), so the profile kept does not depend on which
+    one is the baseline."""
     name, base = comp.candidate.profile, comp.baseline.profile
-    timing = comp.timing_outcome
-    runtime = f"{-comp.runtime_delta_s:.2f} s shorter run"
-    if timing is Outcome.WORSE:
-        what = "checkpoint pause" if comp.pause_measurable and comp.pause_delta_s > 0 else "run"
-        return Outcome.WORSE, f"{name} is measurably slower than {base} ({what})"
-    if timing is Outcome.NO_DIFFERENCE:
-        pause_in = "within" if not comp.pause_measurable else "beyond"
-        run_in = "within" if not comp.runtime_measurable else "beyond"
+    faster = comp.faster
+    if faster is None:
         return Outcome.NO_DIFFERENCE, (
-            f"{name} vs {base}: pause {comp.pause_delta_s:+.3f} s, {pause_in} the noise of "
-            f"±{comp.pause_noise_s:.3f} s; whole run {comp.runtime_delta_s:+.2f} s, {run_in} "
-            f"the noise of ±{comp.runtime_noise_s:.2f} s"
+            f"{name} vs {base}: pause per checkpoint {interval(comp.pause.shift)}, "
+            f"{_counted(comp.pause)}; whole run {interval(comp.runtime.shift, digits=2)}, "
+            f"{_counted(comp.runtime)}"
+            + (
+                "; the checkpoints cannot account for the run's difference"
+                if comp.pause.counts and comp.runtime.counts and not comp.explained_by_checkpoints
+                else ""
+            )
+            + (
+                "; the final losses differ or are unknown"
+                if comp.loss_differs or comp.loss_unknown
+                else ""
+            )
         )
+    runtime = f"a {abs(comp.runtime_delta_s):.2f} s {'shorter' if faster else 'longer'} run"
     if delta is None:
-        return Outcome.BETTER, f"{name} is measurably faster ({runtime}); cost not priced"
-    if delta.run_total > 0:
+        if faster:
+            return Outcome.BETTER, f"{name} is measurably faster ({runtime}); cost not priced"
+        return (
+            Outcome.WORSE,
+            f"{name} is measurably slower than {base} ({runtime}); cost not priced",
+        )
+    if faster and delta.run_total > 0:
         return Outcome.FASTER_COSTLIER, (
             f"{name} is faster ({runtime}) but costs {_fmt_usd(delta.run_total)} more per run: "
             "the storage change outweighs the saved GPU time"
         )
-    saving = "costs the same" if delta.run_total == 0 else f"saves {-delta.run_total:.4f} USD"
-    return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
+    if faster:
+        saving = "costs the same" if delta.run_total == 0 else f"saves {_fmt_usd(-delta.run_total)}"
+        return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
+    if delta.run_total < 0:
+        return Outcome.SLOWER_CHEAPER, (
+            f"{name} is slower ({runtime}) but costs {_fmt_usd(-delta.run_total)} less per run "
+            f"than {base}: the storage saved outweighs the GPU time lost"
+        )
+    return Outcome.WORSE, f"{name} is measurably slower than {base} ({runtime}) and no cheaper"
 
 
-def build_report(
+def build_verdict(
     groups: list[ProfileRuns],
     pricing: Pricing,
     thresholds: Thresholds,
     baseline: str | None = None,
     failed_runs: list[RunRecord] | None = None,
-) -> Report:
+    budget: Budget | None = None,
+    hook_runs: list[RunRecord] | None = None,
+    allow_resumed: bool = False,
+) -> Verdict:
     """Compare every profile with the baseline and decide.
 
     Args:
@@ -122,31 +192,45 @@ def build_report(
         thresholds: Noise floors.
         baseline: The baseline profile; default the first profile run.
         failed_runs: Failed training runs to mention.
+        budget: Pause budget and cadence for the recommendation.
+        hook_runs: Every hook run seen: their ledgers show switches of the claim.
+        allow_resumed: Rank resumed runs against uninterrupted ones anyway.
 
     Raises:
-        NotComparable: The runs' fixed inputs differ, or a run lacks the figures needed.
+        NotComparable: The runs' fixed inputs, build, GPU or image differ, a resumed run
+            meets an uninterrupted one, the claim was switched inside a measured interval,
+            or a run lacks the figures needed.
         RunsMissing: The named baseline has no runs.
     """
-    check_comparable(groups)
-    stats = [profile_stats(g) for g in groups]
-    names = [s.profile for s in stats]
+    notes = check_comparable(groups, allow_resumed)
+    notes += check_switches(groups, hook_runs or [])
+    figures = [profile_figures(g, thresholds.warmup) for g in groups]
+    names = [f.profile for f in figures]
+    untimed = [g.profile for g in groups if any(run_time(r) is None for r in g.trainings)]
+    if baseline is None and untimed:
+        # Without start times "the first profile run" is only the order of the arguments.
+        raise BadInput(
+            f"the runs of {', '.join(untimed)} have no start time (e.g. summary files), so "
+            "which profile ran first is unknown: give --baseline PROFILE"
+        )
     baseline = baseline or names[0]
     if baseline not in names:
         raise RunsMissing(f"baseline profile {baseline}: no training run found")
-    stats.sort(key=lambda s: s.profile != baseline)
-    base = stats[0]
-    costs = {s.profile: profile_cost(pricing, s.profile, s.runtime_s, s.hook) for s in stats}
+    figures.sort(key=lambda f: f.profile != baseline)
+    base = figures[0]
+    costs = {f.profile: profile_cost(pricing, f.profile, f.runtime_s, f.hook) for f in figures}
+    drift = measure_drift(base, figures[1:], thresholds.confidence)
 
     candidates = []
-    for cand in stats[1:]:
-        comp = compare(base, cand, thresholds)
+    for cand in figures[1:]:
+        comp = compare(base, cand, thresholds, drift)
         delta = cost_delta(pricing, costs[base.profile], costs[cand.profile], comp.pause_delta_s)
         outcome, reason = _judge(comp, delta)
         candidates.append(Candidate(comp, delta, outcome, reason))
 
-    report = Report(
+    verdict = Verdict(
         baseline=baseline,
-        stats=stats,
+        profiles=figures,
         costs=costs,
         candidates=candidates,
         verdict=NO_DIFFERENCE,
@@ -159,36 +243,64 @@ def build_report(
         ),
         failed_runs=failed_runs or [],
         thresholds=thresholds,
+        drift=drift,
+        notes=notes,
     )
-    best = report.best
+    best = verdict.best
     assert best is not None  # at least two profiles
-    if best.outcome is Outcome.BETTER:
-        report.verdict = best.comparison.candidate.profile
+    if best.outcome in _WINS:
+        verdict.verdict = best.comparison.candidate.profile
     elif best.outcome in (Outcome.FASTER_COSTLIER, Outcome.WORSE):
-        report.verdict = baseline
-    report.reason = best.reason
-    return report
+        verdict.verdict = baseline
+    verdict.reason = best.reason
+    verdict.recommendation = recommend(
+        figures,
+        costs,
+        [c.comparison for c in candidates],
+        None if verdict.verdict == NO_DIFFERENCE else verdict.verdict,
+        budget or Budget(),
+        pricing,
+        thresholds.confidence,
+    )
+    return verdict
 
 
-def op_outputs(report: Report) -> dict[str, Any]:
+def _round(value: float | None, digits: int = 6) -> float | None:
+    """Outputs are comparison-view columns: a figure to the microsecond (or micro-dollar)
+    says all the measurement can, not 1.6497099000000617."""
+    return None if value is None else round(value, digits)
+
+
+def op_outputs(verdict: Verdict) -> dict[str, Any]:
     """The scalars logged as outputs of the compare op (columns of the comparison view)."""
-    best = report.best
+    best = verdict.best
     assert best is not None
     comp, delta = best.comparison, best.cost
+    rec = verdict.recommendation
     out: dict[str, Any] = {
-        "verdict": report.verdict,
-        "verdict_reason": report.reason,
+        "verdict": verdict.verdict,
+        "verdict_reason": verdict.reason,
         "verdict_outcome": best.outcome.value,
-        "baseline_profile": report.baseline,
+        "recommended_profile": rec.profile if rec else None,
+        "recommendation_reason": rec.reason if rec else None,
+        "baseline_profile": verdict.baseline,
         "candidate_profile": comp.candidate.profile,
+        "profile_count": len(verdict.profiles),
+        "confidence": verdict.thresholds.confidence,
         "pause_speedup": comp.pause_speedup,
         "pause_delta_s": comp.pause_delta_s,
-        "pause_noise_s": comp.pause_noise_s,
+        "pause_delta_ci_low_s": comp.pause.shift.low,
+        "pause_delta_ci_high_s": comp.pause.shift.high,
         "runtime_delta_s": comp.runtime_delta_s,
-        "runtime_noise_s": comp.runtime_noise_s,
+        "runtime_delta_ci_low_s": comp.runtime.shift.low,
+        "runtime_delta_ci_high_s": comp.runtime.shift.high,
         "final_loss_delta": comp.loss_delta,
-        "failed_runs": len(report.failed_runs),
+        "failed_runs": len(verdict.failed_runs),
     }
+    if verdict.drift is not None:
+        out["baseline_drift_runtime_s"] = verdict.drift.runtime_s
+        if verdict.drift.pause is not None:
+            out["baseline_drift_pause_s"] = verdict.drift.pause.estimate
     if delta is not None:
         out |= {
             "cost_delta_usd_per_checkpoint": delta.gpu_per_checkpoint,
@@ -197,11 +309,17 @@ def op_outputs(report: Report) -> dict[str, Any]:
             "run_cost_delta_usd": delta.run_total,
             "breakeven_checkpoints_per_month": delta.breakeven_checkpoints_month,
         }
-    for s in report.stats:
+    for s in verdict.profiles:
         key = output_key(s.profile)
         out[f"{key}_pause_s_median"] = s.pause.median
+        out[f"{key}_warmup_pause_s_median"] = s.warmup_median
         out[f"{key}_runtime_s"] = s.runtime_s
-        cost = report.costs[s.profile]
+        out[f"{key}_runs"] = len(s.per_run)
+        cost = verdict.costs[s.profile]
         if cost.known:
             out[f"{key}_run_cost_usd"] = cost.run_total
-    return {k: v for k, v in out.items() if v is not None}
+    for cand in verdict.candidates:
+        key = output_key(cand.comparison.candidate.profile)
+        out[f"pause_diff_ci_low_{key}"] = cand.comparison.pause.shift.low
+        out[f"pause_diff_ci_high_{key}"] = cand.comparison.pause.shift.high
+    return {k: _round(v) if isinstance(v, float) else v for k, v in out.items() if v is not None}

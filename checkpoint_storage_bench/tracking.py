@@ -79,6 +79,29 @@ class Tracker:
         if self._run and tags:
             self._run.log_tags(tags)
 
+    def log_progress(self, fraction: float) -> None:
+        """The run's progress bar in Polyaxon's UI (0..1; traceml throttles the updates)."""
+        if self._run and hasattr(self._run, "log_progress"):
+            self._run.log_progress(min(1.0, max(0.0, float(fraction))))
+
+    def outputs_path(self, rel_path: str, store: bool = False) -> str | None:
+        """Where the run's outputs live: the local directory Polyaxon syncs to the artifacts
+        store (created), or with ``store`` the same place in the store itself (s3://…,
+        gs://…). None when disabled, or with ``store`` when no artifacts store is
+        configured (outside a Polyaxon run)."""
+        if not self._run:
+            return None
+        if store and self._run.get_artifacts_store_connection() is None:
+            return None
+        return self._run.get_outputs_path(
+            rel_path, ensure_path=not store, is_dir=True, use_store_path=store
+        )
+
+    def set_readme(self, markdown: str) -> None:
+        """The run's readme: Polyaxon renders it on the run's page."""
+        if self._run:
+            self._run.set_readme(markdown, async_req=False)
+
     def log_artifact(self, path: Path, name: str | None = None, kind: str = "file") -> None:
         if self._run:
             self._run.log_artifact(path=str(path), name=name, kind=kind)

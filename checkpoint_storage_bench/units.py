@@ -3,6 +3,7 @@ quantities ("290Mi", "3k", "500m") as the API server reads them."""
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 
@@ -52,6 +53,21 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def significant(value: float, digits: int = 4) -> float:
+    """``value`` rounded to ``digits`` significant digits: what a figure can tell.
+
+    >>> significant(1.6497099000000617)
+    1.65
+    >>> significant(123456.7)
+    123500.0
+    >>> significant(0.000123456)
+    0.0001235
+    """
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(abs(value))))
 
 
 # Kubernetes quantities (k8s.io/apimachinery resource.Quantity), as class parameters are

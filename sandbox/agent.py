@@ -8,6 +8,8 @@ machine:
 2. convert each queued run with Polyaxon's own converter (``polyaxon._local_process``);
 3. run the ``polyaxon-main`` container's command with its env, in its own HOME and context
    dir, its connections' mount paths mapped to local directories, and the venv's python;
+   an op that mounts the claim runs in the claim's cgroup, where block-I/O limits emulate
+   the claim's volume class (``sandbox.claim``);
 4. capture stdout/stderr and upload them as the run's logs (the UI's Logs tab);
 5. report running / succeeded / failed, and stop runs on request.
 
@@ -18,11 +20,13 @@ land where the server reads them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.io_limits import in_cgroup
 from checkpoint_storage_bench.processes import STOP_GRACE, signal_group
+from sandbox import claim
 from sandbox.config import REPO_ROOT, AgentSettings, SandboxPaths
 
 log = logging.getLogger("sandbox.agent")
@@ -52,6 +58,41 @@ class LocalCommand:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+
+
+def mounts_claim(content: Any, claim_connections: frozenset[str]) -> bool:
+    """Whether a compiled operation mounts one of ``claim_connections`` in its main
+    container (``run.connections``; an ``init`` connection is a copy, not a mount)."""
+    spec = json.loads(content) if isinstance(content, str | bytes) else content
+    names = ((spec or {}).get("run") or {}).get("connections") or []
+    return bool(set(names) & claim_connections)
+
+
+# The downward API fields a local process can answer truthfully: the "node" is this machine.
+DOWNWARD_API = {
+    "spec.nodeName": socket.gethostname,
+    "metadata.namespace": lambda: "sandbox",
+    "status.podIP": lambda: "127.0.0.1",
+    "status.hostIP": lambda: "127.0.0.1",
+}
+
+
+def downward_api_env(content: Any) -> dict[str, str | None]:
+    """Values for the main container's ``valueFrom.fieldRef`` env vars, answered locally.
+
+    Polyaxon's local converter keeps only ``value`` and turns such a variable into the
+    string ``"null"``; a field this machine cannot answer maps to None (the variable is
+    removed rather than set to a made-up value).
+    """
+    spec = json.loads(content) if isinstance(content, str | bytes) else content
+    container = ((spec or {}).get("run") or {}).get("container") or {}
+    found: dict[str, str | None] = {}
+    for item in container.get("env") or []:
+        field = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        if item.get("name") and field:
+            answer = DOWNWARD_API.get(field)
+            found[item["name"]] = answer() if answer else None
+    return found
 
 
 def _mount_pattern(mount: str) -> re.Pattern[str]:
@@ -168,6 +209,8 @@ class LocalAgent:
         self._plx = PolyaxonClient(config=self._client_config, token=NO_AUTH)
         self.client = AgentClient(owner=self.owner, client=self._plx)
         self.store = Path(self.settings.artifacts_store["schema"]["hostPath"])
+        # Where ops that mount the claim run (None: no profile emulates a class).
+        self._claim_cgroup = claim.claim_cgroup(self.settings.profiles)
 
     # -- loop ------------------------------------------------------------------------------
 
@@ -260,7 +303,7 @@ class LocalAgent:
         link = context / "artifacts" / uuid
         if not link.is_symlink():
             link.symlink_to(store_run, target_is_directory=True)
-        managed = self.settings.profiles["claim_path"] if self.settings.profiles else None
+        managed = self.settings.profiles.claim_path if self.settings.profiles else None
         for local in self.settings.local_mounts.values():
             if local == managed:
                 # The storage-profile hook owns this symlink; never turn it into a directory.
@@ -272,6 +315,14 @@ class LocalAgent:
             elif not local.exists():
                 local.mkdir(parents=True, exist_ok=True)
         return home, context, run_dir / "main.log"
+
+    def in_claim_cgroup(self, argv: list[str]) -> list[str]:
+        """``argv`` made to run in the claim's cgroup, where the claim's volume class is
+        emulated; the cgroup is made again with the current profile's limits if it went."""
+        assert self._claim_cgroup is not None and self.settings.profiles is not None
+        if not self._claim_cgroup.exists():
+            claim.restore(self.settings.profiles, self._claim_cgroup)
+        return in_cgroup(argv, self._claim_cgroup)
 
     def _not_to_start(self, uuid: str) -> str | None:
         """Why a run must not start (the agent stops, or the run was stopped), else None.
@@ -303,6 +354,15 @@ class LocalAgent:
             command.env["SANDBOX_ROOT"] = str(self.paths.root)
             # The converter fills in the agent's configured host, not necessarily this one.
             command.env["POLYAXON_HOST"] = self.host
+            for var, value in downward_api_env(run_data[3]).items():
+                if value is None:
+                    command.env.pop(var, None)
+                else:
+                    command.env[var] = value
+            if self._claim_cgroup is not None and mounts_claim(
+                run_data[3], self.settings.claim_connections
+            ):
+                command.argv = self.in_claim_cgroup(command.argv)
         except Exception as exc:  # noqa: BLE001
             self._status(owner, project, uuid, "failed", "AgentConvert", f"cannot run: {exc}")
             return

@@ -9,25 +9,18 @@ components by ``pathRef`` so CI can check it offline; :func:`pipeline_twin` rewr
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from sandbox.config import is_loopback_http
-from sandbox.errors import ConfigError, SandboxError
+from sandbox.errors import ConfigError, RegisterError, ServerUnavailableError
 
-
-class RegisterError(SandboxError):
-    """The server refused a component version."""
-
-    exit_code = 5
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,21 +48,6 @@ def find_components(components_dir: Path) -> list[ComponentFile]:
     return found
 
 
-def polyaxon_cli(
-    args: list[str], host: str | None, home: Path | None
-) -> subprocess.CompletedProcess:
-    """Run the ``polyaxon`` CLI of this venv against ``host`` (or its configured one)."""
-    env = dict(os.environ, COLUMNS="400", TERM="dumb")  # no wrapped lines to parse
-    if host:
-        env["POLYAXON_HOST"] = host
-    if home:
-        home.mkdir(parents=True, exist_ok=True)
-        env["HOME"] = str(home)
-    exe = Path(sys.executable).with_name("polyaxon")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "polyaxon"]
-    return subprocess.run(cmd + args, env=env, capture_output=True, text=True, check=False)
-
-
 def api_client(host: str | None) -> Any:
     """A Polyaxon SDK client for ``host``; ``None`` means the user's configured server.
 
@@ -89,9 +67,12 @@ def api_client(host: str | None) -> Any:
 
 
 @contextmanager
-def _quiet_404s() -> Iterator[None]:
-    # Polyaxon's client logs every 404 as an error, yet "no such project/version yet" is the
-    # normal first-registration path here; real failures still raise.
+def quiet_sdk_errors() -> Iterator[None]:
+    """Silence the error block Polyaxon's client logs for every failed call.
+
+    "No such project/version yet" (404) is the normal first-registration path here, and
+    every other failure is raised to the caller, which reports it in one line.
+    """
     logger = logging.getLogger("polyaxon.cli")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -101,9 +82,27 @@ def _quiet_404s() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def sdk_call(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call a Polyaxon SDK method; a failure becomes one clear sandbox error.
+
+    Raises:
+        ServerUnavailableError: The server did not answer, or answered with an error.
+    """
+    from polyaxon.exceptions import ApiException, PolyaxonClientException
+    from urllib3.exceptions import HTTPError
+
+    with quiet_sdk_errors():
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise ServerUnavailableError(f"{what}: HTTP {exc.status} {exc.reason}") from exc
+        except (HTTPError, PolyaxonClientException, OSError) as exc:
+            raise ServerUnavailableError(f"{what}: {exc}") from exc
+
+
 def ensure_project(owner: str, name: str, client: Any) -> None:
     """Create ``owner/name`` unless it exists."""
-    with _quiet_404s():
+    with quiet_sdk_errors():
         _ensure_project(owner, name, client)
 
 
@@ -135,7 +134,7 @@ def register(components: list[ComponentFile], owner: str, host: str | None = Non
     re-running is safe.
     """
     client = api_client(host)
-    with _quiet_404s():
+    with quiet_sdk_errors():
         return [_register_one(comp, owner, client) for comp in components]
 
 

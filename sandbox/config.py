@@ -17,6 +17,13 @@ from typing import Any
 
 import yaml
 
+from checkpoint_storage_bench.contract import (
+    SANDBOX_MEDIA_PROFILES_FILE,
+    SANDBOX_PROFILES_FILE,
+    ProfilesFileError,
+    SandboxProfiles,
+    load_sandbox_profiles,
+)
 from sandbox.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +32,8 @@ DEFAULT_PORT = 8000
 DEFAULT_OWNER = "default"  # the sandbox CE server has a single organization, "default"
 DEFAULT_PROJECT = "checkpoint-storage"
 DEFAULT_AGENT_FILE = REPO_ROOT / "connections" / "sandbox-agent.yaml"
-DEFAULT_PROFILES_FILE = REPO_ROOT / "connections" / "sandbox-profiles.yaml"
+DEFAULT_PROFILES_FILE = REPO_ROOT / SANDBOX_PROFILES_FILE
+MEDIA_PROFILES_FILE = REPO_ROOT / SANDBOX_MEDIA_PROFILES_FILE
 
 
 def is_loopback(host: str) -> bool:
@@ -154,14 +162,17 @@ class AgentSettings:
         profiles_file: The sandbox storage-profiles file (contracts.md).
         profiles: That file's content, paths resolved (None without a profiles file).
         agent_file: The agent config these settings were read from.
+        claim_connections: The connections that mount the profiles' claim (an op that
+            names one runs in the claim's cgroup).
     """
 
     artifacts_store: dict[str, Any]
     connections: list[dict[str, Any]]
     local_mounts: dict[str, Path] = field(default_factory=dict)
     profiles_file: Path | None = None
-    profiles: dict[str, Any] | None = None
+    profiles: SandboxProfiles | None = None
     agent_file: Path | None = None
+    claim_connections: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         names = [c.get("name") for c in self.connections]
@@ -178,23 +189,17 @@ class AgentSettings:
         }
 
 
-def load_profiles(path: Path, root: Path) -> dict[str, Any]:
-    """Read the sandbox storage-profiles file; relative paths resolve against ``root``."""
+def load_profiles(path: Path, root: Path) -> SandboxProfiles:
+    """Read the sandbox storage-profiles file (the contract's parser); relative paths
+    resolve against ``root``.
+
+    Raises:
+        ConfigError: The file is unreadable or malformed.
+    """
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read profiles file {path}: {exc}") from exc
-    if not isinstance(data, dict) or not data.get("claimPath") or not data.get("profiles"):
-        raise ConfigError(f"profiles file {path}: needs claim, claimPath and profiles")
-    return {
-        "claim": data.get("claim"),
-        "namespace": data.get("namespace"),
-        "claim_path": _resolve(root, data["claimPath"]),
-        "profiles": {
-            name: _resolve(root, str((spec or {}).get("path", "")))
-            for name, spec in data["profiles"].items()
-        },
-    }
+        return load_sandbox_profiles(path, root)
+    except ProfilesFileError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def load_agent_settings(
@@ -225,6 +230,7 @@ def load_agent_settings(
         else None
     )
     mounts: dict[str, Path] = {}
+    claim_connections = set()
     connections = data.get("connections") or []
     for conn in connections:
         kind, schema = conn.get("kind"), conn.get("schema") or {}
@@ -233,8 +239,9 @@ def load_agent_settings(
             continue
         if kind == "volume_claim":
             claim = schema.get("volumeClaim")
-            if profiles and profiles["claim"] == claim:
-                mounts[mount] = profiles["claim_path"]
+            if profiles and profiles.claim == claim:
+                mounts[mount] = profiles.claim_path
+                claim_connections.add(str(conn.get("name")))
             else:
                 mounts[mount] = paths.state / "claims" / str(claim)
         elif kind == "host_path":
@@ -246,21 +253,24 @@ def load_agent_settings(
         profiles_file=Path(profiles_file) if profiles_file else None,
         profiles=profiles,
         agent_file=Path(agent_file),
+        claim_connections=frozenset(claim_connections),
     )
 
 
-def prepare_media(profiles: dict[str, Any]) -> list[Path]:
+def prepare_media(profiles: SandboxProfiles) -> list[Path]:
     """Create every profile's media directory; point a missing claim path at the first one.
 
     The claim starts on the first profile (baseline), as a fresh claim starts on its
     default class; the storage-profile hook repoints it from then on.
     """
     made = []
-    for media in profiles["profiles"].values():
-        media.mkdir(parents=True, exist_ok=True)
-        made.append(media)
-    link: Path = profiles["claim_path"]
+    for profile in profiles.profiles.values():
+        if profile.path not in made:
+            profile.path.mkdir(parents=True, exist_ok=True)
+            made.append(profile.path)
+    link = profiles.claim_path
     if not link.exists() and not link.is_symlink():
         link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(next(iter(profiles["profiles"].values())), target_is_directory=True)
+        first = next(iter(profiles.profiles.values()))
+        link.symlink_to(first.path, target_is_directory=True)
     return made

@@ -1,60 +1,143 @@
-"""Submit a pipeline to the sandbox, follow it to the end, and summarise its training runs."""
+"""Submit a pipeline to the sandbox, follow it to the end, and summarise its training runs.
+
+Every call goes through Polyaxon's own SDK (``RunClient``, ``ProjectClient``): the run is
+created with ``RunClient.create_from_polyaxonfile`` (Polyaxon checks the file and resolves
+its hubRefs), and runs, statuses and logs are read back as ``V1Run`` objects.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
-import re
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from checkpoint_storage_bench.contract import STAGES
-from sandbox.api import DONE_STATUSES, Api
-from sandbox.components import polyaxon_cli
+from sandbox.components import quiet_sdk_errors, sdk_call
 from sandbox.errors import (
+    ConfigError,
     FollowTimeoutError,
+    RegisterError,
     RunFailedError,
-    SandboxError,
     ServerUnavailableError,
 )
 
-RUN_UUID = re.compile(r"@([0-9a-f]{32})")
+DONE_STATUSES = {"succeeded", "failed", "stopped", "upstream_failed", "skipped", "done"}
 LOG_WAIT = 15.0  # seconds to wait for a failed run's log upload
 
 
+def run_client(client: Any, owner: str, project: str, uuid: str | None = None) -> Any:
+    """Polyaxon's ``RunClient`` for one run (or for the project's runs, without ``uuid``)."""
+    from polyaxon.client import RunClient
+
+    return RunClient(
+        owner=owner, project=project, run_uuid=uuid, client=client, manual_exceptions_handling=True
+    )
+
+
+@contextmanager
+def sandbox_hub(url: str) -> Iterator[None]:
+    """Point Polyaxon's default client at the sandbox, without any token, for a while.
+
+    Checking a polyaxonfile resolves its ``hubRef`` components with Polyaxon's *default*
+    client (``PolyaxonClient()``: the global client config and the user's login), not with
+    the client the run is created with. The sandbox's hub is the sandbox server, and the
+    user's own token must never be sent to it.
+    """
+    from polyaxon import settings
+    from polyaxon._schemas.client import ClientConfig
+
+    saved = settings.CLIENT_CONFIG, settings.AUTH_CONFIG
+    settings.CLIENT_CONFIG = ClientConfig(host=url, verify_ssl=False)
+    settings.AUTH_CONFIG = None
+    try:
+        yield
+    finally:
+        settings.CLIENT_CONFIG, settings.AUTH_CONFIG = saved
+
+
 def submit(
-    polyaxonfile: Path,
-    owner: str,
-    project: str,
-    host: str,
-    params: dict[str, str],
-    home: Path | None = None,
+    client: Any, url: str, polyaxonfile: Path, owner: str, project: str, params: dict[str, str]
 ) -> str:
-    """``polyaxon run -f FILE -p OWNER/PROJECT -P k=v ...``; returns the new run's uuid."""
-    args = ["run", "-f", str(polyaxonfile), "-p", f"{owner}/{project}"]
-    for key, value in params.items():
-        args += ["-P", f"{key}={value}"]
-    done = polyaxon_cli(args, host, home)
-    out = done.stdout + done.stderr
-    # Rich may still wrap a long line in the middle of the uuid.
-    match = RUN_UUID.search(re.sub(r"\s+", "", out))
-    if done.returncode != 0 or not match:
-        raise SandboxError(f"polyaxon run -f {polyaxonfile} failed:\n{out.strip()[-2000:]}")
-    return match.group(1)
+    """Create a run of ``polyaxonfile`` in ``owner/project`` (like ``polyaxon run -f FILE
+    -P k=v``); returns its uuid.
+
+    Raises:
+        ConfigError: Polyaxon finds the file or a param invalid (or a hubRef unknown).
+        RegisterError: The server refused the run.
+        ServerUnavailableError: The server did not answer.
+    """
+    from polyaxon.exceptions import (
+        ApiException,
+        PolyaxonClientException,
+        PolyaxonfileError,
+        PolyaxonSchemaError,
+    )
+    from urllib3.exceptions import HTTPError
+
+    runs = run_client(client, owner, project)
+    try:
+        with quiet_sdk_errors(), sandbox_hub(url):
+            run = runs.create_from_polyaxonfile(
+                polyaxonfile=str(polyaxonfile), params=[f"{k}={v}" for k, v in params.items()]
+            )
+    except ApiException as exc:
+        raise RegisterError(
+            f"the server refused a run of {polyaxonfile}: HTTP {exc.status} {exc.reason}"
+            f"{': ' + str(exc.body)[:500] if exc.body else ''}"
+        ) from exc
+    except (HTTPError, OSError) as exc:
+        raise ServerUnavailableError(f"cannot submit {polyaxonfile} to {url}: {exc}") from exc
+    except (PolyaxonfileError, PolyaxonSchemaError, PolyaxonClientException, ValueError) as exc:
+        raise ConfigError(f"{polyaxonfile} cannot be run: {exc}") from exc
+    return run.uuid
+
+
+def get_run(client: Any, owner: str, project: str, uuid: str) -> Any:
+    """The run's current record (a ``V1Run``)."""
+    runs = run_client(client, owner, project, uuid)
+    sdk_call(f"read run {uuid}", runs.refresh_data)
+    return runs.run_data
+
+
+def list_runs(client: Any, owner: str, project: str, query: str | None = None) -> list[Any]:
+    """A project's runs (``V1Run``), oldest first, optionally filtered (``kind:dag``)."""
+    runs = run_client(client, owner, project)
+    found = sdk_call(
+        f"list runs of {owner}/{project}", runs.list, query=query, sort="created_at", limit=1000
+    )
+    return list(found.results or [])
+
+
+def pipeline_ops(client: Any, owner: str, project: str, pipeline: str) -> list[Any]:
+    """The ops of a pipeline (``V1Run``), in the order they were created."""
+    return list_runs(client, owner, project, query=f"pipeline.uuid:{pipeline}")
+
+
+def stop_run(client: Any, owner: str, project: str, uuid: str) -> None:
+    """Ask the server to stop a run (a pipeline stops its ops too)."""
+    sdk_call(f"stop run {uuid}", run_client(client, owner, project, uuid).stop)
+
+
+def log_lines(client: Any, owner: str, project: str, uuid: str) -> list[str]:
+    """The run's captured log lines, as the UI shows them."""
+    logs = sdk_call(f"read the logs of {uuid}", run_client(client, owner, project, uuid).get_logs)
+    return [entry.value or "" for entry in (logs.logs if logs else None) or []]
 
 
 def follow(
-    api: Api,
+    client: Any,
     owner: str,
     project: str,
     uuid: str,
     timeout: float,
     echo: Callable[[str], None] = print,
     every: float = 2.0,
-) -> list[dict[str, Any]]:
+) -> list[Any]:
     """Print each op's status changes until the pipeline is done; return its ops.
 
     Raises:
@@ -66,59 +149,58 @@ def follow(
     seen: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     while True:
-        pipeline = api.run(owner, project, uuid)
-        ops = api.pipeline_runs(owner, project, uuid)
+        pipeline = get_run(client, owner, project, uuid)
+        ops = pipeline_ops(client, owner, project, uuid)
         for op in ops:
-            if seen.get(op["uuid"]) != op["status"]:
-                seen[op["uuid"]] = op["status"]
-                echo(f"  {op['name']:<22} {op['status']}")
-        if pipeline["status"] in DONE_STATUSES:
+            if seen.get(op.uuid) != op.status:
+                seen[op.uuid] = op.status
+                echo(f"  {op.name:<22} {op.status}")
+        if pipeline.status in DONE_STATUSES:
             break
         if time.monotonic() > deadline:
             try:
-                api.stop(owner, project, uuid)
+                stop_run(client, owner, project, uuid)
                 stopped = "; stopped it"
             except ServerUnavailableError as exc:
                 stopped = f"; could not stop it: {exc}"
             raise FollowTimeoutError(
-                f"pipeline {uuid} still {pipeline['status']} after {timeout:.0f}s{stopped}"
+                f"pipeline {uuid} still {pipeline.status} after {timeout:.0f}s{stopped}"
             )
         time.sleep(every)
-    if pipeline["status"] != "succeeded":
-        raise RunFailedError(failure_report(api, owner, project, pipeline, ops))
+    if pipeline.status != "succeeded":
+        raise RunFailedError(failure_report(client, owner, project, pipeline, ops))
     return ops
 
 
-def failure_report(
-    api: Api, owner: str, project: str, pipeline: dict[str, Any], ops: list[dict[str, Any]]
-) -> str:
+def failure_report(client: Any, owner: str, project: str, pipeline: Any, ops: list[Any]) -> str:
     """Which op failed, its status message and its log tail."""
-    lines = [f"pipeline {pipeline['name']} ({pipeline['uuid']}) ended {pipeline['status']}"]
+    lines = [f"pipeline {pipeline.name} ({pipeline.uuid}) ended {pipeline.status}"]
     for op in ops:
-        if op["status"] not in ("failed", "stopped"):
+        if op.status not in ("failed", "stopped"):
             continue
-        conditions = api.statuses(owner, project, op["uuid"])
+        runs = run_client(client, owner, project, op.uuid)
+        _, conditions = sdk_call(f"read the statuses of {op.uuid}", runs.get_statuses)
         message = next(
-            (c.get("message") for c in reversed(conditions) if c.get("type") == op["status"]),
+            (c.message for c in reversed(list(conditions)) if c.type == op.status and c.message),
             "",
         )
-        lines.append(f"op {op['name']} {op['status']}: {message}")
-        logs = _logs_when_uploaded(api, owner, project, op["uuid"])
+        lines.append(f"op {op.name} {op.status}: {message}")
+        logs = _logs_when_uploaded(client, owner, project, op.uuid)
         if logs:
-            lines.append(f"last lines of {op['name']}'s log:")
+            lines.append(f"last lines of {op.name}'s log:")
             lines += ["  " + line for line in logs[-20:]]
     return "\n".join(lines)
 
 
 def _logs_when_uploaded(
-    api: Api, owner: str, project: str, uuid: str, wait: float = LOG_WAIT
+    client: Any, owner: str, project: str, uuid: str, wait: float = LOG_WAIT
 ) -> list[str]:
     """The run's log lines; a run that reported its own failure may still be exiting, so
     give the agent a moment to upload them."""
     deadline = time.monotonic() + wait
     while True:
         try:
-            logs = api.logs(owner, project, uuid)
+            logs = log_lines(client, owner, project, uuid)
         except ServerUnavailableError:
             logs = []
         if logs or time.monotonic() > deadline:
@@ -132,21 +214,22 @@ def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
     return "-"
 
 
-def comparison(ops: list[dict[str, Any]]) -> str:
+def comparison(ops: list[Any]) -> str:
     """A profile-by-profile table of the training runs: pause, stages, fio, runtime, loss.
 
     The training op is the one with a ``ckpt_pause_s_total`` output; its fio op is the op
     whose name has the same suffix (``train-baseline`` -> ``fio-baseline``).
     """
-    by_suffix = {op["name"].split("-", 1)[-1]: op for op in ops if op["name"].startswith("fio")}
+    by_suffix = {op.name.split("-", 1)[-1]: op for op in ops if op.name.startswith("fio")}
     rows = []
     for op in ops:
-        out = op.get("outputs") or {}
+        out = op.outputs or {}
         if "ckpt_pause_s_total" not in out:
             continue
-        inputs = op.get("inputs") or {}
-        suffix = op["name"].split("-", 1)[-1]
-        fio = (by_suffix.get(suffix) or {}).get("outputs") or {}
+        inputs = op.inputs or {}
+        suffix = op.name.split("-", 1)[-1]
+        fio_op = by_suffix.get(suffix)
+        fio = (fio_op.outputs if fio_op else None) or {}
         bw = {k: v for k, v in fio.items() if k.endswith("_bw_mbps")}
         headline = max(bw.items(), key=lambda kv: kv[1], default=None)
         stages = "  ".join(
@@ -156,7 +239,7 @@ def comparison(ops: list[dict[str, Any]]) -> str:
         )
         rows.append(
             [
-                f"profile {inputs.get('storage_profile', suffix)} ({op['name']})",
+                f"profile {inputs.get('storage_profile', suffix)} ({op.name})",
                 f"  checkpoint pause: total {_fmt(out.get('ckpt_pause_s_total'), 's')}, "
                 f"median {_fmt(out.get('ckpt_pause_s_median'), 's')}, "
                 f"share {_fmt(out.get('ckpt_pause_share'), '', 3)} of the run",

@@ -12,14 +12,18 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from checkpoint_storage_bench.processes import group_members, stop_group
-from sandbox.api import DONE_STATUSES, Api
+from sandbox import claim
+from sandbox.claim import ClaimLimits
 from sandbox.config import (
     DEFAULT_HOST,
     DEFAULT_OWNER,
@@ -54,6 +58,18 @@ def free_port(host: str = DEFAULT_HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    """Whether the server at ``url`` answers ``/healthz``.
+
+    Never the agents' state (the SDK's agent client): reading that schedules queued runs.
+    """
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -132,8 +148,14 @@ class Sandbox:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def api(self) -> Api:
-        return Api(self.url)
+    def client(self) -> Any:
+        """Polyaxon's SDK client for this sandbox's server (no token is ever sent to it)."""
+        from sandbox.components import api_client
+
+        return api_client(self.url)
+
+    def healthy(self) -> bool:
+        return healthy(self.url)
 
     def server_pid(self) -> int | None:
         return read_pid(self.paths.server_pid)
@@ -155,7 +177,7 @@ class Sandbox:
                     f"this sandbox's server already runs on port {running}; use --port "
                     f"{running}, or stop it first"
                 )
-            if self.api.healthy():
+            if self.healthy():
                 return
         if not port_free(self.host, self.port):
             raise PortInUseError(
@@ -182,7 +204,7 @@ class Sandbox:
                     f"the server exited while starting; last lines of "
                     f"{self.paths.server_log}:\n{tail(self.paths.server_log)}"
                 )
-            if self.api.healthy():
+            if self.healthy():
                 return
             time.sleep(0.5)
         stop_group(pid)
@@ -201,18 +223,30 @@ class Sandbox:
             cmd += ["--profiles-file", str(self.agent.profiles_file)]
         return cmd
 
-    def start_agent(self, poll: float = 1.0, timeout: float = AGENT_START_TIMEOUT) -> None:
+    def start_agent(
+        self, poll: float = 1.0, timeout: float = AGENT_START_TIMEOUT
+    ) -> tuple[ClaimLimits | None, list[int]]:
         """Start the local agent (``python -m sandbox agent``) unless it already runs; wait
         until it has polled the server once (it then writes ``.sandbox/agent.ready``).
+
+        Before it starts, the claim's cgroup is reset: what an earlier agent left in it
+        (runs that outlived a crash) is killed, and it is made afresh with the claim's
+        current profile's limits.
+
+        Returns:
+            The claim's limits (None without an emulated profile) and the pids killed; (None,
+            []) when the agent already ran.
 
         Raises:
             ServerUnavailableError: No server answers.
             ServerStartError: The agent exited or did not poll in time (log tail inside).
+            ConfigError: The profiles emulate classes and the kernel cannot throttle.
         """
         if self.agent_pid():
-            return
-        if not self.api.healthy():
+            return None, []
+        if not self.healthy():
             raise ServerUnavailableError(f"no server answers at {self.url}; start it first")
+        limits = claim.reset(self.agent.profiles)
         self.paths.agent_ready.unlink(missing_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -228,11 +262,16 @@ class Sandbox:
                 what = f"did not poll the server within {timeout:.0f}s" if alive else "exited"
                 stop_group(pid)
                 self.paths.agent_pid.unlink(missing_ok=True)
+                # No agent, no runs: the claim's cgroup would only be left behind.
+                cgroup = claim.existing_cgroup(self.agent.profiles)
+                if cgroup is not None:
+                    cgroup.remove()
                 raise ServerStartError(
                     f"the agent {what}; last lines of {self.paths.agent_log}:\n"
                     f"{tail(self.paths.agent_log)}"
                 )
             time.sleep(0.2)
+        return limits
 
     def stop_unfinished_runs(
         self, owner: str = DEFAULT_OWNER, wait: float = RUNS_STOP_WAIT
@@ -243,22 +282,30 @@ class Sandbox:
         Returns:
             The uuids of the runs it asked to stop ([] when no server answers).
         """
-        if not self.server_pid() or not self.api.healthy():
+        from polyaxon.client import ProjectClient
+
+        from sandbox.components import sdk_call
+        from sandbox.pipeline import DONE_STATUSES, get_run, list_runs, stop_run
+
+        if not self.server_pid() or not self.healthy():
             return []
+        client = self.client
         try:
-            projects = self.api.get(f"api/v1/{owner}/projects/list", limit=1000)
+            projects = sdk_call(
+                "list projects", ProjectClient(owner=owner, client=client).list, limit=1000
+            )
             unfinished = [
-                (project["name"], run["uuid"], run.get("status"))
-                for project in projects.get("results") or []
-                for run in self.api.runs(owner, project["name"], limit=1000)
-                if run.get("status") not in DONE_STATUSES
+                (project.name, run.uuid, run.status)
+                for project in projects.results or []
+                for run in list_runs(client, owner, project.name)
+                if run.status not in DONE_STATUSES
             ]
             for project, uuid, status in unfinished:
                 if status != "stopping":
-                    self.api.stop(owner, project, uuid)
+                    stop_run(client, owner, project, uuid)
             deadline = time.monotonic() + (wait if self.agent_pid() else 0)
             while time.monotonic() < deadline and any(
-                self.api.run(owner, project, uuid).get("status") not in DONE_STATUSES
+                get_run(client, owner, project, uuid).status not in DONE_STATUSES
                 for project, uuid, _ in unfinished
             ):
                 time.sleep(0.5)
@@ -281,6 +328,13 @@ class Sandbox:
                 stopped.append(f"{name}'s leftover processes (group {pid})")
             pid_file.unlink(missing_ok=True)
         self.paths.agent_ready.unlink(missing_ok=True)
+        # The claim's cgroup goes too (and whatever still ran in it): nothing of the
+        # emulation outlives the sandbox; the next start makes it afresh.
+        cgroup = claim.existing_cgroup(self.agent.profiles)
+        if cgroup is not None:
+            killed = cgroup.remove()
+            left = f" and {len(killed)} process(es) left in it" if killed else ""
+            stopped.append(f"claim cgroup {cgroup.path}{left}")
         return stopped
 
     def _owns_group(self, pgid: int) -> bool:
@@ -296,13 +350,15 @@ class Sandbox:
         return False
 
     def status(self) -> dict[str, object]:
-        """Pids, health and URL of this sandbox."""
+        """Pids, health and URL of this sandbox; the claim's profile and the block-I/O
+        limits in force, read back from the kernel."""
         return {
             "url": self.url,
             "server_pid": self.server_pid(),
-            "server_healthy": self.api.healthy(),
+            "server_healthy": self.healthy(),
             "agent_pid": self.agent_pid(),
             "root": str(self.paths.root),
             "server_log": str(self.paths.server_log),
             "agent_log": str(self.paths.agent_log),
+            **claim.describe(self.agent.profiles),
         }

@@ -1,3 +1,6 @@
+"""``python -m trainer``."""
+
 from trainer.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,62 +1,159 @@
-"""The trainer's configuration, validated once so the loop can trust it."""
+"""The trainer's settings, in one place: :class:`TrainConfig`.
+
+Each field is typed (a ``Literal`` is a closed set of choices), documented by the string
+right below it, and validated in ``__post_init__``. Everything else is derived from it:
+the click options of ``python -m trainer`` (:func:`trainer.cli.config_options`, help text
+= the field's docstring), the record stored in every checkpoint, and the bundle test that
+fails when the component's inputs drift from these defaults and choices
+(tests/bundle/test_trainer_config.py).
+"""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import math
 import os
-from dataclasses import asdict, dataclass
+import textwrap
+from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
 
-FORMATS = ("raw", "torch")
-DURABILITY = ("fsync", "none")
-DEVICES = ("auto", "cpu", "cuda")
+Device = Literal["auto", "cpu", "cuda"]
+Format = Literal["raw", "torch", "dcp", "safetensors"]
+Durability = Literal["fsync", "none"]
+Resume = Literal["never", "auto", "always"]
 # Many ranks (issue 16): how the model is spread over torchrun's processes.
 Parallel = Literal["none", "ddp", "fsdp"]
+
+DEVICES: tuple[str, ...] = get_args(Device)
+FORMATS: tuple[str, ...] = get_args(Format)
+DURABILITY: tuple[str, ...] = get_args(Durability)
+RESUME: tuple[str, ...] = get_args(Resume)
 PARALLEL: tuple[str, ...] = get_args(Parallel)
+
+RUN_ARTIFACTS_TARGETS = {"run-artifacts": False, "run-artifacts-store": True}
+"""``--upload-to`` names for the tracked run's own outputs → whether the upload goes straight
+to the artifacts store (True) or into the local outputs directory Polyaxon syncs (False)."""
+
+MIN_MODEL_BYTES = 64 * 1024
+MAX_IO_STREAMS = 64
+
+
+def cli(
+    *,
+    flag: str | None = None,
+    envvar: str | None = None,
+    metavar: str | None = None,
+    click_type: Any = None,
+    flag_value: Any = None,
+) -> dict[str, Any]:
+    """Field metadata for the generated click option, where the field alone does not say it.
+
+    Args:
+        flag: The option's declaration when it is not ``--<field-name>`` (e.g. ``--async/--sync``).
+        envvar: An environment variable that supplies the value.
+        metavar: What ``--help`` shows for the value.
+        click_type: The click type when the field's own type is not what the user types
+            (``model_size`` is typed as ``64MiB`` and becomes bytes).
+        flag_value: The value of the option given without one (``--resume`` = always).
+    """
+    return {
+        "cli": {
+            "flag": flag,
+            "envvar": envvar,
+            "metavar": metavar,
+            "type": click_type,
+            "flag_value": flag_value,
+        }
+    }
 
 
 @dataclass
 class TrainConfig:
-    """Everything a training run needs; ``__post_init__`` rejects bad values.
-
-    Attributes:
-        checkpoint_dir: Directory on the mounted claim; must exist and be writable.
-        steps: Training steps to run in total (a resumed run continues up to this).
-        checkpoint_every: Save after every this many steps.
-        keep: Complete checkpoints to retain; older ones go once a newer one is durable.
-        resume: Continue from the newest complete, verified checkpoint.
-        upload_to: fsspec URL of the artifact store, or None.
-        storage_profile: The record label for the volume profile (does not change it).
-        model_size: fp32 parameter bytes; the checkpoint is about three times this.
-        seed: Dataset and initialisation seed.
-        device: auto, cpu or cuda.
-        format: raw (our direct writer) or torch (``torch.save``, the reference).
-        async_checkpoint: Write in the background; block only while staging.
-        durability: fsync (file and directory) or none.
-        parallel: none, or ddp / fsdp under torchrun (issue 16).
-        checkpoint_timeout: Seconds a sharded checkpoint waits for the slowest rank.
-    """
+    """Everything a training run needs; ``__post_init__`` rejects bad values (exit 2)."""
 
     checkpoint_dir: Path
+    """Directory on the mounted claim for this run's checkpoints. Created when missing, but
+    its parent must exist: a missing parent means the claim is not mounted."""
+
     steps: int = 200
+    """Training steps in total; a resumed run continues up to this step."""
+
     checkpoint_every: int = 50
+    """Save a checkpoint every N steps."""
+
     keep: int = 2
-    resume: bool = False
-    upload_to: str | None = None
-    storage_profile: str = "unlabelled"
-    model_size: int | str = "16MiB"
+    """Complete, verified checkpoints to keep; older ones are deleted only once a newer one
+    is durable."""
+
+    resume: Resume = field(default="never", metadata=cli(flag_value="always"))
+    """never: refuse a directory that holds checkpoints; always (also a bare --resume):
+    continue from the newest complete, verified checkpoint; auto: continue from this
+    Polyaxon run's own newest verified checkpoint (a retried or resumed run keeps its uuid),
+    start fresh in an empty directory, refuse another run's checkpoints."""
+
+    upload_to: str | None = field(default=None, metadata=cli(metavar="URL"))
+    """Also upload every checkpoint, timed as the upload stage: an fsspec URL (file://,
+    s3://, gs://, memory://); run-artifacts: into this Polyaxon run's outputs, which
+    Polyaxon syncs to its artifacts store; run-artifacts-store: straight into the same place
+    in the artifacts store."""
+
+    storage_profile: str = field(default="unlabelled", metadata=cli(envvar="STORAGE_PROFILE"))
+    """Record label of the volume profile (the claim's VolumeAttributesClass); it does not
+    change the volume."""
+
+    summary_json: Path | None = None
+    """Write the run's figures and per-checkpoint timeline to this JSON file."""
+
+    model_size: int | str = field(default="16MiB", metadata=cli(click_type=str, metavar="SIZE"))
+    """fp32 parameter bytes (e.g. 2MiB, 1GiB); a checkpoint is about three times this."""
+
     seed: int = 0
-    device: str = "auto"
-    format: str = "raw"
-    async_checkpoint: bool = False
-    durability: str = "fsync"
+    """Seed of the model initialisation and the synthetic dataset."""
+
+    device: Device = "auto"
+    """auto (CUDA when available), cpu or cuda."""
+
+    format: Format = "raw"
+    """raw: the direct, checksummed writer; references: torch (torch.save), dcp
+    (torch.distributed.checkpoint; async_save with --async), safetensors (save_file + fsync)."""
+
+    async_checkpoint: bool = field(default=False, metadata=cli(flag="--async/--sync"))
+    """Write checkpoints in the background; training is blocked only while the state is
+    staged."""
+
+    durability: Durability = "fsync"
+    """fsync: a checkpoint counts once its files and directory are fsynced; none: skip the
+    fsyncs."""
+
+    io_streams: int = 1
+    """Files (and parallel writers) a checkpoint is spread over, 1 to 64, for volumes that
+    cap the throughput of one stream."""
+
+    no_overlap: bool = field(default=False, metadata=cli(flag="--no-overlap/--overlap"))
+    """raw: copy the whole state, then write it (the strict stage split); by default chunk k
+    is written while chunk k+1 is copied, so serialize + write can exceed the pause."""
+
     batch_size: int = 8
+    """Sequences per training step."""
+
     seq_len: int = 64
+    """Tokens per sequence of the synthetic dataset."""
+
     lr: float = 3e-4
+    """AdamW learning rate."""
+
     log_every: int = 10
+    """Record the loss every N steps."""
+
+    track: bool = True
+    """Record the run with Polyaxon tracking (the current run inside Polyaxon, else an
+    offline run)."""
 
     # -- many ranks (issue 16); used only under torchrun with more than one process
     parallel: Parallel = "none"
@@ -71,32 +168,45 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
-        for name in ("steps", "checkpoint_every", "batch_size", "seq_len", "log_every"):
+        if self.summary_json is not None:
+            self.summary_json = Path(self.summary_json)
+        for name in (
+            "steps",
+            "checkpoint_every",
+            "batch_size",
+            "seq_len",
+            "log_every",
+            "io_streams",
+        ):
             if getattr(self, name) <= 0:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
-                )
+                raise ConfigError(f"{flag(name)} must be positive, got {getattr(self, name)}")
+        if self.io_streams > MAX_IO_STREAMS:
+            raise ConfigError(
+                f"--io-streams must be at most {MAX_IO_STREAMS}, got {self.io_streams}"
+            )
         if self.keep < 1:
             raise ConfigError(f"--keep must be at least 1, got {self.keep}")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"--lr must be a positive number, got {self.lr}")
         try:
             self.model_size = parse_size(self.model_size)
         except ValueError as exc:
             raise ConfigError(f"--model-size: {exc}") from None
-        if self.model_size < 64 * 1024:
+        if self.model_size < MIN_MODEL_BYTES:
             raise ConfigError(f"--model-size must be at least 64KiB, got {self.model_size} bytes")
-        for name, allowed in (("device", DEVICES), ("format", FORMATS), ("durability", DURABILITY)):
+        for name, allowed in (
+            ("device", DEVICES),
+            ("format", FORMATS),
+            ("durability", DURABILITY),
+            ("resume", RESUME),
+            ("parallel", PARALLEL),
+        ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(
-                    f"unknown --{name} {getattr(self, name)!r}; choose from {', '.join(allowed)}"
+                    f"unknown {flag(name)} {getattr(self, name)!r}; choose from {', '.join(allowed)}"
                 )
         if not self.storage_profile:
             raise ConfigError("--storage-profile must not be empty")
-        if self.parallel not in PARALLEL:
-            raise ConfigError(
-                f"unknown --parallel {self.parallel!r}; choose from {', '.join(PARALLEL)}"
-            )
         if not self.checkpoint_timeout > 0:
             raise ConfigError(
                 f"--checkpoint-timeout must be positive, got {self.checkpoint_timeout}"
@@ -134,4 +244,31 @@ class TrainConfig:
         """The config as plain JSON values (stored in every checkpoint)."""
         data = asdict(self)
         data["checkpoint_dir"] = str(self.checkpoint_dir)
+        data["summary_json"] = None if self.summary_json is None else str(self.summary_json)
         return data
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field: ``checkpoint_every`` → ``--checkpoint-every``."""
+    return "--" + name.replace("_", "-")
+
+
+@cache
+def field_docs(cls: type = TrainConfig) -> dict[str, str]:
+    """Each field's docstring (the string literal right below it), as one line of text.
+
+    Python keeps no such attribute docstrings at run time, so they are read from the class
+    source, as documentation tools do.
+    """
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    docs = {}
+    for stmt, after in zip(node.body, node.body[1:], strict=False):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs

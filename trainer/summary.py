@@ -7,13 +7,15 @@ Keys are part of the contract (docs/contracts.md): seconds end in ``_s``, bytes 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint_storage_bench.contract import RUN_OUTPUTS, STAGES, SUMMARY_SCHEMA
+from checkpoint_storage_bench.contract import RESUMED_OUTPUT, RUN_OUTPUTS, STAGES, SUMMARY_SCHEMA
+from checkpoint_storage_bench.units import significant
 from trainer.ckpt.checkpointer import CheckpointRecord
 
 
@@ -26,11 +28,12 @@ class RunSummary:
     inputs: dict[str, Any]
     runtime_s: float
     steps_run: int
-    final_loss: float
+    final_loss: float | None
     checkpoints: list[CheckpointRecord]
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     resumed_from: int | None = None
     world_size: int = 1
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def stage_stats(self) -> dict[str, dict[str, float]]:
         stats = {}
@@ -46,6 +49,10 @@ class RunSummary:
 
     def to_json(self) -> dict[str, Any]:
         pause_total = sum(r.pause_s for r in self.checkpoints)
+        # A figure that cannot be told (no step run, a diverged loss) is null, never a
+        # negative number or NaN (which is not JSON).
+        ran = self.steps_run > 0 and self.runtime_s > 0
+        loss = self.final_loss
         return {
             "schema": SUMMARY_SCHEMA,
             "storage_profile": self.storage_profile,
@@ -53,24 +60,27 @@ class RunSummary:
             "inputs": self.inputs,
             "runtime_s": self.runtime_s,
             "steps_run": self.steps_run,
-            "steps_per_s": self.steps_run / self.runtime_s if self.runtime_s > 0 else 0.0,
-            "final_loss": self.final_loss,
+            "steps_per_s": self.steps_run / self.runtime_s if ran else None,
+            "final_loss": loss if loss is not None and math.isfinite(loss) else None,
+            # Set when the run continued from a checkpoint: its timings cover only the
+            # steps after it, so it is no whole run to rank against an uninterrupted one.
             "resumed_from_step": self.resumed_from,
             "world_size": self.world_size,
+            "provenance": self.provenance,
             "checkpoint_count": len(self.checkpoints),
             "checkpoint_bytes": self.checkpoints[-1].bytes if self.checkpoints else 0,
             "ckpt_time_s_total": sum(r.total_s for r in self.checkpoints),
             "ckpt_pause_s_total": pause_total,
-            "ckpt_pause_share": pause_total / self.runtime_s if self.runtime_s > 0 else 0.0,
+            "ckpt_pause_share": pause_total / self.runtime_s if ran else None,
             "stages": self.stage_stats(),
             "checkpoints": [r.as_dict() for r in self.checkpoints],
             "loss_curve": [[s, v] for s, v in self.loss_curve],
         }
 
-    def outputs(self) -> dict[str, float | int]:
-        """The scalar outputs that become Polyaxon comparison-view columns."""
+    def outputs(self) -> dict[str, float | int | None]:
+        """The scalar outputs that become Polyaxon comparison-view columns (None: untold)."""
         data = self.to_json()
-        out: dict[str, float | int] = {key: data[key] for key in RUN_OUTPUTS}
+        out: dict[str, float | int | None] = {key: data[key] for key in RUN_OUTPUTS}
         for stage, stats in data["stages"].items():
             out[f"ckpt_{stage}_median"] = stats["median"]
         if "pause_s" in data["stages"]:
@@ -86,6 +96,9 @@ class RunSummary:
             values = [v for r in self.checkpoints if (v := getattr(r, name, None)) is not None]
             if values:
                 out[f"ckpt_{name}_median"] = statistics.median(values)
+        # A column shows what a figure can tell, not float noise (1.6497099000000617 s).
+        out = {k: significant(v) if isinstance(v, float) else v for k, v in out.items()}
+        out[RESUMED_OUTPUT] = self.resumed_from or 0  # 0: started at step 0
         return out
 
 
@@ -93,7 +106,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 
@@ -104,6 +117,11 @@ def format_timeline(summary: RunSummary) -> str:
         f"storage profile: {summary.storage_profile}   checkpoints: {summary.checkpoint_dir}",
         head,
     ]
+    if summary.resumed_from:
+        lines.insert(
+            1,
+            f"resumed from step {summary.resumed_from}: the figures cover only the steps after it",
+        )
     for r in summary.checkpoints:
         upload = f"{r.upload_s:8.3f}" if r.upload_s is not None else f"{'-':>8}"
         lines.append(
@@ -111,9 +129,17 @@ def format_timeline(summary: RunSummary) -> str:
             f"{upload} {r.pause_s:8.3f} {r.total_s:8.3f} {r.write_gbps:6.2f}  {r.io_mode}"
         )
     data = summary.to_json()
+    if not data["steps_run"]:
+        lines.remove(head)
+        lines.append("no training step run (the checkpoint was already at --steps)")
+        return "\n".join(lines)
     lines.append(
         f"runtime {data['runtime_s']:.2f}s, {data['steps_per_s']:.1f} steps/s, "
         f"paused {data['ckpt_pause_s_total']:.2f}s ({100 * data['ckpt_pause_share']:.1f}% of runtime), "
-        f"final loss {data['final_loss']:.4f}"
+        f"final loss {_or_dash(data['final_loss'], '.4f')}"
     )
     return "\n".join(lines)
+
+
+def _or_dash(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

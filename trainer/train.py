@@ -11,16 +11,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from checkpoint_storage_bench.retry import Backoff
 from trainer import distributed
 from trainer.ckpt import sharded, store
 from trainer.ckpt.checkpointer import Checkpointer, CheckpointRecord
-from trainer.ckpt.formats import make_format
+from trainer.ckpt.formats import WriteOptions, load_verified, make_format
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
-from trainer.ckpt.upload import DEFAULT_BACKOFF, Backoff, Uploader
-from trainer.config import TrainConfig
+from trainer.ckpt.upload import DEFAULT_BACKOFF, Uploader
+from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
 from trainer.errors import CheckpointCorruptError, CheckpointDirError, ConfigError
 from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
+from trainer.progress import PROGRESS_EVERY_S, StepProgress
+from trainer.provenance import image_ref, run_uuid
 from trainer.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -80,7 +83,7 @@ def restore_latest(
                 raise CheckpointCorruptError(
                     f"{ref.path.name} is format {manifest['format']!r}, this run uses {cfg.format!r}"
                 )
-            state = fmt.load(data)
+            state = load_verified(fmt, ref.path, manifest, data)
         except CheckpointCorruptError as exc:
             say(f"resume: skipping {exc}")
             continue
@@ -100,6 +103,36 @@ def restore_latest(
     return None
 
 
+def check_resume_mode(cfg: TrainConfig, existing: list[store.CheckpointRef]) -> None:
+    """Refuse a directory whose checkpoints this run must not continue (exit 3).
+
+    Retention would otherwise count another run's checkpoints and delete them, or this
+    run's. ``never`` refuses any; ``auto`` refuses any that is not this Polyaxon run's own
+    (by the run uuid each manifest records; a retried or resumed run keeps its uuid);
+    ``always`` takes them as they are.
+    """
+    if not existing or cfg.resume == "always":
+        return
+    newest = existing[0].path.name
+    if cfg.resume == "never":
+        raise CheckpointDirError(
+            f"{cfg.checkpoint_dir} already holds checkpoints (newest {newest}): pass --resume "
+            "(always) to continue them, --resume auto to continue this Polyaxon run's own, "
+            "or use a new directory"
+        )
+    me = run_uuid()
+    for ref in existing:
+        readable, run = store.checkpoint_run(ref)
+        if readable and (me is None or run != me):
+            whose = f"run {run}" if run else "a run outside Polyaxon (or an older trainer)"
+            mine = f"this run is {me}" if me else "this process is not a Polyaxon run"
+            raise CheckpointDirError(
+                f"{cfg.checkpoint_dir} holds checkpoints of another run ({ref.path.name}: "
+                f"{whose}; {mine}): --resume auto continues only its own run's; pass "
+                "--resume always to continue them, or use a new directory"
+            )
+
+
 def _check_same_model(cfg: TrainConfig, saved: dict[str, Any], name: str) -> None:
     """A checkpoint of another model shape cannot be resumed: say so instead of a traceback."""
     for key in ("model_size", "seq_len", "seed"):
@@ -116,6 +149,9 @@ def train(
     on_loss: Callable[[int, float], None] = lambda s, v: None,
     say: Callable[[str], None] = print,
     upload_backoff: Backoff = DEFAULT_BACKOFF,
+    on_progress: Callable[[float], None] = lambda fraction: None,
+    progress_every_s: float = PROGRESS_EVERY_S,
+    upload_url: str | None = None,
 ) -> RunSummary:
     """Train for ``cfg.steps`` steps, checkpointing every ``cfg.checkpoint_every``.
 
@@ -126,6 +162,10 @@ def train(
         on_loss: Called with (step, loss) every ``cfg.log_every`` steps and at the end.
         say: Where progress lines go.
         upload_backoff: Retry schedule for uploads.
+        on_progress: Called with the fraction of the steps done, with each progress line.
+        progress_every_s: Least seconds between two progress lines (steps, upload bytes).
+        upload_url: Where ``cfg.upload_to`` resolved to, when it names the run's artifacts
+            (``run-artifacts``); default: ``cfg.upload_to`` itself.
 
     Returns:
         The run's summary.
@@ -149,13 +189,9 @@ def train(
     )
 
     start = 0
-    if not cfg.resume and (existing := store.list_checkpoints(cfg.checkpoint_dir)):
-        # Retention would otherwise count the old run's checkpoints and delete the new ones.
-        raise CheckpointDirError(
-            f"{cfg.checkpoint_dir} already holds checkpoints (newest {existing[0].path.name}): "
-            "pass --resume to continue that run, or use a new directory"
-        )
-    if cfg.resume and ranks:
+    check_resume_mode(cfg, store.list_checkpoints(cfg.checkpoint_dir))
+    resumed = None
+    if cfg.resume != "never" and ranks:
         resumed = sharded.restore(
             cfg.checkpoint_dir,
             cfg.format,
@@ -167,17 +203,53 @@ def train(
             say,
             check_config=lambda saved, name: _check_same_model(cfg, saved, name),
         )
-    elif cfg.resume:
+    elif cfg.resume != "never":
         resumed = restore_latest(cfg, fs, model, opt, say)
-    if cfg.resume:
+    if cfg.resume != "never":
         if resumed is None:
             say("resume: no complete checkpoint found; starting from step 0")
         start = resumed or 0
+    inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
+    if start >= cfg.steps:
+        say(f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do")
+        if ranks:
+            ranks.close()
+        return RunSummary(
+            storage_profile=cfg.storage_profile,
+            checkpoint_dir=str(Path(cfg.checkpoint_dir)),
+            inputs=inputs,
+            runtime_s=0.0,
+            steps_run=0,
+            final_loss=None,
+            checkpoints=[],
+            resumed_from=start or None,
+            world_size=ranks.world_size if ranks else 1,
+        )
+    if cfg.durability == "none":
+        say(
+            f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
+            "made durable must not replace an older one"
+        )
     if ranks:
-        sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
+        removed, left = sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
     else:
-        store.remove_stale_tmp(fs, cfg.checkpoint_dir)
-    uploader = Uploader(cfg.upload_to, upload_backoff) if cfg.upload_to else None
+        removed, left = store.remove_stale_tmp(fs, cfg.checkpoint_dir)
+    for path in removed:
+        say(f"removed {path.name}, left by an earlier process of this run")
+    for path in left:
+        say(f"left {path.name} alone: not this run's (another run, host or writer)")
+    if ranks:
+        # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
+        # shard to where rank 0's URL points.
+        upload_url = ranks.broadcast(upload_url)
+    if upload_url is None and cfg.upload_to in RUN_ARTIFACTS_TARGETS:
+        raise ConfigError(
+            f"--upload-to {cfg.upload_to} names a Polyaxon run's artifacts: only a tracked run has them"
+        )
+    uploader = None
+    if upload_url := upload_url or cfg.upload_to:
+        uploader = Uploader(upload_url, upload_backoff, say=say, progress_every_s=progress_every_s)
+    verified = () if resumed is None else (resumed,)
     ckpt: Checkpointer | sharded.ShardedCheckpointer
     if ranks:
         ckpt = sharded.ShardedCheckpointer(
@@ -189,6 +261,7 @@ def train(
             ranks=ranks,
             uploader=uploader,
             asynchronous=cfg.async_checkpoint,
+            verified=verified,
         )
     else:
         ckpt = Checkpointer(
@@ -200,6 +273,8 @@ def train(
             uploader=uploader,
             asynchronous=cfg.async_checkpoint,
             device=device,
+            verified=verified,
+            options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
         )
     data = SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len)
     if ranks:
@@ -212,7 +287,8 @@ def train(
             records.append(record)
             on_checkpoint(record)
 
-    loss_value = float("nan")
+    loss_value: float | None = None
+    progress = StepProgress(start, cfg.steps, say, on_progress, every_s=progress_every_s)
     t_start = time.monotonic()
     try:
         for step in range(start + 1, cfg.steps + 1):
@@ -229,6 +305,7 @@ def train(
             if step % cfg.checkpoint_every == 0:
                 ckpt.save(step, lambda step=step: _state(model, opt, step, cfg))
             hand_over(ckpt.poll())
+            progress.update(step, loss_value)
     finally:
         # Even when training fails, wait for (and surface) the checkpoint in flight.
         hand_over(ckpt.finish())
@@ -240,13 +317,13 @@ def train(
     return RunSummary(
         storage_profile=cfg.storage_profile,
         checkpoint_dir=str(Path(cfg.checkpoint_dir)),
-        inputs={**run_inputs(cfg), "param_count": param_count, "device": str(device)},
+        inputs=inputs,
         runtime_s=runtime,
         steps_run=cfg.steps - start,
         final_loss=loss_value,
         checkpoints=records,
         loss_curve=curve,
-        resumed_from=start if cfg.resume else None,
+        resumed_from=start or None,
         world_size=ranks.world_size if ranks else 1,
     )
 
@@ -262,10 +339,15 @@ def run_inputs(cfg: TrainConfig) -> dict[str, Any]:
         "checkpoint_format": cfg.format,
         "durability": cfg.durability,
         "async_checkpoint": cfg.async_checkpoint,
+        "io_streams": cfg.io_streams,
+        "overlap": not cfg.no_overlap,
         "steps": cfg.steps,
         "checkpoint_every": cfg.checkpoint_every,
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
+        "resume": cfg.resume,
+        "upload_to": cfg.upload_to,
+        "image": image_ref(),
         "world_size": world,
         "parallel": distributed.effective_parallel(cfg.parallel, world),
     }

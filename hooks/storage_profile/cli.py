@@ -1,68 +1,95 @@
-"""Command line: ``python -m hooks.storage_profile switch|status``."""
+"""Command line: ``python -m hooks.storage_profile switch|release|status|plan``.
+
+Parse the options → build the config (``config.py``) → call (``commands.py``). Every
+failure leaves as one of the hook's errors, which click maps to the exit code its class
+carries (:data:`errors.EXIT_CODES`, also the ``--help`` epilog).
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from hooks.storage_profile import errors
+from checkpoint_storage_bench.errors import BenchError, exit_codes_help
+from checkpoint_storage_bench.retry import Backoff
+from hooks.storage_profile import commands
 from hooks.storage_profile.config import (
     BACKENDS,
+    DEFAULT_TIMEOUT,
+    HEARTBEAT_INTERVAL,
     INFEASIBLE_ACTIONS,
+    LEASE_DURATION,
     SETTLE_MODES,
-    Backoff,
+    PlanConfig,
+    ReleaseConfig,
+    StatusConfig,
     SwitchConfig,
+    parse_profiles,
 )
-from hooks.storage_profile.errors import HookError
-from hooks.storage_profile.kube import Kube, load_api_client
-from hooks.storage_profile.local import SandboxProfiles, status_local, switch_local
-from hooks.storage_profile.report import Report
-from hooks.storage_profile.status import claim_status, render_status
-from hooks.storage_profile.switch import default_provider, switch_kubernetes
+from hooks.storage_profile.errors import EXIT_CODES, as_hook_error
+from hooks.storage_profile.switch import default_provider
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0  settled (including "already on that class"), or a dry run passed preflight
-  1  unexpected error (unknown modify status, claim deleted or changed by others, …)
-  2  bad arguments
-  3  preflight refused (claim or class missing, claim not bound, driver mismatch,
-     provider rate limit, API server refused the patch) — nothing was changed
-  4  infeasible (Infeasible status, Pending beyond --pending-grace, provider failed)
-  5  deadline (--timeout) passed
-"""
+EPILOG = exit_codes_help(EXIT_CODES)
 
-OUTCOMES = {
-    errors.EXIT_PREFLIGHT: "refused",
-    errors.EXIT_INFEASIBLE: "infeasible",
-    errors.EXIT_DEADLINE: "deadline",
-    errors.EXIT_UNEXPECTED: "error",
-}
-
-# Seams for tests: retry schedule, provider lookup, longest single watch.
+# Seams for tests: retry schedule, provider lookup, longest single watch, heartbeat.
 BACKOFF = Backoff()
 PROVIDER_FOR = default_provider
 WATCH_TIMEOUT = 300.0
+HEARTBEAT = HEARTBEAT_INTERVAL
+
+HOLDER_HELP = (
+    "Who holds the claim's Lease [default: $STORAGE_PROFILE_HOLDER, else inside a Polyaxon "
+    "run its pipeline's uuid (else the run's), else user@host]."
+)
 
 
-def _echo(message: str) -> None:
-    click.echo(message, err=True)
-
-
-@click.group(epilog=EXIT_CODES_HELP)
-@click.option("-v", "--verbose", is_flag=True, help="Log retries and re-lists.")
-def main(verbose: bool) -> None:
-    """Switch a claim's VolumeAttributesClass and wait until it really settled."""
+def setup_logging(verbose: bool) -> None:
+    """The one place logging is configured: warnings by default, retries with ``-v``."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
 
 
-def _common(fn):
+class HookGroup(click.Group):
+    """Maps every failure of a subcommand to its exit, in one place.
+
+    The hook's errors and click's own pass through (click shows them and exits with their
+    code); anything else becomes an "unexpected" error (exit 1) instead of a traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BenchError as exc:
+            as_hook_error(exc)  # the same error, shown under this CLI's name
+            raise
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
+            raise
+        except Exception as exc:
+            logging.getLogger(__name__).debug("unexpected error", exc_info=True)
+            raise as_hook_error(exc) from exc
+
+
+def config_or_usage_error(make: Any, **kwargs: Any) -> Any:
+    """Build a config; its validation errors are usage errors (exit 2)."""
+    try:
+        return make(**kwargs)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+@click.group(cls=HookGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log retries and re-lists.")
+def main(verbose: bool) -> None:
+    """Switch a claim's VolumeAttributesClass and wait until it really settled."""
+    setup_logging(verbose)
+
+
+def _target_options(fn: Any) -> Any:
     options = [
         click.option("--namespace", "-n", required=True, help="The claim's namespace."),
         click.option("--claim", required=True, help="The PersistentVolumeClaim's name."),
@@ -90,19 +117,20 @@ def _common(fn):
     return fn
 
 
-@main.command(epilog=EXIT_CODES_HELP)
-@_common
+@main.command(epilog=EPILOG)
+@_target_options
 @click.option("--to", "target", required=True, help="The VolumeAttributesClass (or profile).")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1800.0,
-    show_default=True,
-    help="Overall deadline in seconds.",
+    type=float,
+    help="Overall deadline in seconds (positive, finite) [default: "
+    f"{DEFAULT_TIMEOUT['kubernetes']:g} with --settle kubernetes, "
+    f"{DEFAULT_TIMEOUT['provider']:g} with --settle provider: an EBS volume can stay "
+    "optimizing for hours].",
 )
 @click.option(
     "--pending-grace",
-    type=click.FloatRange(min=0),
+    type=float,
     default=120.0,
     show_default=True,
     help="Seconds a Pending modify status may last.",
@@ -126,103 +154,88 @@ def _common(fn):
 @click.option(
     "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here."
 )
-def switch(
-    namespace: str,
-    claim: str,
-    kubeconfig: str | None,
-    backend: str,
-    profiles_file: Path | None,
-    target: str,
-    timeout: float,
-    pending_grace: float,
-    settle: str,
-    on_infeasible: str,
-    dry_run: bool,
-    force: bool,
-    summary_json: Path | None,
-) -> None:
-    """Preflight, patch spec.volumeAttributesClassName, wait until settled, report."""
-    try:
-        cfg = SwitchConfig(
-            namespace=namespace,
-            claim=claim,
-            target=target,
-            timeout=timeout,
-            pending_grace=pending_grace,
-            settle=settle,
-            on_infeasible=on_infeasible,
-            dry_run=dry_run,
-            force=force,
-            backoff=BACKOFF,
-            watch_timeout=WATCH_TIMEOUT,
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    report = Report(
-        backend=backend,
-        namespace=namespace,
-        claim=claim,
-        target_class=target,
-        settle=settle if backend == "kubernetes" else "local",
-        dry_run=dry_run,
+@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@click.option(
+    "--lease-duration",
+    type=float,
+    default=LEASE_DURATION,
+    show_default=True,
+    help="Seconds the claim's Lease lasts from this switch.",
+)
+def switch(**options: Any) -> None:
+    """Preflight, take the claim's Lease, patch spec.volumeAttributesClassName (and the
+    claim's ledger of switches), wait until settled, report."""
+    cfg = config_or_usage_error(
+        SwitchConfig,
+        backoff=BACKOFF,
+        watch_timeout=WATCH_TIMEOUT,
+        heartbeat=HEARTBEAT,
+        **options,
     )
-    code = errors.EXIT_OK
-    try:
-        if backend == "local":
-            switch_local(cfg, SandboxProfiles.load(profiles_file), report, echo=_echo)
-        else:
-            kube = Kube(load_api_client(kubeconfig), BACKOFF)
-            switch_kubernetes(cfg, kube, report, provider_for=PROVIDER_FOR, echo=_echo)
-    except HookError as exc:
-        code = exc.exit_code
-        report.error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - the contract: anything else exits 1
-        code = errors.EXIT_UNEXPECTED
-        report.error = f"unexpected {type(exc).__name__}: {exc}"
-        logging.getLogger(__name__).debug("unexpected error", exc_info=True)
-    if code:
-        report.outcome = "rolled-back" if report.rolled_back else OUTCOMES.get(code, "error")
-    report.exit_code = code
-    click.echo(report.render())
-    if summary_json:
-        report.write_json(summary_json)
-    if not dry_run:
-        report.log_to_polyaxon(summary_json)
-    if report.error:
-        _echo(f"error: {report.error}")
-    sys.exit(code)
+    commands.run_switch(cfg, provider_for=PROVIDER_FOR)
 
 
-@main.command(epilog=EXIT_CODES_HELP)
-@_common
+@main.command(epilog=EPILOG)
+@_target_options
+@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Overall deadline in seconds for every API call.",
+)
+def release(**options: Any) -> None:
+    """Release the claim's Lease (the pipeline's last op): only its holder can."""
+    commands.run_release(config_or_usage_error(ReleaseConfig, backoff=BACKOFF, **options))
+
+
+@main.command(epilog=EPILOG)
+@_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the block.")
-def status(
-    namespace: str,
-    claim: str,
-    kubeconfig: str | None,
-    backend: str,
-    profiles_file: Path | None,
-    as_json: bool,
-) -> None:
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Overall deadline in seconds for every API call.",
+)
+def status(**options: Any) -> None:
     """Desired and current class, modify status, conditions and recent events of a claim."""
+    commands.run_status(config_or_usage_error(StatusConfig, backoff=BACKOFF, **options))
+
+
+def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
     try:
-        if backend == "local":
-            sandbox = SandboxProfiles.load(profiles_file)
-            sandbox.check_claim(namespace, claim)
-            data = status_local(sandbox)
-        else:
-            data = claim_status(Kube(load_api_client(kubeconfig), BACKOFF), namespace, claim)
-    except HookError as exc:
-        _echo(f"error: {exc}")
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # noqa: BLE001
-        _echo(f"error: unexpected {type(exc).__name__}: {exc}")
-        sys.exit(errors.EXIT_UNEXPECTED)
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else render_status(data))
+        return parse_profiles(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
 
 
-# The modification plan (issue 17) is a module of its own; registered here so that
-# `python -m hooks.storage_profile plan` finds it.
-from hooks.storage_profile.plan import plan_command  # noqa: E402
-
-main.add_command(plan_command)
+@main.command(epilog=EPILOG)
+@_target_options
+@click.option(
+    "--profiles",
+    required=True,
+    callback=_profiles_list,
+    help="The classes (sandbox profiles) the run switches to, in order, comma-separated.",
+)
+@click.option(
+    "--return-to-first",
+    is_flag=True,
+    help="The run ends with a switch back to the first profile (A…B…A, measures drift).",
+)
+@click.option(
+    "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Overall deadline in seconds for every API call.",
+)
+def plan(**options: Any) -> None:
+    """How many volume modifications the run over the profiles needs, and whether the
+    provider's window allows them now (else exit 3 naming when); changes nothing."""
+    commands.run_plan(config_or_usage_error(PlanConfig, backoff=BACKOFF, **options))

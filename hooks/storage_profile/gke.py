@@ -22,11 +22,12 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import requests
 
-from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
+from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry
 from checkpoint_storage_bench.units import parse_quantity
 from hooks.storage_profile.errors import HookError, Infeasible, PreflightRefused
 
@@ -43,6 +44,7 @@ _HANDLE = re.compile(
     r"/disks/(?P<disk>[^/]+)$"
 )
 MIB = 2**20
+CONNECT_TIMEOUT = 10.0
 # Compute Engine's disk statuses; FAILED and DELETING never become READY again.
 DISK_FAILED = ("FAILED", "DELETING")
 
@@ -215,8 +217,12 @@ class GkeProvider:
             self._session = AuthorizedSession(credentials)
         return self._session
 
-    def disk(self, volume_handle: str, deadline: Any | None = None) -> dict:
+    def disk(self, volume_handle: str, deadline: Deadline | None = None) -> dict:
         """``disks.get`` (or ``regionDisks.get``) of the volume, retrying what is temporary.
+
+        With a ``deadline`` every try ends by it: the request's connect and read timeouts
+        and google-auth's ``max_allowed_time`` (which also bounds a token refresh and the
+        retry after a 401) are cut to what is left, and the retry loop stops there.
 
         Raises:
             ComputeApiError: Not found, forbidden, another refusal, or still failing after
@@ -231,9 +237,15 @@ class GkeProvider:
 
             timeout = self.request_timeout
             if deadline is not None:
-                timeout = max(1.0, min(timeout, deadline.remaining()))
+                # retry() checked the deadline just before; the floor only keeps the value
+                # a valid timeout.
+                timeout = max(0.05, min(timeout, deadline.remaining()))
             try:
-                response = self.session.get(url, timeout=(min(10.0, timeout), timeout))
+                response = self.session.get(
+                    url,
+                    timeout=(min(CONNECT_TIMEOUT, timeout), timeout),
+                    max_allowed_time=timeout,
+                )
             except (requests.ConnectionError, requests.Timeout, TransportError) as exc:
                 raise TemporaryError(f"connection to {self.endpoint} failed: {exc}") from exc
             except RefreshError as exc:
@@ -269,14 +281,18 @@ class GkeProvider:
 
     # -- the provider interface -----------------------------------------------------------
 
-    def check_rate_limit(self, volume_handle: str, force: bool) -> list[str]:
+    def check_rate_limit(
+        self, volume_handle: str, force: bool, deadline: Deadline | None = None
+    ) -> list[str]:
         """Refuse when the disk cannot take a modification now (not READY).
 
         ``disks.get`` says nothing about past modifications, so Google's once-per-4-hours
-        rule is counted from the claim's own ledger, not here.
+        rule is counted from the claim's own ledger (the switch's budget check), not here:
+        this provider never raises ``BudgetExceeded``. A disk that is not READY is a
+        ``PreflightRefused`` (exit 3) without a "next allowed" time.
         """
         try:
-            disk = self.disk(volume_handle)
+            disk = self.disk(volume_handle, deadline)
         except ComputeApiError as exc:
             raise PreflightRefused(f"{exc} (--settle kubernetes skips the provider)") from exc
         status = disk.get("status")
@@ -290,15 +306,23 @@ class GkeProvider:
     def wait_settled(
         self,
         volume_handle: str,
-        deadline: Any,
+        deadline: Deadline,
+        since: datetime | None = None,
         target_class: Mapping[str, Any] | None = None,
         progress: Progress | None = None,
     ) -> str:
         """Block until the disk is READY with the class's provisioned IOPS and throughput.
 
+        Each wait between two looks sleeps through ``deadline.sleep`` with the disk's last
+        seen state in its ``what`` (the switch's heartbeat shows it as the provider's).
+
         Args:
             volume_handle: The PV's ``spec.csi.volumeHandle``.
             deadline: The switch's overall deadline.
+            since: When the switch patched the claim (None: nothing was patched). Unused:
+                ``disks.get`` has no record of modifications to tell ours from another's,
+                so the disk's values are the judge either way; a disk that already reports
+                the class returns at the first look.
             target_class: The VolumeAttributesClass switched to; without it only READY is
                 awaited (and the note says so).
             progress: Called at each look that is not yet the target.

@@ -13,25 +13,52 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import urllib3
+import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from hooks.storage_profile.config import Backoff, Deadline
-from hooks.storage_profile.errors import HookError, PreflightRefused, TemporaryApiError
+from checkpoint_storage_bench.retry import (
+    Backoff,
+    Deadline,
+    DeadlineExceeded,
+    TemporaryError,
+    retry,
+)
+from hooks.storage_profile.errors import HookError, PreflightRefused
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 # Errors of the connection itself (reset, refused, truncated chunk): worth retrying.
 CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError)
+# Per-request limits when the deadline is far; near it, what is left bounds the request.
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+# A server that keeps a watch open past its own timeoutSeconds (or trickles blank lines)
+# is cut this long after it should have ended.
+WATCH_GRACE = 5.0
+
+
+def request_timeout(read: float, deadline: Deadline | None) -> float | tuple[float, float]:
+    """The client's ``_request_timeout``: (connect, read), or near the deadline one total.
+
+    A number is urllib3's ``total``: connect and read together never outlast what is left.
+    """
+    if deadline is None:
+        return (CONNECT_TIMEOUT, read)
+    left = deadline.remaining()
+    if left > CONNECT_TIMEOUT + read:
+        return (CONNECT_TIMEOUT, read)
+    return max(0.05, left)
 
 
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
     """An API client from ``kubeconfig``, else in-cluster config, else the default kubeconfig.
 
     Raises:
-        PreflightRefused: No usable configuration.
+        PreflightRefused: No usable configuration (missing, or a kubeconfig that does not
+            parse: a YAML error or a wrong shape surfaces from the loader as such).
     """
     configuration = client.Configuration()
     try:
@@ -42,8 +69,14 @@ def load_api_client(kubeconfig: str | None) -> client.ApiClient:
                 config.load_incluster_config(client_configuration=configuration)
             except ConfigException:
                 config.load_kube_config(client_configuration=configuration)
-    except (ConfigException, OSError) as exc:
-        raise PreflightRefused(f"no usable Kubernetes configuration: {exc}") from exc
+    except (ConfigException, OSError, yaml.YAMLError, TypeError, ValueError, KeyError) as exc:
+        source = f" in {kubeconfig}" if kubeconfig else ""
+        raise PreflightRefused(
+            f"no usable Kubernetes configuration{source}: {type(exc).__name__}: {exc}"
+        ) from exc
+    # urllib3 would retry each request 3 more times by itself, each with the full timeout
+    # and outside our deadline: the shared retry loop is the only one.
+    configuration.retries = False
     return client.ApiClient(configuration)
 
 
@@ -64,14 +97,25 @@ def api_message(exc: ApiException) -> str:
         return f"{exc.status} {exc.reason}"
 
 
+def unreachable(exc: BaseException) -> str | None:
+    """Why the API server cannot be reached at all (refused, unresolvable, TLS), if so."""
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        return f"TLS with the API server failed: {exc}"
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return f"cannot connect to the API server: {exc}"
+    return None
+
+
 def classify(exc: Exception) -> Exception:
-    """Turn throttling, server errors and broken connections into :class:`TemporaryApiError`."""
+    """Turn throttling, server errors and broken connections into :class:`TemporaryError`."""
     if isinstance(exc, ApiException) and (exc.status == 429 or exc.status >= 500):
-        return TemporaryApiError(
+        return TemporaryError(
             f"API server answered {exc.status}: {api_message(exc)}", retry_after_seconds(exc)
         )
     if isinstance(exc, CONNECTION_ERRORS):
-        return TemporaryApiError(f"connection to the API server failed: {exc}")
+        return TemporaryError(f"connection to the API server failed: {exc}")
     return exc
 
 
@@ -82,6 +126,11 @@ class Kube:
         api_client: The official client's ``ApiClient``.
         backoff: Retry schedule for temporary errors.
         sleep: Injectable sleep (tests record it).
+
+    Attributes:
+        answered: Whether the API server ever answered. Until it has, a refused connection
+            or a failed TLS handshake is a configuration problem, refused at once (exit 3)
+            with its cause; afterwards it is a restart or a blip, retried.
     """
 
     def __init__(
@@ -92,8 +141,11 @@ class Kube:
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.storage = client.StorageV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self.backoff = backoff or Backoff()
         self.sleep = sleep
+        self.host = api_client.configuration.host
+        self.answered = False
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -108,31 +160,63 @@ class Kube:
         """Call ``fn`` and decode its JSON, retrying temporary errors with backoff.
 
         Raises:
-            TemporaryApiError: Still failing after ``backoff.max_attempts`` attempts.
-            DeadlineExceeded: The deadline passed while retrying.
+            PreflightRefused: The API server was never reached (refused, TLS).
+            TemporaryError: Still failing after ``backoff.tries`` tries.
+            DeadlineExceeded: The deadline passed while retrying (naming the last error).
             ApiException: Any other API error (404, 403, 422, …), for the caller to judge.
         """
-        if deadline is not None:
-            # A server that accepts the connection and never answers must not outlive it.
-            kwargs.setdefault("_request_timeout", (10, max(1.0, min(60.0, deadline.remaining()))))
-        attempt = 0
-        while True:
+        last: list[TemporaryError] = []
+
+        def once() -> Any:
+            # A server that accepts the connection and never answers must not outlive the
+            # deadline: every try is bounded by what is left of it.
+            timeout = request_timeout(READ_TIMEOUT, deadline)
             try:
-                resp = fn(*args, _preload_content=False, **kwargs)
-                return json.loads(resp.data)
-            except (ApiException, *CONNECTION_ERRORS) as exc:
-                error = classify(exc)
-                if not isinstance(error, TemporaryApiError):
+                try:
+                    resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+                except AttributeError as exc:
+                    # The client turns a TLS failure into ApiException(status=0, reason=…)
+                    # and then fails to decode its missing body: that exception is the cause.
+                    tls = exc.__context__
+                    if isinstance(tls, ApiException) and tls.status == 0:
+                        raise tls from None
                     raise
-                attempt += 1
-                if attempt >= self.backoff.max_attempts:
+                data = json.loads(resp.data)
+            except ApiException as exc:
+                if exc.status == 0:  # no answer: the connection itself (TLS) failed
+                    error = self._connection_failed(
+                        what, exc, f"TLS with the API server failed: {exc.reason}"
+                    )
+                    last[:] = [error]
                     raise error from exc
-                delay = self.backoff.delay(attempt - 1, error.retry_after)
-                log.warning("%s: %s; retrying in %.1fs", what, error, delay)
-                if deadline is not None:
-                    deadline.sleep(delay, what, self.sleep)
-                else:
-                    self.sleep(delay)
+                self.answered = True
+                error = classify(exc)
+                if isinstance(error, TemporaryError):
+                    last[:] = [error]
+                    raise error from exc
+                raise
+            except CONNECTION_ERRORS as exc:
+                error = self._connection_failed(what, exc, unreachable(exc))
+                last[:] = [error]
+                raise error from exc
+            self.answered = True
+            return data
+
+        try:
+            return retry(once, what=what, backoff=self.backoff, deadline=deadline, sleep=self.sleep)
+        except DeadlineExceeded as exc:
+            if not last:
+                raise
+            raise DeadlineExceeded(f"{exc} (last error: {last[0]})") from exc
+
+    def _connection_failed(
+        self, what: str, exc: Exception, unreachable_cause: str | None
+    ) -> TemporaryError:
+        """A failed connection: refused at once (exit 3) if the server was never reached
+        and the cause says it cannot be (refused, TLS); else worth another try."""
+        if unreachable_cause is not None and not self.answered:
+            raise PreflightRefused(f"{what}: {unreachable_cause} ({self.host})") from exc
+        return TemporaryError(f"connection to the API server failed: {unreachable_cause or exc}")
 
     def _read(
         self, what: str, fn: Callable[..., Any], *args: Any, deadline: Deadline | None = None
@@ -215,17 +299,65 @@ class Kube:
             raise
         return body.get("items") or []
 
-    # -- the one write ----------------------------------------------------------------------
+    # -- leases -----------------------------------------------------------------------------
+
+    def read_lease(self, ns: str, name: str, deadline: Deadline | None = None) -> dict | None:
+        """The Lease, or None; other API errors (403, …) raise ``ApiException``."""
+        try:
+            return self.call(
+                f"read Lease {ns}/{name}",
+                self.coordination.read_namespaced_lease,
+                name,
+                ns,
+                deadline=deadline,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_lease(self, ns: str, body: dict, deadline: Deadline | None = None) -> dict:
+        return self.call(
+            f"create Lease {ns}/{body['metadata']['name']}",
+            self.coordination.create_namespaced_lease,
+            ns,
+            body,
+            deadline=deadline,
+        )
+
+    def replace_lease(
+        self, ns: str, name: str, body: dict, deadline: Deadline | None = None
+    ) -> dict:
+        """Replace the Lease; its ``metadata.resourceVersion`` makes a concurrent write 409."""
+        return self.call(
+            f"update Lease {ns}/{name}",
+            self.coordination.replace_namespaced_lease,
+            name,
+            ns,
+            body,
+            deadline=deadline,
+        )
+
+    # -- the one write to the claim ---------------------------------------------------------
 
     def patch_claim_class(
-        self, ns: str, name: str, target: str | None, deadline: Deadline | None = None
+        self,
+        ns: str,
+        name: str,
+        target: str | None,
+        deadline: Deadline | None = None,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> dict:
         """One JSON merge patch of ``spec.volumeAttributesClassName`` (``None`` sends null).
 
         A dict body would go out as a strategic merge patch, which cannot carry ``null``;
-        the merge patch is also the exact ``kubectl patch --type=merge`` of the docs.
+        the merge patch is also the exact ``kubectl patch --type=merge`` of the docs. The
+        uid and resourceVersion are preconditions; ``annotations`` (the ledger) change in
+        the same write (:func:`class_patch`).
         """
-        body = {"spec": {"volumeAttributesClassName": target}}
+        body = class_patch(target, uid, resource_version, annotations)
         return self.call(
             f"patch claim {ns}/{name}",
             self.core.patch_namespaced_persistent_volume_claim,
@@ -239,15 +371,22 @@ class Kube:
     # -- watch ----------------------------------------------------------------------------
 
     def watch_claim(
-        self, ns: str, name: str, resource_version: str, timeout: float
+        self,
+        ns: str,
+        name: str,
+        resource_version: str,
+        timeout: float,
+        deadline: Deadline | None = None,
     ) -> Iterator[tuple[str, dict]]:
         """Stream ``(type, object)`` events of one claim from ``resource_version``.
 
-        Ends when the server closes the stream after ``timeout`` seconds. A 410, a
-        throttled start or a dropped connection raise (ApiException / urllib3 errors);
-        the caller re-lists.
+        Ends when the server closes the stream after ``timeout`` seconds, or at the latest
+        :data:`WATCH_GRACE` later (a server that ignores its timeout or trickles blank
+        lines). A 410, a throttled start or a dropped connection raise (ApiException /
+        urllib3 errors); the caller re-lists. A silent connection ends by the deadline.
         """
         seconds = max(1, int(timeout))
+        ends = time.monotonic() + seconds + WATCH_GRACE
         stream = watch.Watch().stream(
             self.core.list_namespaced_persistent_volume_claim,
             ns,
@@ -255,14 +394,46 @@ class Kube:
             resource_version=resource_version,
             timeout_seconds=seconds,
             allow_watch_bookmarks=True,
-            # The read timeout outlives the server-side timeout, so a silent, dead
-            # connection still ends.
-            _request_timeout=(10, seconds + 15),
+            # The read timeout outlives the server-side timeout, so a healthy quiet watch
+            # is not cut, but a silent, dead one still ends by the deadline.
+            _request_timeout=request_timeout(seconds + WATCH_GRACE, deadline),
         )
-        for event in stream:
-            if event is None:  # the client yields None for a blank or undecodable line
-                continue
-            yield event["type"], event["raw_object"]
+        try:
+            for event in stream:
+                if event is not None:  # the client yields None for a blank or undecodable line
+                    yield event["type"], event["raw_object"]
+                if time.monotonic() > ends or (deadline is not None and deadline.remaining() <= 0):
+                    return
+        finally:
+            stream.close()
+
+
+def class_patch(
+    target: str | None,
+    uid: str | None = None,
+    resource_version: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict:
+    """The merge patch of a claim's class, with the claim's identity as preconditions.
+
+    The API server refuses the patch with 409 Conflict when the claim's resourceVersion is
+    no longer ``resource_version`` (it changed, or was deleted and re-created, since it was
+    read), and with 422 when its uid is not ``uid``: the class never lands on a claim that
+    preflight did not check. ``annotations`` are set in the same write (a merge patch
+    leaves the claim's other annotations alone).
+
+    >>> class_patch("fast", "u-1", "42")
+    {'metadata': {'uid': 'u-1', 'resourceVersion': '42'}, 'spec': {'volumeAttributesClassName': 'fast'}}
+    """
+    body: dict = {"spec": {"volumeAttributesClassName": target}}
+    metadata: dict = {
+        key: value
+        for key, value in (("uid", uid), ("resourceVersion", resource_version))
+        if value is not None
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {"metadata": metadata, **body} if metadata else body
 
 
 def event_time(event: dict) -> str:

@@ -3,7 +3,9 @@ run over the ordered profiles needs, and whether the provider's window allows th
 
 ``python -m hooks.storage_profile plan --namespace NS --claim C --profiles a,b,c
 [--return-to-first]`` reads the claim, its volume's driver, the profiles' classes and the
-claim's ledger of switches (``contract.LEDGER_ANNOTATION``), and changes nothing.
+claim's ledger of switches (``contract.LEDGER_ANNOTATION``), and changes nothing. The CLI
+parses into ``config.PlanConfig`` and ``commands.run_plan`` calls this module; a refusal is
+:class:`~hooks.storage_profile.errors.PlanRefused` (exit 3).
 
 Counting: the run visits the profiles in order (then the first again with
 ``--return-to-first``), starting from the claim's class; a step to the class the claim is
@@ -17,15 +19,9 @@ have left the window, or says it never fits when the run alone needs more than `
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
-
-import click
 
 from checkpoint_storage_bench.contract import (
     LEDGER_ANNOTATION,
@@ -33,77 +29,22 @@ from checkpoint_storage_bench.contract import (
     LedgerEntry,
     parse_ledger,
 )
-from checkpoint_storage_bench.errors import (
-    EXIT_OK,
-    EXIT_UNEXPECTED,
-    EXIT_USAGE,
-    BenchError,
-    exit_codes_help,
-)
+from checkpoint_storage_bench.retry import Deadline
 from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
-from hooks.storage_profile.errors import HookError
-from hooks.storage_profile.kube import Kube, load_api_client
+from hooks.storage_profile.errors import PlanRefused
+from hooks.storage_profile.kube import Kube
 from hooks.storage_profile.local import DRIVER as LOCAL_DRIVER
 from hooks.storage_profile.local import SandboxProfiles
 
 SCHEMA = "storage-profile-plan/1"
-EXIT_REFUSED = 3
-
-EXIT_CODES: dict[int | str, str] = {
-    EXIT_OK: "the plan fits now (or needs no modification); nothing was changed",
-    EXIT_UNEXPECTED: "unexpected error (the API could not be read, …)",
-    EXIT_USAGE: "bad arguments",
-    EXIT_REFUSED: "refused, nothing changed: the modifications do not fit in the provider's "
-    "window now (the message names when they would, or never), a class is missing or for "
-    "another driver, or the claim cannot start on the first profile",
-}
 
 
-class PlanRefused(BenchError):
-    """The plan cannot be carried out (now); nothing was changed."""
-
-    exit_code = EXIT_REFUSED
-    prog = "storage-profile"
+def utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
-class _HookFailure(BenchError):
-    """A hook error met while reading, with the exit code it carries."""
-
-    prog = "storage-profile"
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-@contextmanager
-def hook_errors_exit() -> Iterator[None]:
-    """Let click map the hook's errors (refusals from reading the claim, …) to their exit.
-
-    Why: the hook's own errors are not click exceptions on every branch yet; once they
-    derive from ``BenchError`` they pass through unchanged.
-    """
-    try:
-        yield
-    except HookError as exc:
-        if isinstance(exc, BenchError):
-            raise
-        raise _HookFailure(str(exc), exc.exit_code) from exc
-
-
-def parse_profiles(text: str) -> list[str]:
-    """``a,b,c`` → ``["a", "b", "c"]``; a name may repeat, but none may be empty.
-
-    >>> parse_profiles("checkpoint-baseline, checkpoint-throughput")
-    ['checkpoint-baseline', 'checkpoint-throughput']
-
-    Raises:
-        ValueError: No profile, or an empty name.
-    """
-    names = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(not n for n in names):
-        raise ValueError(f"--profiles must be class names separated by commas, got {text!r}")
-    return names
+# Seam for tests: the clock the plan is judged at.
+NOW = utcnow
 
 
 def switches_of(
@@ -266,6 +207,50 @@ class ModificationPlan:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
+    def log_to_polyaxon(self) -> bool:
+        """Inside the pipeline's first op, the plan's figures become the run's outputs; a
+        plan that does not fit marks the run failed (``end()`` would otherwise record
+        success while the process exits 3).
+
+        Returns:
+            Whether anything was logged (only inside a Polyaxon run).
+        """
+        if not in_polyaxon_run():
+            return False
+        summary = self.to_dict()
+        try:
+            with tracked_run("storage-profile-plan", tags=["storage-profile"]) as tracker:
+                tracker.log_inputs(
+                    claim=self.claim,
+                    namespace=self.namespace,
+                    profiles=",".join(self.profiles),
+                    return_to_first=self.return_to_first,
+                    driver=self.driver,
+                    current_class=self.current_class,
+                )
+                tracker.log_outputs(
+                    **{
+                        k: summary[k]
+                        for k in (
+                            "modifications_needed",
+                            "modifications_allowed",
+                            "window_s",
+                            "earliest_start",
+                            "fits",
+                        )
+                    }
+                )
+                reason = self.refusal()
+                if reason is not None:
+                    raise _RunFailed(reason)
+        except _RunFailed:
+            pass
+        return True
+
+
+class _RunFailed(Exception):
+    """Raised inside the tracked run so that the run is recorded as failed."""
+
 
 def _iso(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -290,18 +275,21 @@ def plan_kubernetes(
     profiles: list[str],
     return_to_first: bool,
     now: datetime,
+    deadline: Deadline | None = None,
 ) -> ModificationPlan:
     """Read the claim, its volume, the classes and the ledger; judge nothing yet.
+
+    Every API call ends by ``deadline`` (``DeadlineExceeded``, exit 5).
 
     Raises:
         PlanRefused: The claim or a class is missing, a class is for another driver, the
             ledger is not one, or an unbound claim names another class than the first.
     """
     ref = f"{namespace}/{claim_name}"
-    claim = kube.read_claim(namespace, claim_name)
+    claim = kube.read_claim(namespace, claim_name, deadline)
     if claim is None:
         raise PlanRefused(f"claim {ref} not found")
-    classes = {name: kube.read_class(name) for name in dict.fromkeys(profiles)}
+    classes = {name: kube.read_class(name, deadline) for name in dict.fromkeys(profiles)}
     missing = [name for name, vac in classes.items() if vac is None]
     if missing:
         raise PlanRefused(f"VolumeAttributesClass not found: {', '.join(missing)}")
@@ -313,7 +301,7 @@ def plan_kubernetes(
     bound = status.get("phase") == "Bound" and bool(volume)
     notes = []
     if bound:
-        pv = kube.read_pv(volume)
+        pv = kube.read_pv(volume, deadline)
         csi = (pv or {}).get("spec", {}).get("csi")
         if not csi:
             raise PlanRefused(f"claim {ref} is not bound to a CSI volume (PV {volume})")
@@ -410,116 +398,3 @@ def plan_local(
         now=now,
         notes=["local backend: switches are symlink changes, no provider window"],
     )
-
-
-# ------------------------------------------------------------------------------ the CLI
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _kube(kubeconfig: str | None) -> Kube:
-    return Kube(load_api_client(kubeconfig))
-
-
-# Seams for tests: the clock, and how the Kubernetes client is made.
-NOW: Callable[[], datetime] = _utcnow
-MAKE_KUBE: Callable[[str | None], Kube] = _kube
-
-
-@click.command("plan", epilog=exit_codes_help(EXIT_CODES))
-@click.option("--namespace", "-n", required=True, help="The claim's namespace.")
-@click.option("--claim", required=True, help="The PersistentVolumeClaim's name.")
-@click.option(
-    "--profiles",
-    "profiles_text",
-    required=True,
-    help="The classes (sandbox profiles) the run switches to, in order, comma-separated.",
-)
-@click.option(
-    "--return-to-first",
-    is_flag=True,
-    help="The run ends with a switch back to the first profile (A…B…A, measures drift).",
-)
-@click.option(
-    "--kubeconfig",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Else in-cluster config, else the default kubeconfig.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(("kubernetes", "local")),
-    default="kubernetes",
-    show_default=True,
-    help="local: the embedded sandbox (no provider window).",
-)
-@click.option(
-    "--profiles-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Sandbox profiles (default: connections/sandbox-profiles.yaml under $SANDBOX_ROOT "
-    "or the working directory).",
-)
-@click.option(
-    "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
-)
-def plan_command(
-    namespace: str,
-    claim: str,
-    profiles_text: str,
-    return_to_first: bool,
-    kubeconfig: str | None,
-    backend: str,
-    profiles_file: Path | None,
-    summary_json: Path | None,
-) -> None:
-    """How many volume modifications the run needs, and whether they fit now; changes nothing."""
-    try:
-        profiles = parse_profiles(profiles_text)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--profiles") from exc
-    with hook_errors_exit():
-        if backend == "local":
-            sandbox = SandboxProfiles.load(profiles_file)
-            plan = plan_local(sandbox, namespace, claim, profiles, return_to_first, NOW())
-        else:
-            plan = plan_kubernetes(
-                MAKE_KUBE(kubeconfig), namespace, claim, profiles, return_to_first, NOW()
-            )
-    click.echo(plan.render())
-    summary = plan.to_dict()
-    if summary_json is not None:
-        summary_json.parent.mkdir(parents=True, exist_ok=True)
-        summary_json.write_text(json.dumps(summary, indent=2) + "\n")
-    if in_polyaxon_run():
-        # Inside the pipeline's first op: the plan's figures become the run's outputs, and
-        # a refused plan marks the run failed (raised inside the tracked block).
-        with tracked_run("storage-profile-plan", tags=["storage-profile"]) as tracker:
-            tracker.log_inputs(
-                claim=claim,
-                namespace=namespace,
-                profiles=",".join(profiles),
-                return_to_first=return_to_first,
-                driver=plan.driver,
-                current_class=plan.current_class,
-            )
-            tracker.log_outputs(
-                **{
-                    k: summary[k]
-                    for k in (
-                        "modifications_needed",
-                        "modifications_allowed",
-                        "window_s",
-                        "earliest_start",
-                        "fits",
-                    )
-                }
-            )
-            _refuse_unless_fits(plan)
-    _refuse_unless_fits(plan)
-
-
-def _refuse_unless_fits(plan: ModificationPlan) -> None:
-    reason = plan.refusal()
-    if reason is not None:
-        raise PlanRefused(reason)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hooks.storage_profile.config import Deadline
+from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import PreflightRefused
-from hooks.storage_profile.kube import Kube
+from hooks.storage_profile.kube import Kube, class_patch
+from hooks.storage_profile.ledger import read_ledger, with_entry
 
 
 @dataclass
@@ -15,52 +17,85 @@ class Plan:
 
     Attributes:
         claim: The claim as read.
-        pv: Its PersistentVolume.
+        pv: Its PersistentVolume (None while the claim is unbound).
         target_class: The target VolumeAttributesClass.
-        previous_class: ``spec.volumeAttributesClassName`` before the switch.
-        driver: The PV's CSI driver.
+        previous_class: The class applied before the switch
+            (``status.currentVolumeAttributesClassName``): what a rollback returns to. The
+            spec may ask for another one that never applied (an earlier Infeasible switch).
+        requested_class: ``spec.volumeAttributesClassName`` before the switch.
+        driver: The PV's CSI driver (None while unbound).
         volume_handle: The PV's ``spec.csi.volumeHandle`` (for EBS the volume id).
         already_requested: The claim's spec already names the target: nothing to patch.
+        unbound: The claim has no volume yet and was created with the target class, which
+            applies when the volume is provisioned: nothing to do.
+        ledger: The claim's ledger of switches, oldest first.
         warnings: Things worth a look that do not stop the switch.
     """
 
     claim: dict
-    pv: dict
+    pv: dict | None
     target_class: dict
     previous_class: str | None
-    driver: str
-    volume_handle: str
+    requested_class: str | None
+    driver: str | None
+    volume_handle: str | None
     already_requested: bool
+    unbound: bool = False
+    ledger: list[LedgerEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def patch(self) -> dict:
-        """The merge patch ``switch`` sends."""
-        return {"spec": {"volumeAttributesClassName": self.target_class["metadata"]["name"]}}
+    def uid(self) -> str | None:
+        return self.claim["metadata"].get("uid")
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.claim["metadata"].get("resourceVersion")
+
+    def patch(self, entry: LedgerEntry) -> dict:
+        """The merge patch ``switch`` sends: the class, the ledger with ``entry`` appended,
+        and the claim's identity as preconditions (see :func:`kube.class_patch`)."""
+        return class_patch(
+            entry.to_class, self.uid, self.resource_version, with_entry(self.ledger, entry)
+        )
 
 
 def preflight(
-    kube: Kube, namespace: str, claim_name: str, target: str, deadline: Deadline | None = None
+    kube: Kube,
+    namespace: str,
+    claim_name: str,
+    target: str,
+    deadline: Deadline | None = None,
+    force: bool = False,
 ) -> Plan:
     """Read the claim, its PV and the target class, and refuse what cannot work.
 
     Raises:
-        PreflightRefused: The claim or class is missing, the claim is not bound, the volume
-            is not CSI, or the class is for another driver.
+        PreflightRefused: The claim or class is missing, the claim is not bound (unless it
+            already asks for the target), the volume is not CSI, the class is for another
+            driver, or the claim's ledger annotation is not a ledger (without ``force``).
     """
     ref = f"{namespace}/{claim_name}"
     claim = kube.read_claim(namespace, claim_name, deadline)
     if claim is None:
         raise PreflightRefused(f"claim {ref} not found")
+    warnings = []
+    try:
+        ledger = read_ledger(claim)
+    except ValueError as exc:
+        if not force:
+            raise PreflightRefused(
+                f"claim {ref}: annotation {LEDGER_ANNOTATION} is not a ledger of switches "
+                f"({exc}): fix or remove it (--force starts a new ledger)"
+            ) from exc
+        warnings.append(f"--force: annotation {LEDGER_ANNOTATION} was not a ledger ({exc}); "
+                        "starting a new one")  # fmt: skip
+        ledger = []
     phase = (claim.get("status") or {}).get("phase")
     volume_name = claim["spec"].get("volumeName")
+    requested = claim["spec"].get("volumeAttributesClassName")
     if phase != "Bound" or not volume_name:
-        # The API server rejects class changes on unbound claims with 422; a class set at
-        # creation is applied when the volume is provisioned.
-        raise PreflightRefused(
-            f"claim {ref} is {phase or 'not bound'}, not Bound: its class can only change "
-            "once it is bound (a WaitForFirstConsumer claim binds when its first pod starts)"
-        )
+        return _unbound(kube, claim, ref, target, deadline, ledger, warnings)
     pv = kube.read_pv(volume_name, deadline)
     if pv is None:
         raise PreflightRefused(
@@ -82,19 +117,77 @@ def preflight(
             f"VolumeAttributesClass {target} is for driver {target_class.get('driverName')}, "
             f"but the volume of claim {ref} is provisioned by {csi['driver']}"
         )
-    previous = claim["spec"].get("volumeAttributesClassName")
+    status = claim.get("status") or {}
+    if requested == target and (status.get("modifyVolumeStatus") or {}).get("status") == "Pending":
+        # The resizer marks a claim Pending when the class it asks for is missing, and
+        # nothing re-queues it once the class exists: waiting would only spend the grace.
+        raise PreflightRefused(
+            f"claim {ref} is Pending on VolumeAttributesClass {target}, which exists now, but "
+            "the external-resizer does not retry a Pending claim by itself: switch it to "
+            "another class and back, or restart the external-resizer"
+        )
     plan = Plan(
         claim=claim,
         pv=pv,
         target_class=target_class,
-        previous_class=previous,
+        previous_class=status.get("currentVolumeAttributesClassName"),
+        requested_class=requested,
         driver=csi["driver"],
         volume_handle=csi["volumeHandle"],
-        already_requested=previous == target,
+        already_requested=requested == target,
+        ledger=ledger,
+        warnings=warnings,
     )
     plan.warnings.extend(_in_flight_warnings(claim, target))
     plan.warnings.extend(_shared_rwo_warnings(kube, namespace, claim, deadline))
     return plan
+
+
+def _unbound(
+    kube: Kube,
+    claim: dict,
+    ref: str,
+    target: str,
+    deadline: Deadline | None,
+    ledger: list[LedgerEntry],
+    warnings: list[str],
+) -> Plan:
+    """An unbound claim (a WaitForFirstConsumer claim before its first pod).
+
+    The API server refuses any class change on it (422), but a class set at creation is
+    applied when the volume is provisioned: asking for that class is already done.
+    """
+    phase = (claim.get("status") or {}).get("phase") or "not bound"
+    requested = claim["spec"].get("volumeAttributesClassName")
+    if requested != target:
+        raise PreflightRefused(
+            f"claim {ref} is {phase} (no volume yet) and asks for "
+            f"{requested or 'no VolumeAttributesClass'}, not {target}: the class of an unbound "
+            "claim cannot change (the API server answers 422). Create the claim with "
+            f"spec.volumeAttributesClassName: {target} (delete and re-create it while no pod "
+            "uses it), or let its first consumer bind it (a WaitForFirstConsumer claim binds "
+            "when its first pod is scheduled) and switch then"
+        )
+    target_class = kube.read_class(target, deadline)
+    if target_class is None:
+        # The provisioner would fail to provision the volume with a class that is missing.
+        raise PreflightRefused(
+            f"VolumeAttributesClass {target} not found (claim {ref} asks for it and is not "
+            "provisioned yet)"
+        )
+    return Plan(
+        claim=claim,
+        pv=None,
+        target_class=target_class,
+        previous_class=None,
+        requested_class=requested,
+        driver=None,
+        volume_handle=None,
+        already_requested=True,
+        unbound=True,
+        ledger=ledger,
+        warnings=warnings,
+    )
 
 
 def _in_flight_warnings(claim: dict, target: str) -> list[str]:

@@ -28,7 +28,10 @@ class Report:
     """What a switch did and when each stage became true.
 
     ``requested_at`` is the patch time, or the time of the check when nothing needed
-    patching; the durations count from it.
+    patching; the durations count from it. ``unbound_noop``: the claim was not bound yet and
+    already asked for the target class, which applies when its volume is provisioned (the
+    settle times are 0). ``holder`` holds the claim's Lease; ``lease`` says what was done
+    with it. ``ledger`` is the claim's ledger annotation as this switch left it.
     """
 
     backend: str
@@ -47,6 +50,10 @@ class Report:
     patched: bool = False
     dry_run: bool = False
     rolled_back: bool = False
+    unbound_noop: bool = False
+    ledger: str | None = None
+    holder: str | None = None
+    lease: str | None = None
     outcome: str = "unknown"
     exit_code: int | None = None
     error: str | None = None
@@ -98,6 +105,7 @@ class Report:
             f"  provider settled {self.provider_settled_at or '-'}  "
             f"({dur(self.provider_settle_s)}, {self.provider or 'none'})",
             f"  total            {dur(self.total_settle_s)}",
+            f"  lease            {self.lease or '-'}",
         ]
         if self.error:
             lines.append(f"  error            {self.error}")
@@ -129,6 +137,7 @@ class Report:
                     target_class=self.target_class,
                     driver=self.driver,
                     volume_handle=self.volume_handle,
+                    holder=self.holder,
                     # The class's parameters (type, iops, throughput, …) price the profile.
                     **{f"vac_{k.lower()}": v for k, v in self.class_parameters.items()},
                 )
@@ -137,6 +146,10 @@ class Report:
                     provider_settle_s=self.provider_settle_s,
                     total_settle_s=self.total_settle_s,
                     applied_class=self.applied_class,
+                    unbound_noop=self.unbound_noop,
+                    # The claim's switches so far: the verdict refuses a profile whose claim
+                    # was switched inside a training run's measured interval.
+                    ledger=self.ledger,
                 )
                 if summary_path is not None and summary_path.exists():
                     tracker.log_artifact(summary_path, name="storage_profile_summary")

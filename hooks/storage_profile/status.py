@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
+from checkpoint_storage_bench.contract import lease_name
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import PreflightRefused
-from hooks.storage_profile.kube import Kube
+from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.lease import LeaseState
+from hooks.storage_profile.ledger import read_ledger
 
 RECENT_EVENTS = 10
 
 
-def claim_status(kube: Kube, namespace: str, name: str) -> dict:
+def claim_status(kube: Kube, namespace: str, name: str, deadline: Deadline) -> dict:
     """The class-related state of a claim, its PV's driver and its recent events.
 
     Raises:
         PreflightRefused: The claim does not exist.
+        DeadlineExceeded: The API server did not answer in time.
     """
-    claim = kube.read_claim(namespace, name)
+    claim = kube.read_claim(namespace, name, deadline)
     if claim is None:
         raise PreflightRefused(f"claim {namespace}/{name} not found")
     status = claim.get("status") or {}
     volume = claim["spec"].get("volumeName")
-    pv = kube.read_pv(volume) if volume else None
+    pv = kube.read_pv(volume, deadline) if volume else None
     csi = (pv or {}).get("spec", {}).get("csi") or {}
-    events = kube.claim_events(namespace, claim)[-RECENT_EVENTS:]
+    events = kube.claim_events(namespace, claim, deadline)[-RECENT_EVENTS:]
+    try:
+        ledger: list[dict] | str = [e.to_json() for e in read_ledger(claim)]
+    except ValueError as exc:
+        ledger = f"not a ledger: {exc}"
     return {
+        "lease": _lease(kube, namespace, name, deadline),
+        "ledger": ledger,
         "namespace": namespace,
         "claim": name,
         "uid": claim["metadata"].get("uid"),
@@ -47,6 +58,25 @@ def claim_status(kube: Kube, namespace: str, name: str) -> dict:
             }
             for e in events
         ],
+    }
+
+
+def _lease(kube: Kube, namespace: str, claim: str, deadline: Deadline) -> dict | str | None:
+    """Who holds the claim's Lease; a string when it cannot be read (RBAC)."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        lease = kube.read_lease(namespace, lease_name(claim), deadline)
+    except ApiException as exc:
+        return f"cannot read: {api_message(exc)}"
+    if lease is None:
+        return None
+    state = LeaseState.of(lease)
+    expires = state.expires
+    return {
+        "name": lease_name(claim),
+        "holder": state.holder,
+        "expires": expires.strftime("%Y-%m-%dT%H:%M:%SZ") if expires else None,
     }
 
 
@@ -77,6 +107,20 @@ def render_status(data: dict) -> str:
             else ""
         ),
     ]
+    lease = data.get("lease")
+    if isinstance(lease, dict):
+        holder = lease["holder"] or "nobody (released)"
+        lines.append(f"  lease          {lease['name']}: {holder}, until {lease['expires'] or '-'}")
+    else:
+        lines.append(f"  lease          {lease or '-'}")
+    ledger = data.get("ledger")
+    if isinstance(ledger, list):
+        lines.append("  switches" + ("" if ledger else "       -"))
+        lines += [
+            f"    {e['at']} {e['from'] or '-'} -> {e['to']} ({e['holder'] or '-'})" for e in ledger
+        ]
+    else:
+        lines.append(f"  switches       {ledger}")
     lines.append("  conditions" + ("" if data["conditions"] else "     -"))
     for c in data["conditions"]:
         lines.append(f"    {c['type']}={c['status']} {c['reason'] or ''}: {c['message'] or ''}")

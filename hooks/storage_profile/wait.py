@@ -1,8 +1,10 @@
 """Wait until a claim settled on a class: list, then watch from the list's resourceVersion.
 
-One overall deadline bounds everything. A 410 Gone (the resourceVersion expired) or a
-dropped stream re-lists and resumes; throttling and server errors back off, honouring
-``Retry-After``. Nothing here polls: between events the hook sleeps inside a watch.
+One overall deadline bounds everything. A watch that ends (the server's timeout, or ours so
+that the heartbeat can speak) resumes from the last resourceVersion seen; a 410 Gone (the
+resourceVersion expired) or a dropped stream re-lists and resumes; throttling and server
+errors back off, honouring ``Retry-After``. Nothing here polls: between events the hook
+sleeps inside a watch.
 """
 
 from __future__ import annotations
@@ -15,13 +17,10 @@ from dataclasses import dataclass
 
 from kubernetes.client.rest import ApiException
 
-from hooks.storage_profile.config import Deadline
-from hooks.storage_profile.errors import (
-    HookError,
-    Infeasible,
-    TemporaryApiError,
-    UnexpectedState,
-)
+from checkpoint_storage_bench.errors import BenchError
+from checkpoint_storage_bench.retry import Deadline, TemporaryError
+from hooks.storage_profile.errors import HookError, Infeasible, UnexpectedState
+from hooks.storage_profile.heartbeat import Heartbeat
 from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube, api_message, classify
 
 log = logging.getLogger(__name__)
@@ -48,6 +47,13 @@ class ClaimClassState:
             status=modify.get("status"),
             status_target=modify.get("targetVolumeAttributesClassName"),
         )
+
+    def describe(self) -> str:
+        """The state in a few words, for the heartbeat."""
+        status = self.status or "no modify status"
+        if self.status_target:
+            status += f" (target {self.status_target})"
+        return f"{status}; spec {self.spec or '-'}, applied {self.current or '-'}"
 
     def settled_on(self, target: str | None) -> bool:
         """Settled in Kubernetes terms: spec == current == target, no modify status.
@@ -76,6 +82,7 @@ class ClaimWaiter:
         stale: The claim's state before our patch. A Pending/Infeasible status left from an
             earlier attempt is not judged until it changes or the grace period passes: the
             resizer may simply not have seen our patch yet.
+        heartbeat: Told the claim's state as it changes; speaks between watches.
     """
 
     def __init__(
@@ -90,6 +97,7 @@ class ClaimWaiter:
         clock: Callable[[], float] = time.monotonic,
         uid: str | None = None,
         stale: ClaimClassState | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -100,6 +108,7 @@ class ClaimWaiter:
         self.warn = warn
         self.clock = clock
         self.uid = uid
+        self.heartbeat = heartbeat
         self._stale = (
             stale if stale is not None and stale.status in ("Pending", "Infeasible") else None
         )
@@ -122,31 +131,44 @@ class ClaimWaiter:
         self._pending_since = None
         attempt = 0
         gone = 0
+        claim: dict | None = None
+        version: str | None = None  # None: list (again) before the next watch
         while True:
             self.deadline.check(what)
             try:
-                claim, version = self.kube.list_claim(self.namespace, self.name, self.deadline)
+                if version is None:
+                    claim, version = self.kube.list_claim(self.namespace, self.name, self.deadline)
+                # Judged again after a watch ended too: a Pending that outlived its grace
+                # fails even when nothing changed.
                 if self._judge(claim, target):
+                    assert claim is not None
                     return claim
+                self._beat()
                 seconds = self._watch_seconds()
                 watch_ends = self.clock() + seconds
                 with closing(
-                    self.kube.watch_claim(self.namespace, self.name, version, seconds)
+                    self.kube.watch_claim(
+                        self.namespace, self.name, version, seconds, self.deadline
+                    )
                 ) as events:
                     for kind, obj in events:
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
                         if kind == "BOOKMARK":
                             continue
-                        if self._judge(None if kind == "DELETED" else obj, target):
+                        claim = None if kind == "DELETED" else obj
+                        if self._judge(claim, target):
                             return obj
                         attempt = gone = 0
+                        self._beat()
                         if self._grace_ends_before(watch_ends):
-                            # A Pending status started in this watch: end it now and list
-                            # again; the next watch is bounded by what is left of the grace.
+                            # A Pending status started in this watch: end it now; the next
+                            # watch is bounded by what is left of the grace.
                             break
-                # The server ended the stream (its timeout): list again, which also
-                # re-judges a Pending that outlived its grace.
+                # The watch ended (the server's timeout, or ours for the heartbeat): watch
+                # again from the last resourceVersion seen.
                 continue
             except ApiException as exc:
+                version = None
                 error = classify(exc)
                 if exc.status == 410:
                     gone += 1
@@ -154,12 +176,14 @@ class ClaimWaiter:
                         log.info("watch of %s expired (410 Gone); listing again", self.ref)
                         continue
                     # Expiring again and again: back off instead of hammering the server.
-                    error = TemporaryApiError(f"watch of {self.ref} expired {gone} times in a row")
-                elif not isinstance(error, TemporaryApiError):
+                    error = TemporaryError(f"watch of {self.ref} expired {gone} times in a row")
+                elif not isinstance(error, TemporaryError):
                     raise HookError(f"{what}: {api_message(exc)}") from exc
             except CONNECTION_ERRORS as exc:
-                error = TemporaryApiError(f"watch of {self.ref} dropped: {exc}")
-            except TemporaryApiError as exc:
+                version = None
+                error = TemporaryError(f"watch of {self.ref} dropped: {exc}")
+            except TemporaryError as exc:
+                version = None
                 error = exc
             delay = self.kube.backoff.delay(attempt, error.retry_after)
             attempt += 1
@@ -171,8 +195,15 @@ class ClaimWaiter:
             return False
         return self._pending_since + self.pending_grace < moment - 0.5
 
+    def _beat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
+
     def _watch_seconds(self) -> float:
         seconds = min(self.watch_timeout, self.deadline.remaining())
+        if self.heartbeat is not None:
+            # End the watch when the next heartbeat is due, so a quiet wait still speaks.
+            seconds = min(seconds, self.heartbeat.seconds_to_next() + 0.05)
         if self._pending_since is not None:
             grace_left = self._pending_since + self.pending_grace - self.clock()
             seconds = min(seconds, grace_left)
@@ -185,6 +216,8 @@ class ClaimWaiter:
         if self.uid is not None and claim["metadata"].get("uid") != self.uid:
             raise UnexpectedState(f"claim {self.ref} was deleted and re-created (its uid changed)")
         state = ClaimClassState.of(claim)
+        if self.heartbeat is not None:
+            self.heartbeat.kubernetes = state.describe()
         if state.spec != target:
             raise UnexpectedState(
                 f"claim {self.ref} now asks for {state.spec}, not {target}: another writer "
@@ -251,7 +284,7 @@ class ClaimWaiter:
     def _surface_events(self, claim: dict) -> None:
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, HookError) as exc:
+        except (ApiException, BenchError, TemporaryError) as exc:
             log.info("could not read events of %s: %s", self.ref, exc)
             return
         for event in events:
@@ -271,7 +304,7 @@ class ClaimWaiter:
                 return f"{cond.get('reason')}: {cond.get('message')}"
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, HookError) as exc:
+        except (ApiException, BenchError, TemporaryError) as exc:
             events = []
             log.info("could not read events of %s: %s", self.ref, exc)
         warnings = [e for e in events if e.get("type") == "Warning"]

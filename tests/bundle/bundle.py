@@ -7,6 +7,9 @@ configuration shipped in ``connections/``.
 
 from __future__ import annotations
 
+import copy
+import functools
+import json
 import re
 import tomllib
 import uuid
@@ -24,6 +27,9 @@ COMPONENTS = ROOT / "components"
 POLYAXONFILES = ROOT / "polyaxonfiles"
 CONNECTIONS = ROOT / "connections"
 PIPELINE = POLYAXONFILES / "checkpoint-storage-pipeline.yaml"
+"""The two-profile pipeline (a wrapper over the general one), as released before."""
+PROFILES_PIPELINE = POLYAXONFILES / "checkpoint-storage-profiles.yaml"
+"""The general pipeline: any number of profiles, in order."""
 AGENT_CONFIGS = sorted(CONNECTIONS.glob("agent-config*.yaml"))
 AGENT_CONFIG = CONNECTIONS / "agent-config.yaml"
 
@@ -62,9 +68,25 @@ def current_versions() -> list[Path]:
     return [component_versions(name)[-1] for name in component_names()]
 
 
+def current(name: str) -> Path:
+    """The newest numbered version of one component (what this source tree implements)."""
+    return component_versions(name)[-1]
+
+
 def component_names() -> list[str]:
     """Every component folder under ``components/``."""
     return sorted(p.name for p in COMPONENTS.iterdir() if p.is_dir())
+
+
+def is_dag(path: Path) -> bool:
+    """Whether a component file runs a DAG (it has no Kubernetes resource of its own)."""
+    (doc,) = load_yaml_documents(path)
+    return doc["run"]["kind"] == "dag"
+
+
+def job_component_names() -> list[str]:
+    """The components that run one job (a pod, or replicas of one), not a DAG."""
+    return [name for name in component_names() if not is_dag(current(name))]
 
 
 def all_polyaxonfiles() -> list[Path]:
@@ -124,21 +146,56 @@ def to_kubernetes(
     return ApiClient().sanitize_for_serialization(crd)
 
 
+# A Kubeflow replica's restartPolicy becomes its pods' restartPolicy; ExitCode (restart on a
+# signal, fail on the program's own exit codes) is the operator's own and runs as Never.
+KUBEFLOW_POD_RESTART = {"ExitCode": "Never"}
+
+
 @dataclass(frozen=True)
 class Pod:
-    """The parts of a compiled Polyaxon job that the tests look at."""
+    """The parts of a compiled Polyaxon job that the tests look at.
+
+    ``replica`` picks one replica type (``Master``, ``Worker``) of a Kubeflow job.
+    """
 
     manifest: dict[str, Any]
+    replica: str | None = None
+
+    @property
+    def template(self) -> dict[str, Any]:
+        if self.replica is None:
+            return self.manifest["batchJobSpec"]["template"]
+        return self.manifest["pytorchJobSpec"]["replicaSpecs"][self.replica]["template"]
 
     @property
     def spec(self) -> dict[str, Any]:
-        return self.manifest["batchJobSpec"]["template"]["spec"]
+        return self.template["spec"]
+
+    def replicas(self) -> dict[str, Pod]:
+        """The replica types of a Kubeflow PyTorchJob, each as the pods it makes."""
+        specs = self.manifest["pytorchJobSpec"]["replicaSpecs"]
+        return {name: Pod(self.manifest, name) for name in specs}
+
+    @property
+    def replica_count(self) -> int:
+        return self.manifest["pytorchJobSpec"]["replicaSpecs"][self.replica]["replicas"]
 
     @property
     def main(self) -> dict[str, Any]:
-        """The container that runs the component's command (Polyaxon names it polyaxon-main)."""
-        (main,) = [c for c in self.spec["containers"] if c["name"] == "polyaxon-main"]
+        """The container that runs the component's command (Polyaxon names it polyaxon-main;
+        in a PyTorchJob replica it is `pytorch`, the name Kubeflow's operator looks for)."""
+        name = "polyaxon-main" if self.replica is None else "pytorch"
+        (main,) = [c for c in self.spec["containers"] if c["name"] == name]
         return main
+
+    @property
+    def run_uuid(self) -> str:
+        return self.manifest["metadata"]["labels"]["operation.polyaxon.com/uuid"]
+
+    @property
+    def run_name(self) -> str:
+        """The run's name: for a pipeline op, the op's name (mapping runs share it)."""
+        return self.manifest["metadata"]["annotations"]["operation.polyaxon.com/name"]
 
     @property
     def argv(self) -> list[str]:
@@ -147,6 +204,33 @@ class Pod:
     @property
     def env(self) -> dict[str, Any]:
         return {e["name"]: e.get("value") for e in self.main.get("env") or []}
+
+    def field_ref(self, name: str) -> str | None:
+        """The pod field an env variable of the main container comes from (downward API)."""
+        (var,) = [e for e in self.main.get("env") or [] if e["name"] == name]
+        return ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+
+    @property
+    def termination(self) -> dict[str, Any]:
+        """What Polyaxon's operator puts on the Kubernetes Job: backoffLimit, deadline, policy."""
+        return self.manifest.get("termination") or {}
+
+    def as_job(self) -> dict[str, Any]:
+        """The batch/v1 Job the operator makes of it, for kubernetes-validate.
+
+        Polyaxon's CRD carries the pod template and the termination separately; the operator
+        sets ``backoffLimit``, ``activeDeadlineSeconds`` and ``podFailurePolicy`` on the Job.
+        """
+        spec = {"template": copy.deepcopy(self.template)}
+        for key in ("backoffLimit", "activeDeadlineSeconds", "podFailurePolicy"):
+            if key in self.termination:
+                spec[key] = copy.deepcopy(self.termination[key])
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "job", "namespace": self.manifest["metadata"]["namespace"]},
+            "spec": spec,
+        }
 
     def mounts(self) -> dict[str, str]:
         """Mount path -> claim name of every persistentVolumeClaim mounted in the main container."""
@@ -163,24 +247,36 @@ class Pod:
 
     def as_pod(self) -> dict[str, Any]:
         """The job's pod template as a plain v1 Pod, for kubernetes-validate."""
-        template = self.manifest["batchJobSpec"]["template"]
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": template["metadata"],
-            "spec": template["spec"],
-        }
+        template = self.template
+        spec = dict(template["spec"])
+        if self.replica is not None and "restartPolicy" in spec:
+            policy = spec["restartPolicy"]
+            spec["restartPolicy"] = KUBEFLOW_POD_RESTART.get(policy, policy)
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": spec}
 
 
 def compile_component(
-    path: Path, params: Mapping[str, Any] | None = None, agent_config: Path = AGENT_CONFIG
+    path: Path,
+    params: Mapping[str, Any] | None = None,
+    agent_config: Path = AGENT_CONFIG,
+    run_uuid: str | None = None,
 ) -> Pod:
     """Validate a component or operation file with params and compile it to a pod."""
     operation = check(path, params)
-    return Pod(to_kubernetes(operation, run_name=path.parent.name, agent_config=agent_config))
+    return Pod(
+        to_kubernetes(
+            operation, run_name=path.parent.name, run_uuid=run_uuid, agent_config=agent_config
+        )
+    )
 
 
 # ---- DAG ops --------------------------------------------------------------------------------
+#
+# A DAG has no Kubernetes resource of its own: each op is compiled on its own, with its params
+# resolved the way the server resolves them (DAG inputs, upstream outputs, globals). Matrix
+# (mapping) values and join queries are rendered with Polyaxon's own parser and the op's
+# params, as the server's scheduler does before it creates the runs; a mapping's runs are made
+# with Polyaxon's own ``get_ops_from_suggestions``, and a nested DAG becomes a Dag of its own.
 
 
 def op_uuid(op_name: str) -> str:
@@ -190,10 +286,19 @@ def op_uuid(op_name: str) -> str:
 
 @dataclass
 class Dag:
-    """The pipeline as Polyaxon reads it, with its inputs resolved to values."""
+    """A pipeline (or a nested DAG run) as Polyaxon reads it, its inputs resolved to values.
+
+    Attributes:
+        operation: The operation whose component runs the DAG.
+        inputs: The DAG's input values (defaults, then params).
+        uuid: This DAG run's uuid (``globals.uuid`` in its ops' params).
+        path: Where this run sits in the tree of runs (stand-in uuids derive from it).
+    """
 
     operation: Any
     inputs: dict[str, Any]
+    uuid: str = PIPELINE_UUID
+    path: str = "pipeline"
 
     @property
     def run(self) -> Any:
@@ -202,6 +307,9 @@ class Dag:
     @property
     def ops(self) -> dict[str, Any]:
         return {op.name: op for op in self.run.operations}
+
+    def op_uuid(self, op_name: str) -> str:
+        return op_uuid(op_name if self.path == "pipeline" else f"{self.path}/{op_name}")
 
     def order(self) -> list[str]:
         """Polyaxon's own topological order of the ops, one per stage."""
@@ -228,36 +336,160 @@ class Dag:
             return value
         kind, _, name = value.partition(".")
         if ref == "dag":
-            return PIPELINE_UUID if value == "globals.uuid" else self.inputs[name]
+            return self.uuid if value == "globals.uuid" else self.inputs[name]
         assert ref.startswith("ops."), f"unexpected ref {ref}"
         upstream = ref.removeprefix("ops.")
         if value == "globals.uuid":
-            return op_uuid(upstream)
+            return self.op_uuid(upstream)
         assert kind == "outputs", f"unexpected ref value {value}"
         return self.stand_in_output(upstream, name)
 
-    def resolve_params(self, op_name: str) -> dict[str, Any]:
-        """An op's params as plain values; context-only params are not component inputs."""
+    def resolve_params(self, op_name: str, context: bool = False) -> dict[str, Any]:
+        """An op's params as plain values; context-only params (not component inputs) only
+        with ``context``."""
         params = self.ops[op_name].params or {}
-        return {k: self.resolve_param(p) for k, p in params.items() if not p.context_only}
+        return {
+            k: self.resolve_param(p) for k, p in params.items() if context or not p.context_only
+        }
 
-    def compile_op(self, op_name: str, agent_config: Path = AGENT_CONFIG) -> Pod:
-        """Compile one op of the DAG to the pod the agent would create for it."""
+    def standalone(
+        self, op_name: str, extra: Mapping[str, Any] | None = None, sections: bool = False
+    ) -> Any:
+        """The op as one operation with its params resolved (context-only ones kept as such).
+
+        With ``sections`` the op keeps its matrix and joins; otherwise it is one run of it
+        (``extra`` being, e.g., one mapping's values).
+        """
         from polyaxon._polyaxonfile import OperationSpecification
 
         op = self.ops[op_name]
+        params = {
+            k: {"value": self.resolve_param(p), **({"contextOnly": True} if p.context_only else {})}
+            for k, p in (op.params or {}).items()
+        }
+        params.update({k: {"value": v} for k, v in (extra or {}).items()})
+        content = {
+            "kind": "operation",
+            "name": op_name,
+            "component": op.component.to_dict(),
+            "params": params,
+        }
+        if sections:
+            content |= {
+                k: v
+                for k, v in {
+                    "matrix": op.matrix.to_dict() if op.matrix else None,
+                    "joins": [j.to_dict() for j in op.joins] if op.joins else None,
+                }.items()
+                if v
+            }
         with quiet_polyaxon():
-            standalone = OperationSpecification.read(
-                {
-                    "kind": "operation",
-                    "name": op_name,
-                    "component": op.component.to_dict(),
-                    "params": {k: {"value": v} for k, v in self.resolve_params(op_name).items()},
-                }
+            return OperationSpecification.read(content)
+
+    def _compiled(self, op_name: str) -> tuple[Any, dict[str, Any]]:
+        """The op compiled with its matrix/joins, and its param spec (the template context)."""
+        from polyaxon._polyaxonfile import CompiledOperationSpecification, OperationSpecification
+
+        operation = self.standalone(op_name, sections=True)
+        with quiet_polyaxon():
+            compiled = OperationSpecification.compile_operation(operation)
+            # As the scheduler does: the run's params (context-only ones too) onto the spec.
+            compiled = CompiledOperationSpecification.apply_params(
+                config=compiled, params={k: p.to_dict() for k, p in operation.params.items()}
             )
+            spec = CompiledOperationSpecification.calculate_context_spec(
+                config=compiled, contexts={"globals": {"uuid": self.op_uuid(op_name)}}
+            )
+        return compiled, spec
+
+    def mapping(self, op_name: str) -> list[dict[str, Any]]:
+        """The values of an op's mapping matrix, rendered as the scheduler renders them."""
+        from polyaxon._polyaxonfile import CompiledOperationSpecification
+        from polyaxon.tuners.mapping import MappingManager
+
+        compiled, spec = self._compiled(op_name)
+        with quiet_polyaxon():
+            matrix = compiled.matrix.__class__.read(
+                CompiledOperationSpecification.apply_section_contexts(
+                    config=compiled, section=compiled.matrix.to_dict(), param_spec=spec
+                )
+            )
+        assert matrix.kind == "mapping", matrix
+        return list(MappingManager(matrix).get_suggestions())
+
+    def matrix(self, op_name: str) -> Any:
+        """The op's matrix as written (kind, concurrency)."""
+        return self.ops[op_name].matrix
+
+    def joins(self, op_name: str) -> list[Any]:
+        """An op's joins with their queries rendered, as the scheduler renders them."""
+        from polyaxon._polyaxonfile import CompiledOperationSpecification
+        from polyaxon.schemas import V1Join
+
+        compiled, spec = self._compiled(op_name)
+        with quiet_polyaxon():
+            return [
+                V1Join.read(
+                    CompiledOperationSpecification.apply_section_contexts(
+                        config=compiled, section=join.to_dict(), param_spec=spec
+                    )
+                )
+                for join in compiled.joins or []
+            ]
+
+    def children(self, op_name: str) -> list[Dag]:
+        """The nested DAG runs a mapping op makes, one per value, built the server's way."""
+        from polyaxon._polyaxonfile.manager import get_ops_from_suggestions
+
+        values = self.mapping(op_name)
+        compiled, _ = self._compiled(op_name)
+        content = self.standalone(op_name, sections=True).to_json()
+        with quiet_polyaxon():
+            runs = list(get_ops_from_suggestions(content, compiled, values))
+        dags = []
+        for i, run in enumerate(runs):
+            component = run.component
+            assert component.run.kind == "dag", f"{op_name} does not run a DAG"
+            inputs = {io.name: io.value for io in component.inputs or []}
+            inputs.update({k: p.value for k, p in (run.params or {}).items()})
+            path = f"{self.path}/{op_name}[{i}]"
+            dags.append(Dag(operation=run, inputs=inputs, uuid=op_uuid(path), path=path))
+        return dags
+
+    def compile_op(
+        self,
+        op_name: str,
+        agent_config: Path = AGENT_CONFIG,
+        extra: Mapping[str, Any] | None = None,
+        index: int | None = None,
+    ) -> Pod:
+        """Compile one op of the DAG to its pod; for a mapping op, its ``index``-th run, whose
+        values are ``extra``."""
+        standalone = self.standalone(op_name, extra)
+        name = op_name if index is None else f"{op_name}[{index}]"
         return Pod(
-            to_kubernetes(standalone, op_name, run_uuid=op_uuid(op_name), agent_config=agent_config)
+            to_kubernetes(
+                standalone, op_name, run_uuid=self.op_uuid(name), agent_config=agent_config
+            )
         )
+
+    def jobs(self, agent_config: Path = AGENT_CONFIG) -> dict[str, Pod]:
+        """Every job this DAG runs, nested DAGs and mapping runs included, compiled, by path,
+        in the order the tree runs them."""
+        pods: dict[str, Pod] = {}
+        for name in self.order():
+            op = self.ops[name]
+            if op.component.run.kind == "dag":
+                for child in self.children(name):
+                    pods.update(child.jobs(agent_config))
+            elif op.matrix is not None:
+                for i, values in enumerate(self.mapping(name)):
+                    pods[f"{self.path}/{name}[{i}]"] = self.compile_op(
+                        name, agent_config, extra=values, index=i
+                    )
+            else:
+                pods[f"{self.path}/{name}"] = self.compile_op(name, agent_config)
+        return pods
 
 
 def load_dag(path: Path = PIPELINE, params: Mapping[str, Any] | None = None) -> Dag:
@@ -266,3 +498,24 @@ def load_dag(path: Path = PIPELINE, params: Mapping[str, Any] | None = None) -> 
     inputs = {io.name: io.value for io in operation.component.inputs or []}
     inputs.update({k: p.value for k, p in (operation.params or {}).items()})
     return Dag(operation=operation, inputs=inputs)
+
+
+def joined(pods: Mapping[str, Pod], names: set[str]) -> list[str]:
+    """The uuids a join on ``name: a|b|c`` of a comparison's jobs returns, in creation order
+    (the server creates the ops in the order the tree runs them)."""
+    return [pod.run_uuid for pod in pods.values() if pod.run_name in names]
+
+
+@functools.lru_cache(maxsize=8)
+def _pipeline_jobs(path: Path, params_json: str, agent_config: Path) -> dict[str, Pod]:
+    return load_dag(path, json.loads(params_json)).jobs(agent_config)
+
+
+def pipeline_jobs(
+    path: Path = PIPELINE,
+    params: Mapping[str, Any] | None = None,
+    agent_config: Path = AGENT_CONFIG,
+) -> dict[str, Pod]:
+    """Every job of a pipeline with params, compiled (once per session: several test files
+    look at the same pipelines, and compiling every job of a tree takes a while)."""
+    return _pipeline_jobs(path, json.dumps(dict(params or {}), sort_keys=True), agent_config)

@@ -22,8 +22,18 @@ import sys
 
 import pytest
 
-from tests.bundle.bundle import ROOT, compile_component, current_versions, load_dag
-from tests.bundle.test_polyaxonfiles import REAL_PARAMS, SMALL_PIPELINE
+from tests.bundle.bundle import (
+    PIPELINE,
+    PROFILES_PIPELINE,
+    ROOT,
+    compile_component,
+    current_versions,
+    is_dag,
+    joined,
+    load_dag,
+    pipeline_jobs,
+)
+from tests.bundle.test_polyaxonfiles import REAL_PARAMS, SMALL_PIPELINE, SMALL_THREE
 
 # argv: MODULE, then a JSON list of argument lists. Prints a JSON list of results.
 # Leaf commands stop once their arguments are parsed and converted. A group runs its own
@@ -64,17 +74,52 @@ def command_lines() -> dict[str, list[str]]:
     """Every argv the bundle can run, by where it comes from."""
     lines: dict[str, list[str]] = {}
     for path in current_versions():
+        if is_dag(path):
+            continue  # its jobs come through the pipelines below
         for i, params in enumerate(REAL_PARAMS[path.parent.name]):
-            pod = compile_component(path, params)
-            lines[f"{path.parent.name}/{path.stem}[{i}]"] = pod.argv
-    for name, params in (("pipeline", {}), ("pipeline-small", SMALL_PIPELINE)):
-        dag = load_dag(params=params)
-        for op in dag.ops:
-            lines[f"{name}:{op}"] = dag.compile_op(op).argv
+            job = compile_component(path, params)
+            if "pytorchJobSpec" in job.manifest:
+                for replica, pod in job.replicas().items():
+                    lines[f"{path.parent.name}/{path.stem}[{i}]/{replica}"] = pod.argv
+            else:
+                lines[f"{path.parent.name}/{path.stem}[{i}]"] = job.argv
+    pipelines = {
+        "pipeline": (PIPELINE, {}),
+        "pipeline-small": (PIPELINE, SMALL_PIPELINE),
+        "profiles-small": (PROFILES_PIPELINE, SMALL_THREE),
+    }
+    for name, (path, params) in pipelines.items():
+        dag = load_dag(path, params)
+        jobs = pipeline_jobs(path, params)
+        for job, pod in jobs.items():
+            lines[f"{name}:{job}"] = pod.argv
+        # compare as the server runs it: with the runs its join found (every job below).
+        (general, compare) = _compare_of(dag, jobs)
+        runs = joined(jobs, {"switch", "fio", "train"})
+        lines[f"{name}:{compare}+joins"] = general.compile_op("compare", extra={"runs": runs}).argv
     return lines
 
 
+def _compare_of(dag, jobs) -> tuple:
+    """The DAG that holds the compare op (the general pipeline, maybe nested) and its path."""
+    (path,) = [job for job in jobs if job.endswith("/compare")]
+    return (dag if path == "pipeline/compare" else dag.children("comparison")[0]), path
+
+
+# What the Kubeflow operator sets in a PyTorchJob pod; the kubelet expands $(VAR) with it.
+OPERATOR_ENV = {"MASTER_ADDR": "train-master-0", "MASTER_PORT": "23456", "RANK": "1"}
+
+
 def module_and_args(argv: list[str]) -> tuple[str, list[str]]:
+    """The module a command line runs and its arguments: ``python -m M ...``, or torchrun's
+    ``-m M ...`` read with torchrun's own parser (which must accept its options)."""
+    if argv[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        expanded = [re.sub(r"\$\((\w+)\)", lambda m: OPERATOR_ENV[m[1]], a) for a in argv]
+        options = get_args_parser().parse_args(expanded[1:])
+        assert options.module, f"torchrun without -m: {argv}"
+        return options.training_script, list(options.training_script_args)
     assert argv[:2] == ["python", "-m"], f"not a `python -m` command line: {argv}"
     return argv[2], argv[3:]
 
@@ -125,14 +170,14 @@ def test_the_command_lines_cover_every_cli() -> None:
 def test_the_cli_accepts_the_command_line(source: str, results) -> None:
     argv = LINES[source]
     help_run, dry_run = results[tuple(argv)]["help"], results[tuple(argv)]["dry"]
-    _, args = module_and_args(argv)
+    module, args = module_and_args(argv)
     assert help_run["code"] == 0, f"{argv}\n{help_run['stdout']}{help_run['stderr']}"
     listed = set(re.findall(r"--[a-z0-9][a-z0-9-]*", help_run["stdout"]))
     missing = [flag for flag in flags(args) if flag not in listed]
-    assert not missing, f"{missing} not in the help of {argv[2]}:\n{help_run['stdout']}"
+    assert not missing, f"{missing} not in the help of {module}:\n{help_run['stdout']}"
     assert dry_run["code"] == 0, f"{argv}\n{dry_run['stdout']}{dry_run['stderr']}"
     # The command that parsed them is the one the argv names (e.g. the hook's `switch`).
-    command = " ".join([argv[2].split(".")[-1], *args[: args.index(flags(args)[0])]])
+    command = " ".join([module.split(".")[-1], *args[: args.index(flags(args)[0])]])
     assert re.search(rf"^ARGUMENTS-PARSED .*{re.escape(command)}$", dry_run["stdout"], re.M), (
         dry_run["stdout"]
     )
@@ -140,7 +185,7 @@ def test_the_cli_accepts_the_command_line(source: str, results) -> None:
 
 def test_a_wrong_flag_or_value_is_refused() -> None:
     # The checks above must be able to fail: the trainer's pipeline command, slightly wrong.
-    module, args = module_and_args(LINES["pipeline:train-baseline"])
+    module, args = module_and_args(LINES["pipeline:pipeline/comparison[0]/stages[0]/train[0]"])
     wrong_flag = [a.replace("--checkpoint-every", "--checkpoint-each") for a in args]
     # A value only the dry parse converts: --help stops before values are checked.
     wrong_value = [*args, "--device", "gpu"]

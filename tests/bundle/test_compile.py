@@ -15,60 +15,82 @@ import yaml
 from tests.bundle.bundle import (
     AGENT_CONFIGS,
     COMPONENTS,
-    PIPELINE_UUID,
     Pod,
     compile_component,
+    current,
     current_versions,
+    is_dag,
     load_dag,
     op_uuid,
     package_version,
+    pipeline_jobs,
 )
 
 HOOK_SERVICE_ACCOUNT = "storage-profile-hook"
 CLAIM = {"/checkpoints": "training-checkpoints"}
 
-SWITCH = ["python", "-m", "hooks.storage_profile", "switch"]
+HOOK = ["python", "-m", "hooks.storage_profile"]
 CLAIM_ARGS = ["--namespace", "ml-team", "--claim", "training-checkpoints"]
 WAIT_ARGS = ["--timeout", "1800", "--pending-grace", "120", "--settle", "provider"]
 SWITCH_TAIL = [*WAIT_ARGS, "--on-infeasible", "fail", "--backend", "kubernetes"]
 
+# The two-profile pipeline nests the general one (a mapping of one run), which maps the
+# stage over the profiles: stand-in uuids follow each run's place in that tree.
+GENERAL = "pipeline/comparison[0]"
+HOLDER = op_uuid(GENERAL)  # the general pipeline's own uuid: the lease holder of its switches
+
 
 def switch_argv(target: str) -> list[str]:
-    return [*SWITCH, *CLAIM_ARGS, "--to", target, *SWITCH_TAIL]
+    return [*HOOK, "switch", *CLAIM_ARGS, "--to", target, *SWITCH_TAIL, f"--holder={HOLDER}"]
 
 
 FIO = ["python", "-m", "fio_sweep", "--mount", "/checkpoints", "--size-scale", "1.0"]
 
 
-def train_argv(op: str, profile: str) -> list[str]:
-    ckpt = f"/checkpoints/{profile}-{op_uuid(op)}"
+def train_argv(run: str, profile: str) -> list[str]:
+    ckpt = f"/checkpoints/{profile}-{op_uuid(run)}"
     return [
         *["python", "-m", "trainer", "--checkpoint-dir", ckpt],
         *["--summary-json", f"{ckpt}/summary.json", "--storage-profile", profile],
         *["--steps", "200", "--checkpoint-every", "50", "--keep", "2", "--model-size", "1GiB"],
         *["--seed", "0", "--format", "raw", "--durability", "fsync", "--sync"],
         *["--device", "auto", "--batch-size", "8", "--seq-len", "64", "--lr", "0.0003"],
-        *["--log-every", "10"],
+        *["--log-every", "10", "--resume", "auto", "--io-streams", "1", "--parallel", "none"],
     ]
 
 
-# What each op of the pipeline runs with the pipeline's defaults: the exact command line.
+def stage_argv(i: int, profile: str) -> dict[str, list[str]]:
+    stage = f"{GENERAL}/stages[{i}]"
+    return {
+        f"{stage}/switch": switch_argv(profile),
+        f"{stage}/fio": FIO,
+        f"{stage}/train[0]": train_argv(f"{stage}/train[0]", profile),
+    }
+
+
+# What each job of the two-profile pipeline runs with its defaults: the exact command line.
+# (compare's --run flags come from its join, which only the server resolves.)
 PIPELINE_ARGV = {
-    "switch-baseline": switch_argv("checkpoint-baseline"),
-    "fio-baseline": FIO,
-    "train-baseline": train_argv("train-baseline", "checkpoint-baseline"),
-    "switch-throughput": switch_argv("checkpoint-throughput"),
-    "fio-throughput": FIO,
-    "train-throughput": train_argv("train-throughput", "checkpoint-throughput"),
-    "compare": [
+    f"{GENERAL}/plan": [
+        *HOOK,
+        *["plan", *CLAIM_ARGS, "--profiles", "checkpoint-baseline,checkpoint-throughput"],
+        *["--backend", "kubernetes"],
+    ],
+    **stage_argv(0, "checkpoint-baseline"),
+    **stage_argv(1, "checkpoint-throughput"),
+    f"{GENERAL}/compare": [
         *["python", "-m", "checkpoint_compare"],
-        *["--project", "acme/checkpoint-storage", "--pipeline", PIPELINE_UUID],
+        *["--project", "acme/checkpoint-storage"],
         *["--html", "verdict.html", "--json", "verdict.json"],
         *["--baseline=checkpoint-baseline", "--expect=checkpoint-baseline"],
         "--expect=checkpoint-throughput",
     ],
-    "restore": switch_argv("checkpoint-baseline"),
+    f"{GENERAL}/restore": switch_argv("checkpoint-baseline"),
+    f"{GENERAL}/release": [
+        *[*HOOK, "release", *CLAIM_ARGS, "--holder", HOLDER, "--backend", "kubernetes"],
+    ],
 }
+KIND_OF_RUN = {"switch": "switch", "restore": "switch", "plan": "hook", "release": "hook"}
 
 
 def assert_valid_pod(pod: Pod) -> None:
@@ -83,7 +105,7 @@ def assert_kind_of_op(pod: Pod, kind: str) -> None:
     service_account = pod.spec.get("serviceAccountName")
     for resource in ("cpu", "memory"):
         assert resource in limits and resource in requests, (kind, resource)
-    if kind == "switch":
+    if kind in ("switch", "hook"):
         assert service_account == HOOK_SERVICE_ACCOUNT
         assert pod.mounts() == {}  # talks to the API; never holds the ReadWriteOnce claim
     else:
@@ -91,6 +113,8 @@ def assert_kind_of_op(pod: Pod, kind: str) -> None:
         assert service_account != HOOK_SERVICE_ACCOUNT
     if kind in ("fio", "train"):
         assert pod.mounts() == CLAIM
+    else:
+        assert pod.mounts() == {}
     if kind == "train":
         assert limits["nvidia.com/gpu"] in (1, "1")
         assert "NVIDIA_VISIBLE_DEVICES" not in pod.env
@@ -106,46 +130,68 @@ def assert_kind_of_op(pod: Pod, kind: str) -> None:
 KIND_OF_COMPONENT = {
     "checkpoint-training": ("train", {"storage_profile": "checkpoint-baseline"}),
     "storage-profile": ("switch", {"target_class": "checkpoint-throughput"}),
+    "storage-profile-plan": ("hook", {"profiles": ["checkpoint-baseline"]}),
+    "storage-profile-release": ("hook", {"holder": "0" * 32}),
     "fio-sweep": ("fio", {}),
     "checkpoint-compare": ("compare", {"pipeline": "0" * 32}),
+    "checkpoint-training-pytorchjob": ("pytorchjob", {"storage_profile": "checkpoint-baseline"}),
 }
+JOB_FILES = [p for p in sorted(COMPONENTS.glob("*/*.yaml")) if not is_dag(p)]
 
 
 @pytest.mark.parametrize("agent_config", AGENT_CONFIGS, ids=lambda p: p.stem)
-@pytest.mark.parametrize(
-    "path", sorted(COMPONENTS.glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}"
-)
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_component_compiles_to_a_valid_pod(path: Path, agent_config: Path) -> None:
     kind, params = KIND_OF_COMPONENT[path.parent.name]
-    pod = compile_component(path, params, agent_config=agent_config)
-    assert pod.manifest["metadata"]["namespace"] == "ml-team"
+    job = compile_component(path, params, agent_config=agent_config)
+    assert job.manifest["metadata"]["namespace"] == "ml-team"
     image = "registry.example.com/ml/checkpoint-storage-bench"
-    if path.name == "latest.yaml" or path in current_versions():
-        assert pod.main["image"] == f"{image}:{package_version()}"
-    else:
-        assert pod.main["image"].startswith(f"{image}:")
-    assert_kind_of_op(pod, kind)
+    # A PyTorchJob makes pods of each replica type (test_distributed.py looks closer).
+    pods = list(job.replicas().values()) if kind == "pytorchjob" else [job]
+    for pod in pods:
+        if path.name == "latest.yaml" or path in current_versions():
+            assert pod.main["image"] == f"{image}:{package_version()}"
+        else:
+            assert pod.main["image"].startswith(f"{image}:")
+        if kind == "pytorchjob":
+            assert pod.mounts() == {"/checkpoints": "training-checkpoints-shared"}
+            assert pod.spec.get("serviceAccountName") != HOOK_SERVICE_ACCOUNT
+        else:
+            assert_kind_of_op(pod, kind)
+        assert_valid_pod(pod)
+
+
+def test_dag_components_have_no_pod_of_their_own() -> None:
+    # A DAG is scheduled by the server; only its ops become pods (compiled below).
+    dags = {p.parent.name for p in COMPONENTS.glob("*/latest.yaml") if is_dag(p)}
+    assert dags == {"checkpoint-stage", "checkpoint-storage-profiles"}
+
+
+@pytest.fixture(scope="module", params=AGENT_CONFIGS, ids=lambda p: p.stem)
+def two_profile_jobs(request) -> dict[str, Pod]:
+    """Every job of the two-profile pipeline with its defaults, compiled with one agent config."""
+    return pipeline_jobs(agent_config=request.param)
+
+
+def test_pipeline_runs_exactly_these_jobs(two_profile_jobs) -> None:
+    assert list(two_profile_jobs) == list(PIPELINE_ARGV)
+
+
+@pytest.mark.parametrize("job", list(PIPELINE_ARGV))
+def test_pipeline_job_compiles_to_the_expected_command(two_profile_jobs, job: str) -> None:
+    pod = two_profile_jobs[job]
+    assert pod.argv == PIPELINE_ARGV[job]
+    name = job.rsplit("/", 1)[1].split("[")[0]
+    assert_kind_of_op(pod, KIND_OF_RUN.get(name, name))
     assert_valid_pod(pod)
 
 
-@pytest.fixture(scope="module")
-def dag():
-    return load_dag()
-
-
-@pytest.mark.parametrize("agent_config", AGENT_CONFIGS, ids=lambda p: p.stem)
-@pytest.mark.parametrize("op", list(PIPELINE_ARGV))
-def test_pipeline_op_compiles_to_the_expected_command(dag, op: str, agent_config: Path) -> None:
-    pod = dag.compile_op(op, agent_config=agent_config)
-    assert pod.argv == PIPELINE_ARGV[op]
-    assert_kind_of_op(pod, "switch" if op == "restore" else op.split("-")[0])
-    assert_valid_pod(pod)
-
-
-def test_the_env_labels_the_profile_the_switch_applied(dag) -> None:
-    for profile in ("baseline", "throughput"):
-        for op in (f"fio-{profile}", f"train-{profile}"):
-            assert dag.compile_op(op).env["STORAGE_PROFILE"] == f"checkpoint-{profile}"
+def test_the_env_labels_the_profile_the_switch_applied(two_profile_jobs) -> None:
+    for i, profile in enumerate(("checkpoint-baseline", "checkpoint-throughput")):
+        for run in ("fio", "train[0]"):
+            assert (
+                two_profile_jobs[f"{GENERAL}/stages[{i}]/{run}"].env["STORAGE_PROFILE"] == profile
+            )
 
 
 def test_small_pipeline_inputs_reach_the_ops() -> None:
@@ -163,22 +209,30 @@ def test_small_pipeline_inputs_reach_the_ops() -> None:
             "api_host": "http://127.0.0.1:8000",
         }
     )
-    train = small.compile_op("train-throughput").argv
+    (general,) = small.children("comparison")
+    baseline, tmpfs = general.children("stages")
+    train = tmpfs.compile_op("train", extra={"repeat": 0}, index=0).argv
     assert train[train.index("--model-size") + 1] == "4MiB"
     assert train[train.index("--steps") + 1] == "6"
     assert train[train.index("--checkpoint-every") + 1] == "2"
     assert train[train.index("--checkpoint-dir") + 1].startswith("/checkpoints/checkpoint-tmpfs-")
-    fio = small.compile_op("fio-baseline").argv
+    fio = baseline.compile_op("fio").argv
     assert fio[-2:] == ["0.001", "--runtime=2"]
-    for op in ("switch-baseline", "switch-throughput"):
-        switch = small.compile_op(op).argv
-        assert switch[-3:] == [
+    for stage in (baseline, tmpfs):
+        switch = stage.compile_op("switch").argv
+        assert switch[-4:-1] == [
             "--backend",
             "local",
             "--profiles-file=connections/sandbox-profiles.yaml",
         ]
-    assert small.compile_op("switch-throughput").argv[9] == "checkpoint-tmpfs"
-    compare = small.compile_op("compare").argv
+    assert tmpfs.compile_op("switch").argv[9] == "checkpoint-tmpfs"
+    for op in ("plan", "release"):
+        assert general.compile_op(op).argv[-3:] == [
+            "--backend",
+            "local",
+            "--profiles-file=connections/sandbox-profiles.yaml",
+        ]
+    compare = general.compile_op("compare").argv
     assert {"--api-host=http://127.0.0.1:8000", "--gpu-hourly=2.5"} <= set(compare)
     assert compare[-1] == "--expect=checkpoint-tmpfs"
 
@@ -190,4 +244,4 @@ def test_an_unknown_connection_fails_to_compile(tmp_path: Path) -> None:
     agent = tmp_path / "agent.yaml"
     agent.write_text(yaml.safe_dump(config))
     with pytest.raises(Exception, match="checkpoints"):
-        compile_component(COMPONENTS / "fio-sweep" / "v1.0.yaml", {}, agent_config=agent)
+        compile_component(current("fio-sweep"), {}, agent_config=agent)

@@ -11,9 +11,9 @@ import pytest
 
 from tests.bundle.bundle import (
     AGENT_CONFIGS,
-    COMPONENTS,
     CONNECTIONS,
     check,
+    current,
     load_yaml_documents,
 )
 
@@ -131,7 +131,7 @@ def test_the_hook_service_account_has_its_rbac() -> None:
     }
     if not accounts:
         pytest.skip("no ServiceAccount manifest in connections/ yet (rbac-storage-profile.yaml)")
-    component = check(COMPONENTS / "storage-profile" / "v1.0.yaml", {"target_class": "x"})
+    component = check(current("storage-profile"), {"target_class": "x"})
     name = component.component.run.environment.service_account_name
     assert ("ml-team", name) in accounts
     bound = {

@@ -1,27 +1,53 @@
-"""The pipeline's shape: order, triggers, fairness, profiles as inputs, one source per component."""
+"""The comparison pipeline's shape, read the way Polyaxon reads it.
+
+The general pipeline (``components/checkpoint-storage-profiles``, run by
+``polyaxonfiles/checkpoint-storage-profiles.yaml``) maps a nested stage component (switch ->
+fio -> training x repeats) over the ordered profiles, after a modification plan, and ends
+with the verdict (joins) and the release of the claim's lease. The two-profile pipeline
+(``polyaxonfiles/checkpoint-storage-pipeline.yaml``) is a wrapper over it. Mapping values and
+join queries are rendered with Polyaxon's own parser, the mapping's runs made with its own
+``get_ops_from_suggestions``, every nested DAG built and validated by Polyaxon.
+"""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.bundle.bundle import COMPONENTS, PIPELINE, ROOT, load_dag
+from tests.bundle.bundle import (
+    COMPONENTS,
+    PIPELINE,
+    PIPELINE_UUID,
+    PROFILES_PIPELINE,
+    check,
+    current,
+    load_dag,
+    load_yaml_documents,
+    pipeline_jobs,
+)
 
-PROFILE_OPS = ["switch-{}", "fio-{}", "train-{}"]
-EXPECTED_ORDER = [
-    *[op.format("baseline") for op in PROFILE_OPS],
-    *[op.format("throughput") for op in PROFILE_OPS],
-    "compare",
-    "restore",
-]
+THREE = ["gp3-baseline", "gp3-tuned", "io2"]
+GENERAL = current("checkpoint-storage-profiles")
+STAGE = current("checkpoint-stage")
 
 
 @pytest.fixture(scope="module")
-def dag():
-    return load_dag()
+def three():
+    """Three profiles, two training runs each, and back to the first at the end."""
+    return load_dag(PROFILES_PIPELINE, {"profiles": THREE, "repeats": 2, "return_to_first": True})
+
+
+@pytest.fixture(scope="module")
+def stages(three):
+    return three.children("stages")
+
+
+@pytest.fixture(scope="module")
+def jobs(three):
+    """Every job of the three-profile run, compiled, in the order the tree runs them."""
+    return three.jobs()
 
 
 def ancestors(upstream: dict[str, set[str]], op: str) -> set[str]:
@@ -36,152 +62,263 @@ def ancestors(upstream: dict[str, set[str]], op: str) -> set[str]:
     return seen
 
 
-def test_ops_run_one_after_another_in_the_expected_order(dag) -> None:
-    assert dag.run.concurrency == 1
-    assert dag.order() == EXPECTED_ORDER
-    # Even without the concurrency limit nothing could overlap: every op waits for all
-    # the ops before it, so the dependencies alone make a single chain.
-    upstream = dag.upstream()
-    for i, op in enumerate(EXPECTED_ORDER):
-        assert ancestors(upstream, op) == set(EXPECTED_ORDER[:i]), op
+def test_the_pipeline_runs_plan_stages_verdict_release_in_order(three) -> None:
+    assert three.run.concurrency == 1
+    assert three.order() == ["plan", "stages", "compare", "restore", "release"]
+    upstream = three.upstream()
+    assert upstream["plan"] == set()  # first: nothing is switched before the plan
+    assert ancestors(upstream, "release") == {"plan", "stages", "compare", "restore"}
 
 
-def test_baseline_training_finishes_before_the_throughput_switch(dag) -> None:
-    assert "train-baseline" in ancestors(dag.upstream(), "switch-throughput")
+def test_the_profiles_map_to_stages_strictly_in_order(three) -> None:
+    matrix = three.matrix("stages")
+    assert matrix.kind == "mapping"
+    assert matrix.concurrency == 1  # one stage at a time on the same claim
+    assert three.mapping("stages") == [
+        {"profile": "gp3-baseline", "stage": 0},
+        {"profile": "gp3-tuned", "stage": 1},
+        {"profile": "io2", "stage": 2},
+        {"profile": "gp3-baseline", "stage": 3},  # return_to_first: A…B…A
+    ]
+    without = load_dag(PROFILES_PIPELINE, {"profiles": THREE})
+    assert [v["profile"] for v in without.mapping("stages")] == THREE
 
 
-def test_a_failed_switch_stops_its_profile(dag) -> None:
-    # Default trigger (all_succeeded) on every measurement: a failed switch leaves its fio
-    # and training ops upstream-failed, never run on the wrong class, and the pipeline fails.
-    upstream = dag.upstream()
-    for profile in ("baseline", "throughput"):
-        for op in (f"fio-{profile}", f"train-{profile}", "compare"):
-            assert f"switch-{profile}" in ancestors(upstream, op)
-    for name, op in dag.ops.items():
-        if name != "restore":
-            assert op.trigger in (None, "all_succeeded"), name
-            assert not op.conditions, name
+def test_a_refused_plan_stops_the_comparison_before_any_switch(three) -> None:
+    # Default trigger (all_succeeded): a plan that exits 3 leaves the stages upstream-failed.
+    assert three.ops["stages"].trigger in (None, "all_succeeded")
+    assert three.ops["stages"].dependencies == ["plan"]
+    plan = three.compile_op("plan").argv
+    assert plan[plan.index("--profiles") + 1] == ",".join(THREE)
+    assert "--return-to-first" in plan
 
 
-def test_restoring_the_claim_is_optional_and_off_by_default(dag) -> None:
-    restore = dag.ops["restore"]
-    assert dag.inputs["restore_after"] is False
+def test_each_stage_switches_measures_then_trains_repeats_times(stages) -> None:
+    assert len(stages) == 4
+    for stage in stages:
+        assert stage.run.concurrency == 1
+        assert stage.order() == ["switch", "fio", "train"]
+        upstream = stage.upstream()
+        assert ancestors(upstream, "train") == {"switch", "fio"}
+        # A failed switch or fio leaves the training upstream-failed: nothing is measured on
+        # the wrong class.
+        for name, op in stage.ops.items():
+            assert op.trigger in (None, "all_succeeded") and not op.conditions, name
+        train = stage.matrix("train")
+        assert train.kind == "mapping" and train.concurrency == 1
+        assert stage.mapping("train") == [{"repeat": 0}, {"repeat": 1}]
+        # No switch between the repeats: one switch op per stage, before every training.
+        assert [n for n, op in stage.ops.items() if "storage-profile" in op.path_ref] == ["switch"]
+
+
+def test_a_stage_labels_its_runs_with_the_class_its_switch_applied(stages) -> None:
+    for stage in stages:
+        profile = stage.inputs["profile"]
+        assert stage.resolve_params("switch")["target_class"] == profile
+        assert stage.compile_op("fio").env["STORAGE_PROFILE"] == profile
+        for i, values in enumerate(stage.mapping("train")):
+            pod = stage.compile_op("train", extra=values, index=i)
+            assert pod.env["STORAGE_PROFILE"] == profile
+        for op in ("fio", "train"):
+            label = stage.ops[op].params["storage_profile"]
+            assert (label.ref, label.value) == ("ops.switch", "outputs.applied_class")
+
+
+def test_stages_differ_only_in_their_profile(stages) -> None:
+    # Model, dataset seed, format, durability, steps, placement: the same for every stage.
+    def fair(inputs: dict) -> dict:
+        return {k: v for k, v in inputs.items() if k not in ("profile", "stage")}
+
+    assert all(fair(s.inputs) == fair(stages[0].inputs) for s in stages)
+    assert [s.inputs["stage"] for s in stages] == [0, 1, 2, 3]
+
+
+def test_every_training_run_writes_its_own_checkpoint_directory(jobs) -> None:
+    dirs = []
+    for pod in jobs.values():
+        if pod.run_name == "train":
+            dirs.append(pod.argv[pod.argv.index("--checkpoint-dir") + 1])
+    assert len(dirs) == 4 * 2
+    assert len(set(dirs)) == len(dirs)
+    for a in dirs:
+        assert not any(b != a and b.startswith(a + "/") for b in dirs)
+
+
+def test_one_lease_holder_for_every_switch_and_the_release(three, stages, jobs) -> None:
+    # The switches of every stage, the optional restore and the release share one holder:
+    # this pipeline's uuid. A nested stage's own pipeline would be a different one per stage.
+    switches = [pod for pod in jobs.values() if pod.argv[3:4] == ["switch"]]
+    assert len(switches) == 4 + 1  # every stage, and the restore
+    assert {_holder(pod.argv) for pod in switches} == {PIPELINE_UUID}
+    release = three.compile_op("release").argv
+    assert release[release.index("--holder") + 1] == PIPELINE_UUID
+    assert all(s.inputs["holder"] == PIPELINE_UUID for s in stages)
+
+
+def _holder(argv: list[str]) -> str | None:
+    (flag,) = [a for a in argv if a.startswith("--holder=")] or [None]
+    return flag.split("=", 1)[1] if flag else None
+
+
+def test_the_release_is_last_and_runs_whatever_happened(three) -> None:
+    release = three.ops["release"]
+    assert release.trigger == "all_done"
+    assert not release.conditions
+    assert set(release.dependencies) == {"compare", "restore"}
+
+
+def test_compare_gathers_the_stage_runs_with_joins(three) -> None:
+    compare = three.ops["compare"]
+    assert compare.dependencies == ["stages"]
+    # No hand-wired per-profile params: the runs come from joins on this comparison.
+    assert not any(re.match(r"(baseline|throughput)_", k) for k in compare.params)
+    runs, figures, fio = three.joins("compare")
+    # Every job below this run has it as its controller, at any depth of nesting.
+    assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train"
+    assert runs.sort == "created_at"
+    assert {k: p.value for k, p in runs.params.items()} == {"runs": "globals.uuid"}
+    assert figures.query.endswith("name: train, status: succeeded")
+    assert fio.query.endswith("name: fio, status: succeeded")
+    declared = {io.name: io for io in compare.component.inputs}
+    for join in (runs, figures, fio):
+        for name, param in join.params.items():
+            # A join gives a list: the input must say so (Polyaxon validates it on the server).
+            assert declared[name].is_list, name
+            assert param.value.split(".")[0] in ("globals", "inputs", "outputs"), param
+    assert three.resolve_params("compare")["profiles"] == THREE
+
+
+def test_the_joined_runs_and_profiles_reach_the_verdicts_command_line(three, jobs) -> None:
+    runs = [pod.run_uuid for pod in jobs.values() if pod.run_name in ("switch", "fio", "train")]
+    assert len(runs) == 4 * (1 + 1 + 2)
+    argv = three.compile_op("compare", extra={"runs": runs}).argv
+    assert [a.removeprefix("--run=") for a in argv if a.startswith("--run=")] == runs
+    assert [a for a in argv if a.startswith(("--baseline", "--expect"))] == [
+        "--baseline=gp3-baseline",
+        *[f"--expect={p}" for p in THREE],
+    ]
+
+
+def test_placement_is_the_same_for_every_pod_that_mounts_the_claim() -> None:
+    placement = {
+        "node_selector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"team": "ml"}}, "topologyKey": "zone"}
+                ]
+            }
+        },
+    }
+    dag = load_dag(PROFILES_PIPELINE, {"profiles": THREE, **placement})
+    measuring = 0
+    for path, pod in dag.jobs().items():
+        spec = pod.spec
+        if pod.mounts():
+            measuring += 1
+            assert spec.get("nodeSelector") == placement["node_selector"], path
+            assert spec.get("tolerations") == placement["tolerations"], path
+            assert spec.get("affinity") == placement["affinity"], path
+        else:  # API-only ops go wherever there is room
+            assert not {"nodeSelector", "tolerations", "affinity"} & set(spec), path
+    assert measuring == 3 * 2  # fio and training of every stage
+
+
+def test_upload_is_off_by_default_and_reaches_every_training_run() -> None:
+    def uploads(params: dict) -> list[str | None]:
+        dag = load_dag(PROFILES_PIPELINE, {"profiles": THREE, **params})
+        return [
+            next((a for a in pod.argv if a.startswith("--upload-to")), None)
+            for pod in dag.jobs().values()
+            if pod.run_name == "train"
+        ]
+
+    assert uploads({}) == [None] * 3
+    assert uploads({"upload_to": "s3://bucket/x"}) == ["--upload-to=s3://bucket/x"] * 3
+
+
+def test_restoring_the_claim_is_optional_and_off_by_default(three) -> None:
+    restore = three.ops["restore"]
+    assert three.inputs["restore_after"] is False
     assert restore.conditions == "{{ restore_after }}"
     assert restore.params["restore_after"].context_only
-    assert restore.params["restore_after"].value == "inputs.restore_after"
     assert restore.trigger == "all_done"  # also after a failure, when asked for
-    assert dag.resolve_params("restore")["target_class"] == dag.inputs["restore_class"]
+    assert three.resolve_params("restore")["target_class"] == three.inputs["restore_class"]
 
 
-def test_every_op_bypasses_the_cache(dag) -> None:
-    for name, op in dag.ops.items():
-        assert op.cache and op.cache.disable, name
+def test_profiles_are_inputs_not_hard_coded() -> None:
+    for path in (GENERAL, STAGE, PIPELINE):
+        (doc,) = load_yaml_documents(path)
+        raw_ops = yaml.safe_dump(doc["run"]["operations"])
+        assert "checkpoint-baseline" not in raw_ops and "checkpoint-throughput" not in raw_ops
+
+
+def test_every_op_bypasses_the_cache(three, stages) -> None:
+    for dag in (three, stages[0], load_dag()):
+        for name, op in dag.ops.items():
+            assert op.cache and op.cache.disable, name
 
 
 def test_every_op_references_a_versioned_component_by_path() -> None:
     # One source of truth: a plain pathRef to components/<name>/<version>.yaml, which the
     # sandbox rewrites to hubRef <owner>/<name>:<version> when it registers components.
-    raw = yaml.safe_load(PIPELINE.read_text())
-    for op in raw["run"]["operations"]:
-        assert set(op) & {"pathRef", "hubRef", "component", "urlRef", "dagRef"} == {"pathRef"}
-        match = re.fullmatch(r"\.\./components/([-a-zA-Z0-9_]+)/(v\d+\.\d+)\.yaml", op["pathRef"])
-        assert match, op["pathRef"]
-        assert (PIPELINE.parent / op["pathRef"]).resolve() == (
-            COMPONENTS / match[1] / f"{match[2]}.yaml"
-        )
+    for path in (PIPELINE, GENERAL, STAGE):
+        (doc,) = load_yaml_documents(path)
+        for op in doc["run"]["operations"]:
+            keys = set(op) & {"pathRef", "hubRef", "component", "urlRef", "dagRef"}
+            assert keys == {"pathRef"}, (path, op["name"])
+            pattern = r"(?:\.\./components|\.\.)/([-a-zA-Z0-9_]+)/(v\d+\.\d+)\.yaml"
+            match = re.fullmatch(pattern, op["pathRef"])
+            assert match, op["pathRef"]
+            assert (path.parent / op["pathRef"]).resolve() == (
+                COMPONENTS / match[1] / f"{match[2]}.yaml"
+            )
 
 
-def test_profiles_are_inputs_not_hard_coded(dag) -> None:
-    for name, op in dag.ops.items():
-        target = op.params.get("target_class")
-        if target is not None:
-            assert target.ref == "dag" and target.value.startswith("inputs."), name
-    raw_ops = yaml.safe_dump(yaml.safe_load(PIPELINE.read_text())["run"]["operations"])
-    assert "checkpoint-baseline" not in raw_ops
-    assert "checkpoint-throughput" not in raw_ops
-    other = load_dag(params={"baseline_class": "gp3-slow", "throughput_class": "gp3-fast"})
-    assert other.resolve_params("switch-baseline")["target_class"] == "gp3-slow"
-    assert other.resolve_params("switch-throughput")["target_class"] == "gp3-fast"
-    assert other.compile_op("train-throughput").env["STORAGE_PROFILE"] == "gp3-fast"
+# ---- the two-profile pipeline: same name and inputs, a wrapper over the general one ----
 
 
-def test_profiles_differ_only_in_their_class(dag) -> None:
-    # Model, dataset seed, checkpoint format and durability come from the same DAG inputs.
-    def params(op: str) -> dict:
-        return {k: (p.ref, p.value) for k, p in dag.ops[op].params.items()}
-
-    fair = {"model_size", "seed", "checkpoint_format", "durability", "steps", "checkpoint_every"}
-
-    def without_label(op: str) -> dict:
-        label = params(op).pop("storage_profile")
-        assert label == (f"ops.switch-{op.split('-')[1]}", "outputs.applied_class")
-        return {k: v for k, v in params(op).items() if k != "storage_profile"}
-
-    baseline = params("train-baseline")
-    assert fair <= set(baseline)
-    assert all(baseline[k][0] == "dag" for k in fair)
-    assert without_label("train-baseline") == without_label("train-throughput")
-    assert without_label("fio-baseline") == without_label("fio-throughput")
-    switch_baseline, switch_throughput = params("switch-baseline"), params("switch-throughput")
-    assert switch_baseline.pop("target_class") != switch_throughput.pop("target_class")
-    assert switch_baseline == switch_throughput
+def test_the_two_profile_pipeline_keeps_its_name_and_inputs() -> None:
+    wrapper = check(PIPELINE).component
+    general = check(GENERAL).component
+    assert wrapper.name == "checkpoint-storage-comparison"
+    own = {io.name for io in wrapper.inputs}
+    assert {"baseline_class", "throughput_class", "restore_after", "switch_timeout"} <= own
+    # Every input of the general pipeline, the two classes instead of the list, and the
+    # controller set by the wrapper itself.
+    assert own == {io.name for io in general.inputs} - {"profiles", "controller"} | {
+        "baseline_class",
+        "throughput_class",
+    }
+    (op,) = wrapper.run.operations
+    passed = {k for k, p in op.params.items() if not p.context_only}
+    assert passed == own - {"baseline_class", "throughput_class"} | {"controller"}
+    defaults = {io.name: io.value for io in wrapper.inputs}
+    assert all(defaults[k] == io.value for io in general.inputs if (k := io.name) in defaults)
 
 
-def test_each_profile_trains_into_its_own_checkpoint_directory(dag) -> None:
-    def checkpoint_dir(op: str) -> str:
-        argv = dag.compile_op(op).argv
-        return argv[argv.index("--checkpoint-dir") + 1]
-
-    baseline, throughput = checkpoint_dir("train-baseline"), checkpoint_dir("train-throughput")
-    assert baseline != throughput
-    assert not baseline.startswith(throughput) and not throughput.startswith(baseline)
-
-
-def test_compare_gathers_both_profiles(dag) -> None:
-    params = dag.ops["compare"].params
-    assert params["pipeline"].ref == "dag" and params["pipeline"].value == "globals.uuid"
-    for profile in ("baseline", "throughput"):
-        assert params[f"{profile}_run"].ref == f"ops.train-{profile}"
-        assert params[f"{profile}_run"].value == "globals.uuid"
-        assert params[f"{profile}_runtime_s"].value == "outputs.runtime_s"
-        assert params[f"{profile}_class"].ref == f"ops.switch-{profile}"
-        # Not passed by reference: the server drops a falsy upstream output (a 0.0 settle
-        # time when the claim was already on the class) and the op would not compile.
-        assert f"{profile}_total_settle_s" not in params
-        assert params[f"{profile}_fio_run"].ref == f"ops.fio-{profile}"
+def test_the_two_profile_pipeline_compares_its_two_classes() -> None:
+    wrapper = load_dag(params={"baseline_class": "gp3-slow", "throughput_class": "gp3-fast"})
+    assert wrapper.matrix("comparison").concurrency == 1
+    (general,) = wrapper.children("comparison")
+    assert general.inputs["profiles"] == ["gp3-slow", "gp3-fast"]
+    assert [v["profile"] for v in general.mapping("stages")] == ["gp3-slow", "gp3-fast"]
+    # Nested one level deeper, its runs' controller is the wrapper: the join looks there.
+    assert general.inputs["controller"] == wrapper.uuid != general.uuid
+    (runs, *_) = general.joins("compare")
+    assert runs.query.startswith(f"controller: {wrapper.uuid},")
+    # Its lease holder is the general pipeline's own uuid, for every switch and the release.
+    release = general.compile_op("release").argv
+    assert release[release.index("--holder") + 1] == general.uuid
 
 
-def test_a_third_profile_needs_only_a_copy_of_an_op_block(tmp_path: Path) -> None:
-    # What the pipeline's header says to do, done mechanically: copy throughput's three ops,
-    # rename them, chain them after train-throughput and add train-fast to compare's deps.
-    text = PIPELINE.read_text()
-    start = text.index("    - name: switch-throughput")
-    block = text[start : text.index("    # ---- verdict ----")]
-    copy = (
-        block.replace("-throughput", "-fast")
-        .replace("inputs.throughput_class", "inputs.fast_class")
-        .replace("dependencies: [train-baseline]", "dependencies: [train-throughput]")
-    )
-    text = text.replace("    # ---- verdict ----", copy + "    # ---- verdict ----")
-    text = text.replace(
-        "dependencies: [train-baseline, train-throughput]",
-        "dependencies: [train-baseline, train-throughput, train-fast]",
-    )
-    text = text.replace(
-        "inputs:\n",
-        "inputs:\n  - {name: fast_class, type: str, value: checkpoint-fast}\n",
-        1,
-    )
-    (tmp_path / "polyaxonfiles").mkdir()
-    (tmp_path / "components").symlink_to(ROOT / "components")
-    three = tmp_path / "polyaxonfiles" / "three.yaml"
-    three.write_text(text)
-
-    dag = load_dag(three)
-    assert dag.order() == [
-        *EXPECTED_ORDER[:6],
-        *[op.format("fast") for op in PROFILE_OPS],
+def test_the_two_profile_pipeline_runs_the_seeds_ops() -> None:
+    names = [pod.run_name for pod in pipeline_jobs().values()]
+    assert names == [
+        "plan",
+        *["switch", "fio", "train"] * 2,
         "compare",
         "restore",
+        "release",
     ]
-    assert dag.compile_op("train-fast").env["STORAGE_PROFILE"] == "checkpoint-fast"

@@ -16,10 +16,13 @@ from tests.bundle.bundle import (
     COMPONENTS,
     PIPELINE,
     POLYAXONFILES,
+    PROFILES_PIPELINE,
     ROOT,
     all_polyaxonfiles,
     check,
     component_names,
+    current,
+    load_dag,
 )
 
 POLYAXON = [sys.executable, "-m", "polyaxon"]
@@ -78,24 +81,27 @@ def test_polyaxon_check_lint(path: Path, lint_results) -> None:
     assert "Polyaxonfile valid" in result["output"]
 
 
+GENERAL = COMPONENTS / "checkpoint-storage-profiles" / "v1.1.yaml"
+
+
 @pytest.mark.parametrize(
     ("old", "new", "lint_only", "message"),
     [
         # A schema error: lint catches it.
         ("trigger: all_done", "trigger: whenever", True, "whenever"),
         # A dependency on an op that does not exist: only the full check builds the DAG.
-        ("dependencies: [fio-baseline]", "dependencies: [fio-typo]", False, "fio-typo"),
+        ("dependencies: [stages]", "dependencies: [stages-typo]", False, "stages-typo"),
     ],
 )
 def test_polyaxon_check_fails_on_a_broken_pipeline(
     tmp_path: Path, old: str, new: str, lint_only: bool, message: str
 ) -> None:
-    # The checks above must be able to fail.
-    broken = tmp_path / "polyaxonfiles" / PIPELINE.name
+    # The checks above must be able to fail: the general pipeline, broken.
     shutil.copytree(COMPONENTS, tmp_path / "components")
-    broken.parent.mkdir()
-    assert old in PIPELINE.read_text()
-    broken.write_text(PIPELINE.read_text().replace(old, new, 1))
+    shutil.copytree(POLYAXONFILES, tmp_path / "polyaxonfiles")
+    broken = tmp_path / "components" / GENERAL.parent.name / GENERAL.name
+    assert old in GENERAL.read_text()
+    broken.write_text(GENERAL.read_text().replace(old, new, 1))
     result = polyaxon_check(*(["--lint"] if lint_only else []), "-f", str(broken))
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
@@ -103,6 +109,18 @@ def test_polyaxon_check_fails_on_a_broken_pipeline(
         assert lint([broken])[str(broken)]["exit_code"] != 0
     with pytest.raises(PolyaxonfileError):
         check(broken)
+    # Through the two-profile pipeline that nests it: Polyaxon reads the nested component's
+    # schema, but builds a nested DAG's graph only when the server runs it, so `polyaxon
+    # check` passes an orphan dependency there. The bundle's tests build every nested DAG.
+    wrapper = tmp_path / "polyaxonfiles" / PIPELINE.name
+    if lint_only:
+        with pytest.raises(PolyaxonfileError):
+            check(wrapper)
+    else:
+        check(wrapper)  # passes: the nested graph is not built here
+        (nested,) = load_dag(wrapper).children("comparison")
+        with pytest.raises(Exception, match=message):
+            nested.order()
 
 
 def test_polyaxon_check_with_params_cli() -> None:
@@ -116,13 +134,35 @@ def test_polyaxon_check_with_params_cli() -> None:
 
 
 # Real params for every file: what the README, the sandbox and CI pass.
+PLACEMENT = {
+    "node_selector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "topology.kubernetes.io/zone",
+                                "operator": "In",
+                                "values": ["us-east-1a"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    },
+}
+THREE_PROFILES = ["checkpoint-baseline", "checkpoint-throughput", "checkpoint-io2"]
 REAL_PARAMS: dict[str, list[dict]] = {
     "checkpoint-training": [
         {"storage_profile": "checkpoint-baseline"},
         {
             "storage_profile": "checkpoint-throughput",
             "checkpoint_dir": "/checkpoints/throughput-resumed",
-            "resume": True,
+            "resume": "always",
             "upload_to": "s3://acme-ml-checkpoints/run-1",
             "model_size": "16MiB",
             "steps": 20,
@@ -132,6 +172,34 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "async_checkpoint": True,
             "device": "cpu",
             "track": False,
+            "repeat": 2,
+            **PLACEMENT,
+        },
+        {
+            "storage_profile": "checkpoint-throughput",
+            "nproc_per_node": 4,
+            "parallel": "fsdp",
+            "checkpoint_format": "dcp",
+            "io_streams": 4,
+            "overlap": False,
+            "resume": "never",
+        },
+    ],
+    "checkpoint-training-pytorchjob": [
+        {"storage_profile": "checkpoint-baseline"},
+        {
+            "storage_profile": "checkpoint-throughput",
+            "claim": "efs-checkpoints",
+            "workers": 3,
+            "nproc_per_node": 8,
+            "parallel": "ddp",
+            "checkpoint_format": "safetensors",
+            "model_size": "16MiB",
+            "steps": 20,
+            "checkpoint_every": 5,
+            "device": "cpu",
+            "track": False,
+            **PLACEMENT,
         },
     ],
     "storage-profile": [
@@ -145,6 +213,27 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "force": True,
             "backend": "local",
             "profiles_file": "connections/sandbox-profiles.yaml",
+            "holder": "0123456789abcdef0123456789abcdef",
+        },
+    ],
+    "storage-profile-plan": [
+        {"profiles": ["checkpoint-baseline", "checkpoint-throughput"]},
+        {
+            "profiles": THREE_PROFILES,
+            "return_to_first": True,
+            "backend": "local",
+            "profiles_file": "connections/sandbox-profiles.yaml",
+            "claim": "training-checkpoints",
+            "namespace": "sandbox",
+        },
+    ],
+    "storage-profile-release": [
+        {"holder": "0123456789abcdef0123456789abcdef"},
+        {
+            "holder": "0123456789abcdef0123456789abcdef",
+            "backend": "local",
+            "profiles_file": "connections/sandbox-profiles.yaml",
+            "namespace": "sandbox",
         },
     ],
     "fio-sweep": [
@@ -157,20 +246,61 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "spec": "checkpoint-matrix",
             "storage_profile": "checkpoint-throughput",
             "track": False,
+            **PLACEMENT,
         },
     ],
     "checkpoint-compare": [
         {"pipeline": "0" * 32},
         {
-            "pipeline": "0" * 32,
+            "runs": ["1" * 32, "2" * 32, "3" * 32],
+            "profiles": THREE_PROFILES,
             "api_host": "http://127.0.0.1:8000",
             "project": "acme/checkpoint-storage",
             "pricing": "connections/pricing.yaml",
             "gpu_hourly": 4.5,
             "html": "/tmp/verdict.html",
             "json": "/tmp/verdict.json",
-            "baseline_class": "checkpoint-baseline",
-            "throughput_class": "checkpoint-throughput",
+            "train_profiles": THREE_PROFILES,
+            "runtime_s": [100.0, 90.5, 88.0],
+            "ckpt_pause_s_median": [2.0, 1.1, 0.9],
+            "ckpt_write_gbps_median": [0.12, 0.24, 0.5],
+            "final_loss": [3.1, 3.1, 3.1],
+            "fio_profiles": THREE_PROFILES,
+            "fio_seqwrite_1m_bw_mbps": [125.0, 250.0, 1000.0],
+            "max_pause_s": 2.0,
+            "max_pause_share": 0.05,
+            "checkpoints_per_month": 3000,
+            "warmup": 1,
+            "practical_floor_s": 0.1,
+            "allow_resumed": True,
+        },
+    ],
+    "checkpoint-stage": [
+        {"profile": "checkpoint-baseline"},
+        {
+            "profile": "checkpoint-io2",
+            "stage": 2,
+            "repeats": 3,
+            "holder": "0123456789abcdef0123456789abcdef",
+            "backend": "local",
+            "profiles_file": "connections/sandbox-profiles.yaml",
+            "upload_to": "s3://acme-ml-checkpoints/comparison",
+            **PLACEMENT,
+        },
+    ],
+    "checkpoint-storage-profiles": [
+        {},
+        {
+            "profiles": THREE_PROFILES,
+            "repeats": 2,
+            "return_to_first": True,
+            "upload_to": "s3://acme-ml-checkpoints/comparison",
+            "nproc_per_node": 8,
+            "parallel": "fsdp",
+            "max_pause_s": 2.0,
+            "max_pause_share": 0.05,
+            "checkpoints_per_month": 3000,
+            **PLACEMENT,
         },
     ],
 }
@@ -185,6 +315,17 @@ SMALL_PIPELINE = {
     "restore_after": True,
     "api_host": "http://127.0.0.1:8000",
 }
+"""The sandbox's demo of the two-profile pipeline."""
+SMALL_THREE = {
+    **SMALL_PIPELINE,
+    "profiles": ["checkpoint-baseline", "checkpoint-throughput", "checkpoint-throttled"],
+    "repeats": 2,
+    "return_to_first": True,
+    "upload_to": "file:///tmp/checkpoint-uploads",
+    "max_pause_s": 1.0,
+    "checkpoints_per_month": 720,
+}
+"""The three-profile pipeline, small, with repeats and the return to the first profile."""
 
 
 @pytest.mark.parametrize(
@@ -192,10 +333,11 @@ SMALL_PIPELINE = {
     [
         (p, params)
         for p in sorted(COMPONENTS.glob("*/*.yaml"))
-        for params in REAL_PARAMS[p.parent.name]
+        # Released history takes the plain params of its time; the current version all.
+        for params in REAL_PARAMS[p.parent.name][: 1 if p.name == "v1.0.yaml" else None]
     ]
     + [(p, {}) for p in sorted(POLYAXONFILES.glob("*.yaml"))]
-    + [(PIPELINE, SMALL_PIPELINE)],
+    + [(PIPELINE, SMALL_PIPELINE), (PROFILES_PIPELINE, SMALL_THREE)],
     ids=lambda x: str(x.relative_to(ROOT)) if isinstance(x, Path) else ",".join(x) or "defaults",
 )
 def test_check_polyaxonfile_with_real_params(path: Path, params: dict) -> None:
@@ -215,11 +357,16 @@ def test_check_polyaxonfile_with_real_params(path: Path, params: dict) -> None:
         ("storage-profile", {"target_class": "x", "on_infeasible": "retry"}, "retry"),
         ("fio-sweep", {"mount": "/data"}, "regex"),
         ("fio-sweep", {"size_scale": 0}, "greater than"),
+        ("storage-profile-plan", {}, "non optional inputs"),
+        ("storage-profile-release", {}, "non optional inputs"),
+        ("checkpoint-stage", {"profile": "x", "repeats": 0}, "greater than"),
+        ("checkpoint-storage-profiles", {"repeats": 21}, "less than"),
+        ("checkpoint-storage-profiles", {"backend": "docker"}, "docker"),
     ],
 )
 def test_bad_params_are_refused(name: str, params: dict, message: str) -> None:
     with pytest.raises(PolyaxonfileError) as error:
-        check(COMPONENTS / name / "v1.0.yaml", params)
+        check(current(name), params)
     assert re.search(message, str(error.value.__cause__ or error.value))
 
 
@@ -228,5 +375,11 @@ def test_every_component_input_has_a_type_and_a_description() -> None:
         component = check(path, REAL_PARAMS[path.parent.name][0]).component
         assert re.fullmatch(r"[-a-zA-Z0-9_]+", component.name), path
         assert component.name == path.parent.name, path
+        assert component.description, path
         for io in [*component.inputs, *(component.outputs or [])]:
+            assert io.type and io.description, f"{path}: {io.name}"
+    for path in (PIPELINE,):
+        component = check(path).component
+        assert component.description, path
+        for io in component.inputs:
             assert io.type and io.description, f"{path}: {io.name}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bundle.bundle import COMPONENTS, ROOT, check, compile_component
+from tests.bundle.bundle import ROOT, check, compile_component, current
 
 MOUNT = "/checkpoints"
 
@@ -33,13 +33,13 @@ def offline_runs() -> list[dict]:
 
 
 def declared_outputs(name: str, params: dict) -> set[str]:
-    component = check(COMPONENTS / name / "latest.yaml", params).component
+    component = check(current(name), params).component
     return {io.name for io in component.outputs}
 
 
 def run_component(name: str, params: dict, mount: Path) -> dict:
     """Compile the component, run its command and return its one offline run's record."""
-    pod = compile_component(COMPONENTS / name / "latest.yaml", params)
+    pod = compile_component(current(name), params)
     # The component's own env; Polyaxon's (POLYAXON_RUN_INSTANCE...) would mean a live run.
     own_env = {k: v for k, v in pod.env.items() if v is not None and "POLYAXON" not in k}
     result = subprocess.run(
@@ -66,6 +66,8 @@ def test_training_command_runs_and_logs_every_declared_output(tmp_path: Path) ->
         "batch_size": 2,
         "seq_len": 16,
         "device": "cpu",
+        # An upload target, so the upload stage (and its outputs) are measured too.
+        "upload_to": f"file://{tmp_path}/uploads",
     }
     mount = tmp_path / "claim"
     (mount / "checkpoint-baseline-test").mkdir(parents=True)
@@ -74,6 +76,8 @@ def test_training_command_runs_and_logs_every_declared_output(tmp_path: Path) ->
     missing = declared_outputs("checkpoint-training", params) - set(outputs)
     assert not missing, f"declared but not logged: {missing}"
     assert outputs["checkpoint_count"] == 2
+    assert outputs["ckpt_upload_s_median"] > 0
+    assert len(list((tmp_path / "uploads").iterdir())) >= 1
     assert run["inputs"]["storage_profile"] == "checkpoint-baseline"
     summary = json.loads((mount / "checkpoint-baseline-test" / "summary.json").read_text())
     assert summary["storage_profile"] == "checkpoint-baseline"

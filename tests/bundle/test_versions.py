@@ -18,11 +18,16 @@ from tests.bundle.bundle import (
 DOCKERFILE = ROOT / "Dockerfile"
 
 
+# Released in 1.0 and kept as released history; components added later start at their
+# release's version.
+RELEASED_IN_1_0 = {"checkpoint-training", "storage-profile", "fio-sweep", "checkpoint-compare"}
+
+
 @pytest.mark.parametrize("name", component_names())
 def test_latest_is_the_newest_version(name: str) -> None:
     versions = component_versions(name)
     assert versions, f"components/{name} has no v<major>.<minor>.yaml"
-    assert versions[0].name == "v1.0.yaml"
+    assert versions[0].name == ("v1.0.yaml" if name in RELEASED_IN_1_0 else "v1.1.yaml")
     latest = COMPONENTS / name / "latest.yaml"
     # A full copy, not a link: the hub layout serves the file itself.
     assert latest.is_file() and not latest.is_symlink()
@@ -46,7 +51,15 @@ def default_images() -> dict[str, str]:
     for name in component_names():
         (doc,) = load_yaml_documents(COMPONENTS / name / "latest.yaml")
         (image,) = [io for io in doc["inputs"] if io["name"] == "image"]
-        assert doc["run"]["container"]["image"] == "{{ image }}", name
+        if doc["run"]["kind"] == "dag":  # passed down to every op
+            assert all(
+                op["params"]["image"] == {"ref": "dag", "value": "inputs.image"}
+                for op in doc["run"]["operations"]
+            ), name
+        else:
+            replicas = [doc["run"][r] for r in ("master", "worker") if r in doc["run"]]
+            for replica in replicas or [doc["run"]]:
+                assert replica["container"]["image"] == "{{ image }}", name
         images[name] = image["value"]
     return images
 
@@ -72,7 +85,11 @@ def test_the_dockerfile_builds_the_job_image() -> None:
     assert base and re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda[\d.]+-cudnn\d+-runtime", base[1])
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert re.search(r"apt-get install -y --no-install-recommends fio\b", text)
-    assert re.search(r"python -m pip install \.(\s|$)", text)
+    # The package with its fsspec upload backends (s3fs, gcsfs).
+    assert re.search(r'python -m pip install "\.\[upload\]"(\s|$)', text)
+    # Provenance: the revision is a build argument that every run reads from the env.
+    assert re.search(r"^ARG CODE_REVISION=", text, re.M)
+    assert re.search(r"^ENV CODE_REVISION=\$\{CODE_REVISION\}$", text, re.M)
     assert f'org.opencontainers.image.version="{package_version()}"' in text
     assert re.search(r"^WORKDIR /app$", text, re.M)
 

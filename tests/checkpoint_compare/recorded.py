@@ -32,15 +32,18 @@ def write_training_run(
     runtime_s: float,
     *,
     write_share: float = 0.8,
-    final_loss: float = 2.5,
+    final_loss: float | None = 2.5,
     fail: str | None = None,
     meta: dict[str, Any] | None = None,
+    outputs: dict[str, Any] | None = None,
+    per_checkpoint: dict[str, list[float]] | None = None,
     **inputs: Any,
 ) -> str:
     """Record a training run as the trainer does; returns its uuid.
 
     ``pauses`` are the per-checkpoint pause seconds (synchronous checkpoints: pause equals
-    total = serialize + write + fsync, split 10% / write_share / rest).
+    total = serialize + write + fsync, split 10% / write_share / rest). ``outputs`` adds run
+    outputs; ``per_checkpoint`` adds metric series (name → one value per checkpoint).
     """
     every = inputs.get("checkpoint_every", TRAINING_INPUTS["checkpoint_every"])
     nbytes = 16 * 2**20
@@ -64,20 +67,23 @@ def write_training_run(
                         "ckpt_total_s": pause,
                         "ckpt_bytes": nbytes,
                         "ckpt_write_gbps": nbytes / write / 1e9,
-                    },
+                    }
+                    | {name: values[i] for name, values in (per_checkpoint or {}).items()},
                 )
-            t.log_metrics(len(pauses) * every, {"loss": final_loss})
+            if final_loss is not None:
+                t.log_metrics(len(pauses) * every, {"loss": final_loss})
             if fail:
                 raise RuntimeError(fail)
             t.log_outputs(
                 runtime_s=runtime_s,
-                final_loss=final_loss,
+                final_loss=final_loss,  # None is not logged
                 checkpoint_count=len(pauses),
                 ckpt_pause_s_total=sum(pauses),
                 ckpt_pause_share=sum(pauses) / runtime_s,
                 ckpt_pause_s_median=statistics.median(pauses),
                 ckpt_pause_s_min=min(pauses),
                 ckpt_pause_s_max=max(pauses),
+                **(outputs or {}),
             )
     except RuntimeError:
         pass
@@ -134,3 +140,30 @@ def write_fio_run(bw_mbps: float, lat_p99_us: float) -> str:
             )
     time.sleep(0.01)
     return t.run_uuid
+
+
+def summary_json(
+    profile: str, pauses: list[float], runtime_s: float, final_loss: float = 2.5
+) -> dict[str, Any]:
+    """A trainer summary (``checkpoint-training/1``) as the trainer writes it."""
+    every = TRAINING_INPUTS["checkpoint_every"]
+    checkpoints = [
+        {"step": (i + 1) * every, "bytes": 16 * 2**20, "serialize_s": p * 0.1,
+         "write_s": p * 0.8, "fsync_s": p * 0.1, "upload_s": None, "pause_s": p, "total_s": p,
+         "write_gbps": 16 * 2**20 / (p * 0.8) / 1e9, "upload_gbps": None, "io_mode": "direct"}
+        for i, p in enumerate(pauses)
+    ]  # fmt: skip
+    return {
+        "schema": "checkpoint-training/1",
+        "storage_profile": profile,
+        "checkpoint_dir": "/checkpoints/run",
+        "inputs": {"storage_profile": profile, **TRAINING_INPUTS},
+        "runtime_s": runtime_s,
+        "final_loss": final_loss,
+        "checkpoint_count": len(pauses),
+        "ckpt_pause_s_total": sum(pauses),
+        "ckpt_pause_share": sum(pauses) / runtime_s,
+        "stages": {"pause_s": {"median": statistics.median(pauses), "min": min(pauses),
+                               "max": max(pauses)}},
+        "checkpoints": checkpoints,
+    }  # fmt: skip

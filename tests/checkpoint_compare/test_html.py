@@ -26,6 +26,14 @@ for (const img of document.images) {
   p.textContent = img.id + ' ' + img.complete + ' ' + img.naturalWidth + 'x' + img.naturalHeight;
   document.body.appendChild(p);
 }
+for (const svg of document.querySelectorAll('#plot-intervals svg')) {
+  const box = svg.getBoundingClientRect();
+  const p = document.createElement('p');
+  p.className = 'svg-probe';
+  p.textContent = Math.round(box.width) + 'x' + Math.round(box.height) + ' '
+    + svg.querySelectorAll('g.interval circle').length;
+  document.body.appendChild(p);
+}
 </script>"""
 
 
@@ -56,8 +64,8 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def report_html(runs_root: Path, tmp_path: Path) -> Path:
     for profile, pauses, runtime, bw in (
-        ("checkpoint-baseline", [2.0, 2.1, 1.9], 100.0, 125),
-        ("checkpoint-throughput", [1.0, 1.1, 0.9], 90.0, 250),
+        ("checkpoint-baseline", [2.0, 2.1, 1.9] * 2, 100.0, 125),
+        ("checkpoint-throughput", [1.0, 1.1, 0.9] * 2, 90.0, 250),
     ):
         write_hook_run(profile)
         write_fio_run(bw_mbps=bw, lat_p99_us=500_000 / bw)
@@ -98,6 +106,10 @@ def test_report_opens_in_headless_chromium(report_html: Path, tmp_path: Path) ->
     assert set(decoded) == set(PLOTS), dom[-2000:]
     for plot_id, (complete, width, height) in decoded.items():
         assert complete == "true" and width > 300 and height > 200, plot_id
+
+    # The intervals are drawn: two panels (pause, whole run), one candidate each.
+    drawn = re.findall(r"<p class=\"svg-probe\">(\d+)x(\d+) (\d+)</p>", dom)
+    assert len(drawn) == 2 and all(int(w) > 300 and int(n) == 1 for w, _, n in drawn), drawn
 
     shot = tmp_path / "shot.png"
     _chromium(tmp_path, "--window-size=1200,900", f"--screenshot={shot}", report_html.as_uri())

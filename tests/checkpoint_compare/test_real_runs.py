@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from checkpoint_compare.cli import main
-from checkpoint_compare.stats import NO_DIFFERENCE
+from checkpoint_compare.comparison import NO_DIFFERENCE
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = ("checkpoint-baseline", "checkpoint-throughput")
@@ -62,6 +62,8 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
     result = _compare(
         "--offline-root",
         str(runs_root),
+        "--warmup",  # every checkpoint, to check the figures against the trainer's own
+        "0",
         "--json",
         str(out / "offline.json"),
         "--html",
@@ -100,6 +102,10 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
     # The trainer's summary JSONs give the same answer without any Polyaxon run.
     result = _compare(
         *[a for p in PROFILES for a in ("--summary", f"{p}={tmp_path / f'{p}.json'}")],
+        "--baseline",  # summaries carry no start time to tell which profile ran first
+        PROFILES[0],
+        "--warmup",
+        "0",
         "--json",
         str(out / "summaries.json"),
         "--no-track",

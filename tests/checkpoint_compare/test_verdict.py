@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
-from checkpoint_compare.stats import NO_DIFFERENCE
+from checkpoint_compare.comparison import NO_DIFFERENCE
 from tests.checkpoint_compare.recorded import write_fio_run, write_hook_run, write_training_run
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
@@ -26,10 +26,11 @@ def run_cli(*args: str) -> tuple[int, str, dict | None, Path]:
 def test_clear_win(runs_root: Path, pricing_file) -> None:
     write_hook_run(BASE)
     write_fio_run(bw_mbps=125, lat_p99_us=4000)
-    write_training_run(BASE, [2.0, 2.1, 1.9, 2.0], runtime_s=100.0)
+    # the first checkpoint of each run is warm-up: reported, left out of the comparison
+    write_training_run(BASE, [3.0, 2.0, 2.1, 1.9, 2.05, 1.95], runtime_s=100.0)
     write_hook_run(FAST)
     write_fio_run(bw_mbps=250, lat_p99_us=2000)
-    write_training_run(FAST, [1.0, 1.05, 0.95, 1.0], runtime_s=96.0)
+    write_training_run(FAST, [2.5, 1.0, 1.05, 0.95, 1.02, 0.98], runtime_s=96.0)
 
     code, output, report, _ = run_cli(
         "--offline-root", str(runs_root), "--pricing", str(pricing_file())
@@ -39,8 +40,13 @@ def test_clear_win(runs_root: Path, pricing_file) -> None:
     comp = report["comparisons"][0]
     assert comp["outcome"] == "better"
     assert comp["pause_delta_s"] == pytest.approx(-1.0)
-    assert comp["pause_noise_s"] == pytest.approx(0.2)
+    # every measured pause of FAST is below every one of BASE: the interval is the exact
+    # rank interval of the Hodges–Lehmann shift, well away from zero
+    pause = comp["pause"]
+    assert -1.2 < pause["low"] < -1.0 < pause["high"] < -0.8 and pause["confidence"] >= 0.95
+    assert pause["counts"] is True and pause["method"] == "exact rank interval"
     assert comp["pause_speedup"] == pytest.approx(2.0)
+    assert report["profiles"][BASE]["warmup_pause_s_median"] == 3.0
     assert comp["runtime_delta_s"] == pytest.approx(-4.0)
     # 1 s less GPU time per checkpoint at 4 USD/h
     assert comp["cost_delta"]["gpu_per_checkpoint"] == pytest.approx(-4 / 3600)
@@ -62,21 +68,24 @@ def test_clear_win(runs_root: Path, pricing_file) -> None:
 
 def test_tie_within_noise(runs_root: Path, pricing_file) -> None:
     # medians differ by 0.1 s, but the checkpoints of one run spread by 0.8 s
-    write_training_run(BASE, [1.6, 2.4, 2.0, 2.0], runtime_s=100.0)
-    write_training_run(FAST, [1.5, 2.3, 1.9, 1.9], runtime_s=99.5)
+    spread = [2.0, 1.6, 2.4, 2.0, 1.7, 2.3, 1.8, 2.2, 2.0]
+    write_training_run(BASE, spread, runtime_s=100.0)
+    write_training_run(FAST, [p - 0.1 for p in spread], runtime_s=99.5)
     code, output, report, _ = run_cli(
         "--offline-root", str(runs_root), "--pricing", str(pricing_file())
     )
     assert code == 0, output
     assert report["verdict"] == NO_DIFFERENCE
+    pause = report["comparisons"][0]["pause"]
     assert report["comparisons"][0]["pause_measurable"] is False
+    assert pause["low"] < 0 < pause["high"] and "includes zero" in pause["why_not"]
     assert report["outputs"]["verdict"] == NO_DIFFERENCE
 
 
 def test_faster_checkpoints_but_not_the_whole_run(runs_root: Path, pricing_file) -> None:
     # pause clearly faster, but 4 checkpoints of 1 s in a 1000 s run: another stage dominates
-    write_training_run(BASE, [2.0, 2.0, 2.0, 2.0], runtime_s=1000.0)
-    write_training_run(FAST, [1.0, 1.0, 1.0, 1.0], runtime_s=996.0)
+    write_training_run(BASE, [2.0] * 6, runtime_s=1000.0)
+    write_training_run(FAST, [1.0] * 6, runtime_s=996.0)
     code, output, report, _ = run_cli(
         "--offline-root", str(runs_root), "--pricing", str(pricing_file())
     )
@@ -111,14 +120,14 @@ def test_too_few_checkpoints_are_no_evidence(runs_root: Path, pricing_file) -> N
     code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
     assert code == 0
     assert report["verdict"] == "no measurable difference"
-    assert "too few checkpoints" in " ".join(report["comparisons"][0]["notes"])
+    assert "too few checkpoints for a 95% interval" in " ".join(report["comparisons"][0]["notes"])
 
 
 def test_a_shorter_run_that_checkpoints_cannot_explain_is_not_credited(
     runs_root: Path, pricing_file
 ) -> None:
-    write_training_run(BASE, [1.00, 1.01, 1.00], runtime_s=100.0)
-    write_training_run(FAST, [0.90, 0.91, 0.90], runtime_s=90.0)  # 0.3 s saved, 10 s shorter
+    write_training_run(BASE, [1.00, 1.01] * 3, runtime_s=100.0)
+    write_training_run(FAST, [0.90, 0.91] * 3, runtime_s=90.0)  # 0.6 s saved, 10 s shorter
     code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
     assert code == 0
     assert report["verdict"] == "no measurable difference"
@@ -137,8 +146,8 @@ def test_a_longer_run_with_equal_checkpoints_is_not_blamed_on_storage(
 
 
 def test_slower_candidate_keeps_baseline(runs_root: Path, pricing_file) -> None:
-    write_training_run(BASE, [1.0, 1.0, 1.1], runtime_s=50.0)
-    write_training_run(FAST, [3.0, 3.0, 3.1], runtime_s=56.0)
+    write_training_run(BASE, [1.0, 1.0, 1.1] * 2, runtime_s=50.0)
+    write_training_run(FAST, [3.0, 3.0, 3.1] * 2, runtime_s=56.0)
     code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
     assert code == 0
     assert report["verdict"] == BASE
@@ -241,8 +250,8 @@ def test_sandbox_profiles_priced_at_zero(runs_root: Path, pricing_file) -> None:
 
 
 def test_unpriced_profile_still_gets_a_timing_verdict(runs_root: Path, pricing_file) -> None:
-    write_training_run(BASE, [1.0, 1.0, 1.0], runtime_s=50.0)
-    write_training_run("nvme-local", [0.2, 0.2, 0.2], runtime_s=45.0)
+    write_training_run(BASE, [1.0] * 6, runtime_s=50.0)
+    write_training_run("nvme-local", [0.2] * 6, runtime_s=45.0)
     code, output, report, _ = run_cli(
         "--offline-root", str(runs_root), "--pricing", str(pricing_file())
     )
@@ -253,9 +262,9 @@ def test_unpriced_profile_still_gets_a_timing_verdict(runs_root: Path, pricing_f
 
 
 def test_explicit_runs_and_baseline(runs_root: Path, pricing_file) -> None:
-    a = write_training_run("disk", [1.0, 1.0, 1.0], runtime_s=50.0)
-    write_training_run("disk", [9.0, 9.0, 9.0], runtime_s=90.0)  # newer, but not selected
-    b = write_training_run("tmpfs", [0.2, 0.2, 0.2], runtime_s=47.6)
+    a = write_training_run("disk", [1.0] * 6, runtime_s=50.0)
+    write_training_run("disk", [9.0] * 6, runtime_s=90.0)  # newer, but not selected
+    b = write_training_run("tmpfs", [0.2] * 6, runtime_s=47.6)
     code, output, report, _ = run_cli(
         "--offline-root",
         str(runs_root),

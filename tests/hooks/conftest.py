@@ -10,26 +10,53 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from checkpoint_storage_bench.contract import LEASE_PREFIX, LEDGER_ANNOTATION, parse_ledger
 from hooks.storage_profile import cli
 from hooks.storage_profile.providers import EbsProvider
 from tests.hooks.helpers import FAST_BACKOFF, Ec2, Stepper
 from tests.hooks.kube_double import KubeDouble
 
 CLAIM_WRITE = re.compile(r"^/api/v1/namespaces/[^/]+/persistentvolumeclaims/[^/]+$")
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 
 
 @pytest.fixture
 def double() -> Iterator[KubeDouble]:
-    """A started double; afterwards, checks that the hook only ever patched claims' class."""
+    """A started double; afterwards, checks that the hook only ever patched claims' class
+    (and ledger) and wrote the claims' Leases."""
     server = KubeDouble().start()
     yield server
     server.stop()
     for write in server.writes():
-        assert write.method == "PATCH" and CLAIM_WRITE.match(write.path), write
-        assert write.content_type == "application/merge-patch+json", write
-        assert list(write.body) == ["spec"] and list(write.body["spec"]) == [
-            "volumeAttributesClassName"
-        ], write
+        if "/leases" in write.path:
+            assert_lease_write(write)
+        else:
+            assert_claim_class_patch(write)
+
+
+def assert_claim_class_patch(write) -> None:
+    """A merge patch of one claim's class, with its uid and resourceVersion as preconditions
+    and, when it sets a class, the ledger annotation and nothing else."""
+    assert write.method == "PATCH" and CLAIM_WRITE.match(write.path), write
+    assert write.content_type == "application/merge-patch+json", write
+    assert sorted(write.body) == ["metadata", "spec"], write
+    assert list(write.body["spec"]) == ["volumeAttributesClassName"], write
+    meta = write.body["metadata"]
+    assert set(meta) - {"annotations"} == {"resourceVersion", "uid"}, write
+    if write.body["spec"]["volumeAttributesClassName"] is not None:
+        assert list(meta["annotations"]) == [LEDGER_ANNOTATION], write
+        parse_ledger(meta["annotations"][LEDGER_ANNOTATION])
+
+
+def assert_lease_write(write) -> None:
+    """A create (POST) or update (PUT) of the Lease named after a claim, nothing else."""
+    ns = write.path.split("/")[5]
+    name = write.body["metadata"]["name"]
+    assert name.startswith(LEASE_PREFIX), write
+    if write.method == "POST":
+        assert write.path == LEASES.format(ns=ns), write
+    else:
+        assert write.method == "PUT" and write.path == f"{LEASES.format(ns=ns)}/{name}", write
 
 
 @pytest.fixture
@@ -39,8 +66,10 @@ def kubeconfig(double: KubeDouble, tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def _fast_seams(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tiny backoff and watch timeouts, and no provider unless a test asks for one."""
+    """Tiny backoff and watch timeouts, no provider unless a test asks for one, and a fixed
+    holder (outside Polyaxon the default would be user@host)."""
     monkeypatch.setattr(cli, "BACKOFF", FAST_BACKOFF)
+    monkeypatch.setenv("STORAGE_PROFILE_HOLDER", "pipeline-a")
     monkeypatch.setattr(cli, "WATCH_TIMEOUT", 5.0)
     monkeypatch.setattr(cli, "PROVIDER_FOR", lambda driver, pv: None)
 

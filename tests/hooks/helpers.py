@@ -9,10 +9,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from checkpoint_storage_bench.retry import Backoff
 from hooks.storage_profile import cli
-from hooks.storage_profile.config import Backoff
 
-FAST_BACKOFF = Backoff(initial=0.01, factor=2.0, cap=0.05, retry_after_cap=2.0, max_attempts=4)
+FAST_BACKOFF = Backoff.exponential(0.01, factor=2.0, cap=0.05, tries=4, retry_after_cap=2.0)
 
 
 @dataclass
@@ -90,3 +90,22 @@ def run_hook(*args: str) -> Result:
 
 def load_summary(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def write_kubeconfig(path: Path, server: str, **cluster: object) -> Path:
+    """A kubeconfig for any server URL (the double writes its own)."""
+    import yaml
+
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server, **cluster}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path

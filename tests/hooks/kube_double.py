@@ -39,8 +39,12 @@ KINDS = {
     ("", "events"): "Event",
     ("", "pods"): "Pod",
     ("storage.k8s.io", "volumeattributesclasses"): "VolumeAttributesClass",
+    ("coordination.k8s.io", "leases"): "Lease",
 }
 CLUSTER_SCOPED = {"PersistentVolume", "VolumeAttributesClass"}
+# Field selectors kube-apiserver 1.34 accepts for claims (anything else is a 400); events and
+# pods accept many more, which the double does not check.
+CLAIM_FIELD_SELECTORS = ("metadata.name", "metadata.namespace")
 IMMUTABLE_SPEC = (
     "spec is immutable after creation except resources.requests and "
     "volumeAttributesClassName for bound claims"
@@ -55,8 +59,8 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status_body(code: int, reason: str, message: str) -> dict:
-    return {
+def status_body(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    body = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
@@ -65,6 +69,58 @@ def status_body(code: int, reason: str, message: str) -> dict:
         "reason": reason,
         "code": code,
     }
+    if details is not None:
+        body["details"] = details
+    return body
+
+
+def qualified(group: str, resource: str) -> str:
+    """How kube-apiserver names a resource in messages: ``resource[.group]``."""
+    return f"{resource}.{group}" if group else resource
+
+
+def details(group: str, resource: str, name: str | None) -> dict:
+    """A Status body's ``details`` for one object (as kube-apiserver writes them)."""
+    out: dict[str, str] = {"name": name} if name else {}
+    if group:
+        out["group"] = group
+    out["kind"] = resource
+    return out
+
+
+INT32 = (-(2**31), 2**31 - 1)
+MICROTIME_LAYOUT = "2006-01-02T15:04:05.000000Z07:00"
+MICROTIME_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
+
+
+def lease_decode_error(spec: dict) -> str | None:
+    """Why kube-apiserver cannot decode a Lease's spec (its 400 message), or None.
+
+    ``leaseDurationSeconds`` and ``leaseTransitions`` are int32: a fractional or
+    out-of-range number does not decode. ``acquireTime``/``renewTime`` are MicroTimes:
+    RFC 3339 with exactly six fractional digits.
+    """
+    for key in ("leaseDurationSeconds", "leaseTransitions"):
+        value = spec.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            kind = "string" if isinstance(value, str) else type(value).__name__
+            return (
+                f"json: cannot unmarshal {kind} into Go struct field "
+                f"LeaseSpec.spec.{key} of type int32"
+            )
+        if isinstance(value, float) or not INT32[0] <= value <= INT32[1]:
+            return (
+                f"json: cannot unmarshal number {value!r} into Go struct field "
+                f"LeaseSpec.spec.{key} of type int32"
+            )
+    for key in ("acquireTime", "renewTime"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, str) and MICROTIME_RE.fullmatch(value)):
+            # Go names where parsing stopped; the double names the value and the layout.
+            return f'parsing time "{value}" as "{MICROTIME_LAYOUT}": not a MicroTime'
+    return None
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -112,13 +168,18 @@ class Recorded:
 
 @dataclass
 class Fault:
-    """An injected error answer for matching requests."""
+    """An injected error answer for matching requests.
+
+    With ``lost`` the request is carried out and only its answer is replaced by the error,
+    as when a connection drops after the server acted.
+    """
 
     method: str
     path_re: str
     status: int
     times: int = 1
     retry_after: str | None = None
+    lost: bool = False
 
 
 @dataclass
@@ -127,6 +188,7 @@ class Rbac:
 
     namespaced: dict[str, list[dict]] = field(default_factory=dict)
     cluster: list[dict] = field(default_factory=list)
+    user: str = "system:serviceaccount:ml-team:storage-profile-hook"
 
     @classmethod
     def from_manifests(cls, path: Path, service_account: str) -> Rbac:
@@ -138,7 +200,7 @@ class Rbac:
             if d["kind"] in ("Role", "ClusterRole")
         }
         sa_ns, sa_name = service_account.split(":")
-        rbac = cls()
+        rbac = cls(user=f"system:serviceaccount:{sa_ns}:{sa_name}")
         for binding in docs:
             if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
                 continue
@@ -181,7 +243,9 @@ class KubeDouble:
         requests: Every request answered, in order.
         watch_faults: Per watch request, in order: ``"gone"`` (an ERROR event 410 Expired in
             the stream), ``"gone-http"`` (HTTP 410 before any stream), ``"drop"`` (cut the
-            connection mid-stream) or None (behave).
+            connection mid-stream), ``"hang"`` (never answer, not even headers),
+            ``"stall"`` (headers, then silence past ``timeoutSeconds``), ``"trickle"``
+            (headers, then a blank line now and then, never ending) or None (behave).
         on_patch: Called (on the server thread) after each accepted PATCH of a claim.
         rbac: When set, requests its rules do not allow get 403.
     """
@@ -199,6 +263,7 @@ class KubeDouble:
         self.rbac: Rbac | None = None
         self.resizer = FakeResizer(self)
         self._watchers: set[tuple[asyncio.Queue, str, tuple]] = set()
+        self._closing: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self._thread: threading.Thread | None = None
@@ -223,6 +288,7 @@ class KubeDouble:
         return self
 
     async def _serve(self) -> None:
+        self._closing = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -241,6 +307,8 @@ class KubeDouble:
         self._thread.join(10)
 
     async def _shutdown(self) -> None:
+        assert self._closing is not None
+        self._closing.set()  # ends the hanging and stalled answers
         self.resizer.cancel_all()
         for queue, _, _ in list(self._watchers):
             queue.put_nowait(None)
@@ -352,21 +420,36 @@ class KubeDouble:
                 "reason": reason,
                 "message": message,
                 "count": 1,
-                "source": {"component": "external-resizer ebs.csi.aws.com"},
+                "source": {"component": f"external-resizer {self.resizer.driver}"},
+                "reportingComponent": f"external-resizer {self.resizer.driver}",
                 "firstTimestamp": now_rfc3339(),
                 "lastTimestamp": now_rfc3339(),
             }
         )
 
     def fail(
-        self, method: str, path_re: str, status: int, times: int = 1, retry_after: str | None = None
+        self,
+        method: str,
+        path_re: str,
+        status: int,
+        times: int = 1,
+        retry_after: str | None = None,
+        lost: bool = False,
     ) -> None:
-        """Answer the next ``times`` matching requests with ``status``."""
+        """Answer the next ``times`` matching requests with ``status`` (after carrying them
+        out when ``lost``)."""
         with self.lock:
-            self.faults.append(Fault(method, path_re, status, times, retry_after))
+            self.faults.append(Fault(method, path_re, status, times, retry_after, lost))
 
     def writes(self) -> list[Recorded]:
         return [r for r in self.requests if r.method not in ("GET", "HEAD")]
+
+    def claim_writes(self) -> list[Recorded]:
+        """Writes to claims (not to their Leases)."""
+        return [r for r in self.writes() if f"/{CLAIMS}/" in r.path]
+
+    def lease(self, claim: str = "training-checkpoints", ns: str = "ml-team") -> dict | None:
+        return self.get("Lease", f"storage-profile-{claim}", ns)
 
     def count(self, verb: str, resource: str = CLAIMS) -> int:
         return sum(1 for r in self.requests if r.verb == verb and f"/{resource}" in r.path)
@@ -391,11 +474,7 @@ class KubeDouble:
                 query,
                 "unknown",
                 404,
-                status_body(
-                    404,
-                    "NotFound",
-                    f"the server could not find the requested resource ({request.path})",
-                ),
+                status_body(404, "NotFound", "the server could not find the requested resource"),
             )
         group, resource = match["group"] or "", match["resource"]
         ns, name = match["ns"], match["name"]
@@ -423,7 +502,9 @@ class KubeDouble:
             )
             if fault:
                 fault.times -= 1
-        if fault:
+        if fault and fault.lost:
+            request["lost"] = fault  # carried out below; _answer replaces the answer
+        elif fault:
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             reason = {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(
                 fault.status, "InternalError"
@@ -440,6 +521,11 @@ class KubeDouble:
             # RBAC authorizes list/watch by name only through a metadata.name selector.
             auth_name = name or dict(selector).get("metadata.name")
             if not self.rbac.allows(verb, group, resource, ns, auth_name):
+                # kube-apiserver names the object of the URL, or of a metadata.name selector.
+                what = qualified(group, resource)
+                if auth_name:
+                    what += f' "{auth_name}"'
+                scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
                 return self._answer(
                     request,
                     query,
@@ -448,23 +534,39 @@ class KubeDouble:
                     status_body(
                         403,
                         "Forbidden",
-                        f'{resource} "{auth_name or ""}" is forbidden: User '
-                        f'"system:serviceaccount:storage-profile-hook" cannot {verb} resource '
-                        f'"{resource}" in API group "{group}"',
+                        f'{what} is forbidden: User "{self.rbac.user}" cannot {verb} resource '
+                        f'"{resource}" in API group "{group}" {scope}',
+                        details(group, resource, auth_name),
+                    ),
+                )
+        if kind == "PersistentVolumeClaim" and verb in ("list", "watch"):
+            unknown = [key for key, _ in selector if key not in CLAIM_FIELD_SELECTORS]
+            if unknown:
+                known = ", ".join(f'"{k}"' for k in CLAIM_FIELD_SELECTORS)
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    400,
+                    status_body(
+                        400,
+                        "BadRequest",
+                        f'"{unknown[0]}" is not a known field selector: only {known}',
                     ),
                 )
         if verb == "watch":
             return await self._watch(request, ns, selector, query)
         if verb == "list":
             with self.lock:
+                # List items carry no kind/apiVersion (watch events' objects do).
                 items = [
-                    copy.deepcopy(o)
+                    {k: v for k, v in copy.deepcopy(o).items() if k not in ("kind", "apiVersion")}
                     for (k, o_ns, _), o in self.objects.items()
                     if k == kind and (ns is None or o_ns == ns) and matches(o, selector)
                 ]
                 listing = {
                     "kind": f"{kind}List",
-                    "apiVersion": "v1",
+                    "apiVersion": f"{group}/v1" if group else "v1",
                     "metadata": {"resourceVersion": str(self.rv)},
                     "items": items,
                 }
@@ -477,11 +579,18 @@ class KubeDouble:
                     query,
                     verb,
                     404,
-                    status_body(404, "NotFound", f'{resource} "{name}" not found'),
+                    status_body(
+                        404,
+                        "NotFound",
+                        f'{qualified(group, resource)} "{name}" not found',
+                        details(group, resource, name),
+                    ),
                 )
             return self._answer(request, query, verb, 200, obj)
         if verb == "patch" and kind == "PersistentVolumeClaim":
             return self._patch_claim(request, query, ns, name, body)
+        if verb in ("create", "update") and kind == "Lease":
+            return self._write_lease(request, query, verb, ns, name, body)
         return self._answer(
             request,
             query,
@@ -507,6 +616,9 @@ class KubeDouble:
                 body = json.loads(request["raw_body"])
             except ValueError:
                 body = request["raw_body"]
+        lost = request.get("lost")
+        if lost is not None:
+            code, payload = lost.status, status_body(lost.status, "InternalError", "answer lost")
         self.requests.append(
             Recorded(
                 request.method,
@@ -537,11 +649,8 @@ class KubeDouble:
                 query,
                 "patch",
                 415,
-                status_body(
-                    415,
-                    "UnsupportedMediaType",
-                    f"the double takes merge patches, not {content_type}",
-                ),
+                # kube-apiserver also takes JSON patches and apply patches; the double does not.
+                status_body(415, "UnsupportedMediaType", "415: Unsupported Media Type", {}),
                 body=patch,
             )
         with self.lock:
@@ -552,7 +661,62 @@ class KubeDouble:
                     query,
                     "patch",
                     404,
-                    status_body(404, "NotFound", f'persistentvolumeclaims "{name}" not found'),
+                    status_body(
+                        404,
+                        "NotFound",
+                        f'persistentvolumeclaims "{name}" not found',
+                        details("", CLAIMS, name),
+                    ),
+                    body=patch,
+                )
+            # Preconditions, in kube-apiserver's order: the resourceVersion is compared when
+            # the store applies the update (409 Conflict), the uid when the update is
+            # validated afterwards (metadata.uid is immutable: 422).
+            preconditions = patch.get("metadata") or {}
+            version = preconditions.get("resourceVersion")
+            if version is not None and version != old["metadata"]["resourceVersion"]:
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    409,
+                    status_body(
+                        409,
+                        "Conflict",
+                        f'Operation cannot be fulfilled on persistentvolumeclaims "{name}": '
+                        "the object has been modified; please apply your changes to the latest "
+                        "version and try again",
+                        details("", CLAIMS, name),
+                    ),
+                    body=patch,
+                )
+            uid = preconditions.get("uid")
+            if uid is not None and uid != old["metadata"]["uid"]:
+                return self._answer(
+                    request,
+                    query,
+                    "patch",
+                    422,
+                    status_body(
+                        422,
+                        "Invalid",
+                        f'PersistentVolumeClaim "{name}" is invalid: metadata.uid: Invalid '
+                        f'value: "{uid}": field is immutable',
+                        {
+                            "name": name,
+                            "kind": "PersistentVolumeClaim",
+                            # Twice, as kube-apiserver 1.34 lists it: the generic update
+                            # checks the object meta, and the claim's own validation again.
+                            "causes": [
+                                {
+                                    "reason": "FieldValueInvalid",
+                                    "message": f'Invalid value: "{uid}": field is immutable',
+                                    "field": "metadata.uid",
+                                }
+                            ]
+                            * 2,
+                        },
+                    ),
                     body=patch,
                 )
             new = merge_patch(old, patch)
@@ -567,13 +731,27 @@ class KubeDouble:
             )
             error = self._validate_claim_update(old, new)
             if error:
+                field_path, cause = error.split(": ", 1)
                 return self._answer(
                     request,
                     query,
                     "patch",
                     422,
                     status_body(
-                        422, "Invalid", f'PersistentVolumeClaim "{name}" is invalid: {error}'
+                        422,
+                        "Invalid",
+                        f'PersistentVolumeClaim "{name}" is invalid: {error}',
+                        {
+                            "name": name,
+                            "kind": "PersistentVolumeClaim",
+                            "causes": [
+                                {
+                                    "reason": "FieldValueForbidden",
+                                    "message": cause,
+                                    "field": field_path,
+                                }
+                            ],
+                        },
                     ),
                     body=patch,
                 )
@@ -583,6 +761,168 @@ class KubeDouble:
             if self.on_patch:
                 self.on_patch(stored)
         return self._answer(request, query, "patch", 200, stored, body=patch)
+
+    def _write_lease(
+        self, request: web.Request, query: dict, verb: str, ns: str, name: str | None, raw: bytes
+    ) -> web.Response:
+        """Create (POST) or replace (PUT) a Lease, as kube-apiserver 1.34 does.
+
+        A body that does not decode into a Lease (a fractional or out-of-range
+        ``leaseDurationSeconds``, a time that is not a MicroTime) is a 400; the name comes
+        from the body on create (409 AlreadyExists when taken), from the path on update,
+        where the body's resourceVersion must be given (422) and be the current one (409
+        Conflict). A PUT of a Lease that does not exist creates it (201): the Lease strategy
+        allows create-on-update, and the caller needs the create permission too.
+        """
+        group, resource = "coordination.k8s.io", "leases"
+        try:
+            lease = json.loads(raw)
+        except ValueError:
+            lease = None
+        meta = (lease or {}).get("metadata") or {}
+        spec = (lease or {}).get("spec") or {}
+        invalid = None
+        if not isinstance(lease, dict) or lease.get("kind") != "Lease":
+            invalid = "the body is not a Lease"
+        elif not meta.get("name") or (verb == "update" and meta["name"] != name):
+            invalid = "metadata.name: Invalid value: the name of the object does not match"
+        if invalid:
+            return self._answer(
+                request,
+                query,
+                verb,
+                422,
+                status_body(
+                    422, "Invalid", f'Lease "{meta.get("name", "")}" is invalid: {invalid}'
+                ),
+                body=lease,
+            )
+        undecodable = lease_decode_error(spec)
+        if undecodable:
+            return self._answer(
+                request,
+                query,
+                verb,
+                400,
+                status_body(
+                    400,
+                    "BadRequest",
+                    f'Lease in version "v1" cannot be handled as a Lease: {undecodable}',
+                ),
+                body=lease,
+            )
+        lease_name = meta["name"]
+        with self.lock:
+            old = self.get("Lease", lease_name, ns)
+            if verb == "update" and old is None and self.rbac is not None:
+                if not self.rbac.allows("create", group, resource, ns, lease_name):
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        403,
+                        status_body(
+                            403,
+                            "Forbidden",
+                            f'{qualified(group, resource)} "{lease_name}" is forbidden: User '
+                            f'"{self.rbac.user}" cannot create resource "{resource}" in API '
+                            f'group "{group}" in the namespace "{ns}"',
+                            details(group, resource, lease_name),
+                        ),
+                        body=lease,
+                    )
+            if verb == "update" and old is not None:
+                version = meta.get("resourceVersion")
+                if not version:
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        422,
+                        status_body(
+                            422,
+                            "Invalid",
+                            f'{qualified(group, resource)} "{lease_name}" is invalid: '
+                            "metadata.resourceVersion: Invalid value: 0: must be specified "
+                            "for an update",
+                            {
+                                **details(group, resource, lease_name),
+                                "causes": [
+                                    {
+                                        "reason": "FieldValueInvalid",
+                                        "message": "Invalid value: 0: must be specified for "
+                                        "an update",
+                                        "field": "metadata.resourceVersion",
+                                    }
+                                ],
+                            },
+                        ),
+                        body=lease,
+                    )
+                if version != old["metadata"]["resourceVersion"]:
+                    return self._answer(
+                        request,
+                        query,
+                        verb,
+                        409,
+                        status_body(
+                            409,
+                            "Conflict",
+                            f"Operation cannot be fulfilled on {qualified(group, resource)} "
+                            f'"{lease_name}": the object has been modified; please apply your '
+                            "changes to the latest version and try again",
+                            details(group, resource, lease_name),
+                        ),
+                        body=lease,
+                    )
+            duration = spec.get("leaseDurationSeconds")
+            if duration is not None and duration <= 0:
+                cause = f"Invalid value: {duration}: must be greater than 0"
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    422,
+                    status_body(
+                        422,
+                        "Invalid",
+                        f'Lease.{group} "{lease_name}" is invalid: spec.leaseDurationSeconds: '
+                        f"{cause}",
+                        {
+                            **details(group, "Lease", lease_name),
+                            "causes": [
+                                {
+                                    "reason": "FieldValueInvalid",
+                                    "message": cause,
+                                    "field": "spec.leaseDurationSeconds",
+                                }
+                            ],
+                        },
+                    ),
+                    body=lease,
+                )
+            if verb == "create" and old is not None:
+                return self._answer(
+                    request,
+                    query,
+                    verb,
+                    409,
+                    status_body(
+                        409,
+                        "AlreadyExists",
+                        f'{qualified(group, resource)} "{lease_name}" already exists',
+                        details(group, resource, lease_name),
+                    ),
+                    body=lease,
+                )
+            lease = copy.deepcopy(lease)
+            lease["metadata"] = {
+                "name": lease_name,
+                "namespace": ns,
+                **({"uid": old["metadata"]["uid"]} if old else {}),
+            }
+            stored = self.put(lease)
+        return self._answer(request, query, verb, 200 if old else 201, stored, body=lease)
 
     @staticmethod
     def _validate_claim_update(old: dict, new: dict) -> str | None:
@@ -610,6 +950,28 @@ class KubeDouble:
         self, request: web.Request, ns: str, selector: list, query: dict
     ) -> web.StreamResponse:
         fault = self.watch_faults.popleft() if self.watch_faults else None
+        assert self._closing is not None
+        if fault == "hang":
+            # Accepts the request and never answers: only the client's timeout ends it.
+            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            await self._closing.wait()
+            return web.Response(status=503)
+        if fault in ("stall", "trickle"):
+            # A stream that outlives its timeoutSeconds: silent, or alive with blank lines.
+            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            while not self._closing.is_set():
+                try:
+                    await asyncio.wait_for(self._closing.wait(), 0.3)
+                except TimeoutError:
+                    if fault == "trickle":
+                        try:
+                            await resp.write(b"\n")
+                        except (ConnectionResetError, RuntimeError):
+                            break
+            return resp
         if fault == "gone-http":
             return self._answer(
                 request,
@@ -623,7 +985,11 @@ class KubeDouble:
         resp.enable_chunked_encoding()
         await resp.prepare(request)
 
+        sent = [int(query.get("resourceVersion") or 0)]
+
         async def send(type_: str, obj: dict) -> None:
+            if type_ in ("ADDED", "MODIFIED", "DELETED"):
+                sent.append(int(obj["metadata"]["resourceVersion"]))
             await resp.write(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
 
         version = query.get("resourceVersion") or "0"
@@ -674,12 +1040,21 @@ class KubeDouble:
                     break
                 await send(*item)
             if query.get("allowWatchBookmarks", "").lower() == "true":
+                # Like kube-apiserver's, a bookmark never skips an event of this watch: a
+                # change recorded but not yet delivered (it races the stream's end) holds it
+                # at the last event sent.
+                with self.lock:
+                    pending = any(
+                        rv > max(sent) and o["metadata"]["namespace"] == ns and matches(o, selector)
+                        for rv, _, o in self.history
+                    )
+                    mark = max(sent) if pending else self.rv
                 await send(
                     "BOOKMARK",
                     {
                         "kind": "PersistentVolumeClaim",
                         "apiVersion": "v1",
-                        "metadata": {"resourceVersion": str(self.rv)},
+                        "metadata": {"resourceVersion": str(mark)},
                     },
                 )
             await resp.write_eof()
@@ -914,6 +1289,36 @@ def make_volume(
                 **({"volumeName": pv} if bound else {}),
             },
             "status": status,
+        }
+    )
+
+
+def make_lease(
+    double: KubeDouble,
+    holder: str | None,
+    renewed_ago: float = 0.0,
+    duration: int = 3600,
+    ns: str = "ml-team",
+    claim: str = "training-checkpoints",
+) -> dict:
+    """Seed the claim's Lease, held by ``holder``, renewed ``renewed_ago`` seconds ago."""
+    from datetime import timedelta
+
+    renewed = (datetime.now(UTC) - timedelta(seconds=renewed_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec: dict[str, Any] = {
+        "leaseDurationSeconds": duration,
+        "acquireTime": renewed,
+        "renewTime": renewed,
+        "leaseTransitions": 0,
+    }
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    return double.put(
+        {
+            "kind": "Lease",
+            "apiVersion": "coordination.k8s.io/v1",
+            "metadata": {"name": f"storage-profile-{claim}", "namespace": ns},
+            "spec": spec,
         }
     )
 

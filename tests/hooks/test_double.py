@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
 
+from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
 from hooks.storage_profile.kube import Kube, load_api_client
 from tests.hooks.helpers import FAST_BACKOFF
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
@@ -17,6 +19,19 @@ NS, CLAIM = "ml-team", "training-checkpoints"
 @pytest.fixture
 def kube(double: KubeDouble, kubeconfig: Path) -> Kube:
     return Kube(load_api_client(str(kubeconfig)), FAST_BACKOFF)
+
+
+def patch_class(double: KubeDouble, kube: Kube, target: str | None) -> dict:
+    """Patch the claim's class as the hook does: with its uid and resourceVersion, and a
+    ledger entry when it sets a class."""
+    meta = double.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
+    ledger = None
+    if target is not None:
+        entry = LedgerEntry(datetime.now(UTC), None, target, "test")
+        ledger = {LEDGER_ANNOTATION: format_ledger([entry])}
+    return kube.patch_claim_class(
+        NS, CLAIM, target, None, meta["uid"], meta["resourceVersion"], ledger
+    )
 
 
 def test_watch_resumes_from_a_resource_version(double: KubeDouble, kube: Kube):
@@ -59,7 +74,7 @@ def test_compaction_answers_410(double: KubeDouble, kube: Kube):
 def test_class_change_on_unbound_claim_is_422(double: KubeDouble, kube: Kube):
     make_volume(double, bound=False)
     with pytest.raises(ApiException) as info:
-        kube.patch_claim_class(NS, CLAIM, "fast")
+        patch_class(double, kube, "fast")
     assert info.value.status == 422
     assert "spec is immutable after creation except resources.requests" in info.value.body
 
@@ -67,7 +82,7 @@ def test_class_change_on_unbound_claim_is_422(double: KubeDouble, kube: Kube):
 def test_nil_after_a_class_was_applied_is_422(double: KubeDouble, kube: Kube):
     make_volume(double, current="baseline")
     with pytest.raises(ApiException) as info:
-        kube.patch_claim_class(NS, CLAIM, None)
+        patch_class(double, kube, None)
     assert info.value.status == 422
     assert "update from non-nil value to nil is forbidden" in info.value.body
 
@@ -76,9 +91,9 @@ def test_nil_is_allowed_while_nothing_was_applied(double: KubeDouble, kube: Kube
     make_volume(double, current=None)
     make_class(double, "fast")
     double.resizer.results["fast"] = ["InvalidArgument"]
-    kube.patch_claim_class(NS, CLAIM, "fast")
+    patch_class(double, kube, "fast")
     double.resizer.driver_delay = 0.0
-    patched = kube.patch_claim_class(NS, CLAIM, None)
+    patched = patch_class(double, kube, None)
     assert patched["spec"].get("volumeAttributesClassName") is None
 
 
@@ -102,7 +117,7 @@ def test_a_claim_of_another_driver_is_ignored_by_the_resizer(double: KubeDouble,
 
     make_volume(double, driver="pd.csi.storage.gke.io")
     make_class(double, "fast")
-    kube.patch_claim_class(NS, CLAIM, "fast")
+    patch_class(double, kube, "fast")
     time.sleep(0.4)
     claim = double.get("PersistentVolumeClaim", CLAIM, NS)
     assert "modifyVolumeStatus" not in claim["status"]
@@ -114,3 +129,62 @@ def test_retries_throttled_reads(double: KubeDouble, kube: Kube):
     double.fail("GET", "persistentvolumeclaims/training-checkpoints$", 429, times=2)
     assert kube.read_claim(NS, CLAIM)["metadata"]["name"] == CLAIM
     assert [r.status for r in double.requests] == [429, 429, 200]
+
+
+def test_a_patch_is_refused_when_its_preconditions_do_not_hold(double: KubeDouble, kube: Kube):
+    make_volume(double)
+    make_class(double, "fast")
+    meta = double.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
+    stale = str(int(meta["resourceVersion"]) - 1)
+    with pytest.raises(ApiException) as info:
+        kube.patch_claim_class(NS, CLAIM, "fast", None, meta["uid"], stale, {"a": "b"})
+    assert info.value.status == 409
+    assert "the object has been modified" in info.value.body
+    with pytest.raises(ApiException) as info:
+        kube.patch_claim_class(
+            NS, CLAIM, "fast", None, "another-uid", meta["resourceVersion"], {"a": "b"}
+        )
+    assert info.value.status == 422
+    assert "metadata.uid: Invalid value" in info.value.body
+    claim = double.get("PersistentVolumeClaim", CLAIM, NS)
+    assert claim["spec"]["volumeAttributesClassName"] == "baseline"
+    double.requests.clear()  # these writes were the test's, not the hook's
+
+
+def test_leases_are_written_as_kube_apiserver_writes_them(double: KubeDouble, kube: Kube):
+    """What tests/kube/test_double_parity.py found the real server doing with Leases."""
+
+    def lease(name: str, **spec) -> dict:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 60, **spec},
+        }
+
+    def refused(call, *args) -> ApiException:
+        with pytest.raises(ApiException) as info:
+            call(*args)
+        return info.value
+
+    name = "storage-profile-probe"
+    # A PUT of a Lease that does not exist creates it (create-on-update).
+    created = kube.replace_lease(NS, name, lease(name))
+    assert created["spec"]["holderIdentity"] == "a" and double.requests[-1].status == 201
+    assert refused(kube.create_lease, NS, lease(name)).status == 409  # AlreadyExists
+    # An update must carry the current resourceVersion: none is 422, an old one 409.
+    assert refused(kube.replace_lease, NS, name, lease(name)).status == 422
+    stale = lease(name)
+    stale["metadata"]["resourceVersion"] = "1"
+    assert refused(kube.replace_lease, NS, name, stale).status == 409
+    # leaseDurationSeconds is an int32 > 0; a fractional or too large one does not decode
+    # (400), zero is invalid (422); MicroTimes have six fractional digits.
+    for spec, status in (
+        ({"leaseDurationSeconds": 60.0}, 400),
+        ({"leaseDurationSeconds": 2**31}, 400),
+        ({"leaseDurationSeconds": 0}, 422),
+        ({"renewTime": "2026-01-01T00:00:00Z"}, 400),
+    ):
+        error = refused(kube.create_lease, NS, lease("storage-profile-other", **spec))
+        assert error.status == status, (spec, error.body)
+    assert double.get("Lease", "storage-profile-other", NS) is None

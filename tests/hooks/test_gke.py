@@ -15,9 +15,8 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.oauth2.credentials import Credentials
 
-from checkpoint_storage_bench.retry import Backoff
+from checkpoint_storage_bench.retry import Backoff, Deadline
 from hooks.storage_profile import cli
-from hooks.storage_profile.config import Deadline
 from hooks.storage_profile.errors import (
     EXIT_DEADLINE,
     EXIT_INFEASIBLE,
@@ -288,7 +287,10 @@ def test_preflight_refuses_when_the_api_refuses(compute: ComputeDouble) -> None:
 def gke_cluster(double: KubeDouble, compute: ComputeDouble) -> KubeDouble:
     """The double's claim is a GKE Hyperdisk; the resizer's driver call starts an update
     that the disk reports two looks later (the driver does not wait for the operation)."""
-    make_volume(double, driver=DRIVER, handle=HANDLE)
+    # On the shipped baseline class already, as the bundle's claim starts: a switch to
+    # it is then no modification, and GKE's one per 4 h (counted from the claim's ledger)
+    # is left for the one switch to checkpoint-throughput.
+    make_volume(double, driver=DRIVER, handle=HANDLE, current="checkpoint-baseline")
     for name, doc in shipped_classes().items():
         make_class(double, name, driver=DRIVER, **doc["parameters"])
     double.resizer.driver = DRIVER
@@ -418,3 +420,61 @@ def test_switch_with_workload_identity_credentials(
         assert all(r.headers["authorization"] == "Bearer wi-token" for r in reads)
     finally:
         metadata.stop()
+
+
+# ------------------------------------------------------- the hook's provider interface
+
+
+def test_the_heartbeat_shows_the_disk_while_the_provider_is_waited_for(
+    gke_cluster: KubeDouble,
+    compute: ComputeDouble,
+    kubeconfig: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # The update lands ~0.8 s after Kubernetes settled: a few heartbeats of 0.2 s meanwhile.
+    gke = GkeProvider(
+        credentials=Credentials(token=TOKEN), endpoint=compute.endpoint, poll_interval=0.05
+    )
+    gke_cluster.resizer.on_modify = lambda pv, vac: compute.modify(
+        HANDLE, after_looks=17, provisionedIops=6000, provisionedThroughput=290
+    )
+    monkeypatch.setattr(cli, "PROVIDER_FOR", lambda d, pv: gke if d == DRIVER else None)
+    monkeypatch.setattr(cli, "HEARTBEAT", 0.2)
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    beats = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("waiting: kubernetes: settled on checkpoint-throughput; provider: ")
+    ]
+    assert beats, result.stderr
+    assert (
+        f"provider: waiting for Compute Engine disk {HANDLE} to be READY with 6000 IOPS and "
+        "290 MiB/s (last seen: READY, 3000 IOPS, 140 MiB/s); elapsed "
+    ) in beats[-1]
+
+
+@pytest.mark.timeout(60)
+def test_every_call_ends_by_the_deadline() -> None:
+    """A Compute Engine endpoint that accepts connections and never answers."""
+    import socket
+    import time
+
+    from checkpoint_storage_bench.retry import DeadlineExceeded
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        gke = GkeProvider(
+            credentials=AnonymousCredentials(),
+            endpoint=f"http://127.0.0.1:{silent.getsockname()[1]}/compute/v1/",
+            poll_interval=0.1,
+        )
+        for call in (
+            lambda deadline: gke.wait_settled(HANDLE, deadline, None),
+            lambda deadline: gke.check_rate_limit(HANDLE, False, deadline),
+        ):
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                call(Deadline(1.5))
+            assert time.monotonic() - started < 2.5

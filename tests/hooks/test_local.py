@@ -1,4 +1,7 @@
-"""``--backend local``: sandbox profiles are directories; the claim path is a symlink."""
+"""``--backend local``: sandbox profiles are directories; the claim path is a symlink; a
+profile that names a VolumeAttributesClass is emulated by block-I/O limits in the claim's
+cgroup (those tests need root and a block-I/O controller: they skip with one line
+elsewhere, never when ``CI`` is set)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from checkpoint_storage_bench.io_limits import MIB, ThrottleUnavailable, probe
 from hooks.storage_profile.local import SandboxProfiles, repoint
 from tests.hooks.helpers import load_summary, run_hook
 
@@ -18,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A sandbox root with the shipped profiles file, its tmpfs profile moved under tmp."""
+    """A sandbox root with the shipped media profiles, its tmpfs profile moved under tmp."""
     root = tmp_path / "sandbox"
     (root / "connections").mkdir(parents=True)
-    spec = yaml.safe_load((ROOT / "connections" / "sandbox-profiles.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "connections" / "sandbox-profiles-media.yaml").read_text())
     spec["profiles"]["checkpoint-throughput"]["path"] = str(tmp_path / "shm" / "media")
     (root / "connections" / "sandbox-profiles.yaml").write_text(yaml.safe_dump(spec))
     (root / ".sandbox" / "media" / "disk").mkdir(parents=True)
@@ -36,14 +40,23 @@ def local(*extra: str, to: str = "checkpoint-throughput", claim: str = "training
     )
 
 
-def test_shipped_profiles_file_matches_the_contract():
-    spec = yaml.safe_load((ROOT / "connections" / "sandbox-profiles.yaml").read_text())
-    assert spec["claim"] == "training-checkpoints" and spec["namespace"] == "sandbox"
-    assert spec["claimPath"] == ".sandbox/claims/training-checkpoints"
-    assert spec["profiles"]["checkpoint-baseline"]["path"] == ".sandbox/media/disk"
-    assert spec["profiles"]["checkpoint-throughput"]["path"] == "/dev/shm/checkpoint-bench/media"
+def test_shipped_profiles_files_match_the_contract():
+    # The default emulates the cluster's classes, from the cluster's own manifests.
     loaded = SandboxProfiles.load(ROOT / "connections" / "sandbox-profiles.yaml", root=ROOT)
+    assert (loaded.claim, loaded.namespace) == ("training-checkpoints", "sandbox")
     assert loaded.claim_path == ROOT / ".sandbox/claims/training-checkpoints"
+    assert loaded.classes_file == ROOT / "connections" / "vac-ebs-gp3.yaml"
+    base, fast = loaded.profiles["checkpoint-baseline"], loaded.profiles["checkpoint-throughput"]
+    assert base.path == fast.path == ROOT / ".sandbox/volumes/training-checkpoints"
+    assert base.class_parameters == {"type": "gp3", "iops": "3000", "throughput": "125"}
+    assert (base.limits.write_bps, base.limits.write_iops) == (125 * MIB, 3000)
+    assert (fast.limits.read_bps, fast.limits.read_iops) == (250 * MIB, 6000)
+    assert base.driver == "ebs.csi.aws.com" and loaded.emulated
+    # The fallback is two plain media.
+    media = SandboxProfiles.load(ROOT / "connections" / "sandbox-profiles-media.yaml", root=ROOT)
+    assert media.profiles["checkpoint-baseline"].path == ROOT / ".sandbox/media/disk"
+    assert media.profiles["checkpoint-throughput"].path == Path("/dev/shm/checkpoint-bench/media")
+    assert not media.emulated
 
 
 def test_switch_repoints_the_claim_and_reports(sandbox: Path, tmp_path: Path):
@@ -154,7 +167,168 @@ def test_status_local(sandbox: Path):
     data = json.loads(result.stdout)
     assert data["currentProfile"] == "checkpoint-baseline"
     assert data["profiles"]["checkpoint-throughput"]["exists"] is True
+    assert data["limits"]["summary"] == "no limit"
+    assert data["profiles"]["checkpoint-baseline"]["volumeAttributesClass"] is None
     text = run_hook(
         "status", "--backend", "local", "-n", "sandbox", "--claim", "training-checkpoints"
     )
     assert "current        checkpoint-baseline" in text.stdout
+
+
+def test_a_malformed_profiles_file_is_refused_like_the_sandbox_refuses_it(tmp_path: Path):
+    # The same parser (checkpoint_storage_bench.contract) and the same message as
+    # `python -m sandbox`; here it is a preflight refusal.
+    bad = tmp_path / "profiles.yaml"
+    bad.write_text(yaml.safe_dump({"claim": "training-checkpoints", "namespace": "sandbox",
+                                   "claimPath": "c", "profiles": {"a": {}}}))  # fmt: skip
+    result = local("--profiles-file", str(bad))
+    assert result.exit_code == 3, result.output
+    assert f"profiles file {bad}: profile a needs a path" in result.stderr
+
+
+def test_a_relative_sandbox_root_still_makes_a_link_that_resolves(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Issue 19, item 6: with SANDBOX_ROOT relative, the link's target was written relative
+    # too, so it resolved against the link's own directory: dangling, yet reported settled.
+    monkeypatch.chdir(sandbox.parent)
+    monkeypatch.setenv("SANDBOX_ROOT", sandbox.name)
+    result = local(to="checkpoint-baseline")
+    assert result.exit_code == 0, result.output
+    link = sandbox / ".sandbox" / "claims" / "training-checkpoints"
+    assert link.resolve(strict=True) == sandbox / ".sandbox" / "media" / "disk"
+    (link / "written-through-the-claim").write_text("x")
+    assert (sandbox / ".sandbox" / "media" / "disk" / "written-through-the-claim").exists()
+
+
+def test_a_switch_that_leaves_a_dangling_link_is_not_reported_settled(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    from hooks.storage_profile import local as local_backend
+
+    monkeypatch.setattr(
+        local_backend, "repoint", lambda link, target: repoint(link, Path("nowhere"))
+    )
+    summary = tmp_path / "s.json"
+    result = local("--summary-json", str(summary), to="checkpoint-baseline")
+    assert result.exit_code == 1, result.output
+    assert "does not lead to" in result.stderr
+    assert load_summary(summary)["outcome"] != "settled"
+
+
+# -- emulated classes: block-I/O limits in the claim's cgroup ------------------------------
+
+
+def _emulated_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A sandbox root whose profiles emulate the shipped gp3 classes on tmp_path's disk."""
+    root = tmp_path / "sandbox"
+    (root / "connections").mkdir(parents=True)
+    spec = yaml.safe_load((ROOT / "connections" / "sandbox-profiles.yaml").read_text())
+    spec["classesFile"] = str(ROOT / "connections" / "vac-ebs-gp3.yaml")
+    (root / "connections" / "sandbox-profiles.yaml").write_text(yaml.safe_dump(spec))
+    (root / ".sandbox" / "volumes" / "training-checkpoints").mkdir(parents=True)
+    monkeypatch.setenv("SANDBOX_ROOT", str(root))
+    return root
+
+
+@pytest.fixture
+def emulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The emulated sandbox, where the kernel can throttle; its cgroup removed at the end."""
+    root = _emulated_root(tmp_path, monkeypatch)
+    profiles = SandboxProfiles.load()
+    try:
+        group, _ = probe(root / ".sandbox" / "volumes", profiles.cgroup_name)
+    except ThrottleUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to throttle block I/O: {exc}")
+        pytest.skip(f"needs root and a block-I/O controller: {exc}")
+    try:
+        yield root, group
+    finally:
+        group.remove()
+
+
+def test_a_switch_sets_the_classes_limits_and_reads_them_back(emulated, tmp_path: Path):
+    root, group = emulated
+    summary = tmp_path / "s.json"
+    first = local("--summary-json", str(summary), to="checkpoint-baseline")
+    assert first.exit_code == 0, first.output
+    data = load_summary(summary)
+    assert data["driver"] == "local-throttled" and data["outcome"] == "settled"
+    # The class's own parameters (the verdict prices the profile from them).
+    assert data["class_parameters"] == {"type": "gp3", "iops": "3000", "throughput": "125"}
+    ((device, limits),) = group.limits().items()  # read back from the kernel
+    assert (limits.write_bps, limits.read_bps, limits.write_iops) == (125 * MIB, 125 * MIB, 3000)
+    assert any("token bucket" in n for n in data["notes"])
+
+    second = local("--summary-json", str(summary), to="checkpoint-throughput")
+    assert second.exit_code == 0, second.output
+    data = load_summary(summary)
+    assert (data["previous_class"], data["applied_class"]) == (
+        "checkpoint-baseline",
+        "checkpoint-throughput",
+    )
+    assert group.limits()[device].write_bps == 250 * MIB
+    assert group.limits()[device].write_iops == 6000
+    # The data stays: both classes share the claim's directory.
+    link = root / ".sandbox" / "claims" / "training-checkpoints"
+    assert link.resolve() == root / ".sandbox" / "volumes" / "training-checkpoints"
+
+    again = local("--summary-json", str(summary), to="checkpoint-throughput")
+    assert again.exit_code == 0 and load_summary(summary)["outcome"] == "already-settled"
+
+    # Limits changed behind the hook's back are not "already settled": they are set again.
+    group.clear()
+    fixed = local("--summary-json", str(summary), to="checkpoint-throughput")
+    assert fixed.exit_code == 0 and load_summary(summary)["outcome"] == "settled"
+    assert group.limits()[device].write_bps == 250 * MIB
+
+    status = run_hook("status", "--backend", "local", "-n", "sandbox",
+                      "--claim", "training-checkpoints", "--json")  # fmt: skip
+    info = json.loads(status.stdout)
+    assert info["currentProfile"] == "checkpoint-throughput"
+    assert info["limits"]["inForce"][device]["write_bps"] == 250 * MIB
+    assert info["limits"]["cgroup"] == str(group.path)
+    assert "250 MiB/s and 6000 IOPS" in info["limits"]["summary"]
+
+
+def test_an_emulation_the_kernel_cannot_do_is_refused_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from hooks.storage_profile import local as local_backend
+
+    root = _emulated_root(tmp_path, monkeypatch)
+
+    def cannot(path, name):
+        raise ThrottleUnavailable("no block-I/O controller: made up for this test")
+
+    monkeypatch.setattr(local_backend, "probe", cannot)
+    result = local(to="checkpoint-baseline")
+    assert result.exit_code == 3, result.output
+    assert "emulates class checkpoint-baseline (125 MiB/s and 3000 IOPS" in result.stderr
+    assert "the kernel cannot throttle here: no block-I/O controller" in result.stderr
+    assert "sandbox-profiles-media.yaml" in result.stderr
+    assert not (root / ".sandbox" / "claims" / "training-checkpoints").exists()
+
+
+@pytest.mark.skipif(
+    not Path("/dev/shm").is_dir() or os.major(os.stat("/dev/shm").st_dev) != 0,
+    reason="no tmpfs at /dev/shm",
+)
+def test_a_class_on_tmpfs_is_refused_there_is_no_disk_to_throttle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    root = _emulated_root(tmp_path, monkeypatch)
+    shm = Path("/dev/shm") / f"emulated-{os.getpid()}"
+    shm.mkdir()
+    try:
+        spec_file = root / "connections" / "sandbox-profiles.yaml"
+        spec = yaml.safe_load(spec_file.read_text())
+        spec["profiles"]["checkpoint-baseline"]["path"] = str(shm)
+        spec_file.write_text(yaml.safe_dump(spec))
+        result = local("--summary-json", str(tmp_path / "s.json"), to="checkpoint-baseline")
+    finally:
+        shm.rmdir()
+    assert result.exit_code == 3, result.output
+    assert "the kernel cannot throttle here" in result.stderr
+    assert load_summary(tmp_path / "s.json")["outcome"] == "refused"

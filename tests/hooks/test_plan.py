@@ -11,6 +11,7 @@ import pytest
 
 from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
 from hooks.storage_profile import plan as plan_module
+from hooks.storage_profile.errors import EXIT_CODES, EXIT_PREFLIGHT, PlanRefused
 from hooks.storage_profile.plan import earliest_start, switches_of
 from tests.hooks.helpers import run_hook
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
@@ -239,6 +240,16 @@ def test_bad_profiles_are_a_usage_error(double: KubeDouble, kubeconfig: Path, pr
     cluster(double)
     result = plan(kubeconfig, profiles)
     assert result.exit_code == 2 and "--profiles" in result.stderr
+
+
+def test_exit_codes_come_from_the_hooks_one_table() -> None:
+    # plan is a subcommand like the others: its refusal is a hook error with exit 3, and
+    # its --help lists the hook's one table.
+    assert PlanRefused.exit_code == EXIT_PREFLIGHT == 3
+    help_text = run_hook("plan", "--help").stdout
+    for code in EXIT_CODES:
+        assert f"\n    {code}  " in help_text
+    assert "a plan fits now" in " ".join(help_text.split())
 
 
 # ------------------------------------------------------------------------ Polyaxon record

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hooks.storage_profile.config import Deadline
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import DeadlineExceeded, PreflightRefused
 from hooks.storage_profile.providers import EbsProvider, region_of
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
@@ -74,7 +74,7 @@ def test_refuses_a_fifth_modification_in_24h(
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "modified 4 times in the last 24 h; AWS allows 4 per rolling window" in result.stderr
-    assert ebs_cluster.writes() == []
+    assert ebs_cluster.claim_writes() == []
 
     forced = switch(kubeconfig, "--force")
     assert forced.exit_code == 0, forced.output
@@ -100,7 +100,7 @@ def test_refuses_while_the_previous_modification_is_optimizing(
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "still optimizing (60%)" in result.stderr
-    assert ebs_cluster.writes() == []
+    assert ebs_cluster.claim_writes() == []
 
 
 def test_already_on_class_still_waits_for_optimizing(
@@ -114,7 +114,7 @@ def test_already_on_class_still_waits_for_optimizing(
     result = switch(kubeconfig, to="baseline")
     assert result.exit_code == 0, result.output
     assert stepper.seen == ["optimizing", "optimizing", "completed"]
-    assert ebs_cluster.writes() == []
+    assert ebs_cluster.claim_writes() == []
 
 
 def test_unknown_driver_falls_back_to_kubernetes_settle(
@@ -181,6 +181,15 @@ def test_region_from_the_pv_zone():
     }
     assert region_of(pv) == "eu-west-1"
     assert region_of({"spec": {}}) is None
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    for zone, region in [
+        ("us-west-2-lax-1a", "us-west-2"),  # a Local Zone
+        ("us-east-1-wl1-bos-wlz-1", "us-east-1"),  # a Wavelength Zone
+        ("us-gov-west-1a", "us-gov-west-1"),
+        ("ap-southeast-4c", "ap-southeast-4"),
+    ]:
+        terms[0]["matchExpressions"][0]["values"] = [zone]
+        assert region_of(pv) == region, zone
 
 
 def test_unknown_ec2_volume_is_refused_before_any_write(
@@ -192,4 +201,48 @@ def test_unknown_ec2_volume_is_refused_before_any_write(
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "cannot read EC2 modifications of vol-00000000000000000" in result.stderr
-    assert double.writes() == []
+    assert double.claim_writes() == []
+
+
+def age_earlier_modifications(client, before: datetime, state: str) -> None:
+    """Make modifications started before ``before`` someone else's: two hours old, ``state``."""
+
+    def rewrite(parsed: dict, **_: object) -> None:
+        for mod in parsed.get("VolumesModifications", []):
+            if mod["StartTime"] < before:
+                mod["StartTime"] = before - timedelta(hours=2)
+                mod["ModificationState"] = state
+                mod["Progress"] = {"optimizing": 40, "failed": 0}.get(state, 100)
+
+    client.meta.events.register("after-call.ec2.DescribeVolumesModifications", rewrite)
+
+
+@pytest.fixture
+def tags_only(double: KubeDouble, ec2: Ec2) -> KubeDouble:
+    """A class that only changes tags: the driver makes no EC2 volume modification."""
+    make_volume(double, handle=ec2.volume_id)
+    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
+    make_class(double, "tagged", tagSpecification_1="team=ml")
+    return double
+
+
+def test_an_older_failed_modification_is_not_this_switchs(
+    tags_only: KubeDouble, kubeconfig: Path, ec2: Ec2, use_ebs
+):
+    ec2.client.modify_volume(VolumeId=ec2.volume_id, Iops=3500)  # someone's, long ago
+    provider = use_ebs(Stepper(since=now() + timedelta(seconds=1)))
+    age_earlier_modifications(provider.client(), now(), "failed")
+    result = switch(kubeconfig, to="tagged")
+    assert result.exit_code == 0, result.output
+    assert "no modification of" in result.stderr and "since the switch" in result.stderr
+
+
+def test_an_older_running_modification_is_not_waited_for(
+    tags_only: KubeDouble, kubeconfig: Path, ec2: Ec2, use_ebs
+):
+    ec2.client.modify_volume(VolumeId=ec2.volume_id, Iops=3500)  # someone's, still optimizing
+    provider = use_ebs(Stepper(since=now() + timedelta(seconds=1)))
+    age_earlier_modifications(provider.client(), now(), "optimizing")
+    result = switch(kubeconfig, "--force", "--timeout", "5", to="tagged")
+    assert result.exit_code == 0, result.output
+    assert "warning: --force: the previous modification" in result.stderr

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import click
 import pytest
 
-from tests.hooks.helpers import run_hook
+from tests.hooks.helpers import run_hook, write_kubeconfig
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
@@ -47,8 +51,8 @@ def test_status_shows_desired_current_status_conditions_and_events(
     }
     assert data["driver"] == "ebs.csi.aws.com" and data["volume"] == "pvc-0001"
     assert [e["reason"] for e in data["events"]] == ["VolumeModify", "VolumeModifyFailed"]
-    assert double.writes()[-1].method == "PATCH"  # status itself wrote nothing
-    assert len(double.writes()) == 1
+    assert double.claim_writes()[-1].method == "PATCH"  # status itself wrote nothing
+    assert len(double.claim_writes()) == 1
 
 
 def test_status_of_a_missing_claim(double: KubeDouble, kubeconfig: Path):
@@ -67,6 +71,15 @@ def test_status_of_a_missing_claim(double: KubeDouble, kubeconfig: Path):
         ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--kubeconfig", "/nonexistent"],
         ["switch", "-n", "", "--claim", CLAIM, "--to", "x"],
         ["status", "--claim", CLAIM],
+        ["switch", "-n", NS, "--claim", "..", "--to", "x"],
+        ["switch", "-n", NS, "--claim", "Training", "--to", "x"],
+        ["switch", "-n", "ml_team", "--claim", CLAIM, "--to", "x"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "../../x"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--timeout", "nan"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--timeout", "inf"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--pending-grace", "nan"],
+        ["status", "-n", NS, "--claim", CLAIM, "--timeout", "nan"],
+        ["status", "-n", NS, "--claim", "a/b"],
     ],
     ids=[
         "no-target",
@@ -76,6 +89,15 @@ def test_status_of_a_missing_claim(double: KubeDouble, kubeconfig: Path):
         "missing-kubeconfig",
         "empty-namespace",
         "status-no-namespace",
+        "claim-dotdot",
+        "claim-uppercase",
+        "namespace-underscore",
+        "class-path",
+        "timeout-nan",
+        "timeout-inf",
+        "grace-nan",
+        "status-timeout-nan",
+        "status-claim-slash",
     ],
 )
 def test_bad_arguments_exit_2(args: list[str]):
@@ -133,3 +155,73 @@ def test_python_dash_m_entry_point(double: KubeDouble, kubeconfig: Path, tmp_pat
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3
     assert "error: VolumeAttributesClass missing-class not found" in done.stderr
+
+
+def test_docs_list_every_exit_code_of_the_one_table():
+    from hooks.storage_profile.errors import EXIT_CODES
+
+    docs = (ROOT / "docs" / "storage-profile.md").read_text()
+    table = docs.split("### Exit codes", 1)[1].split("###", 1)[0]
+    documented = {int(code) for code in re.findall(r"^\| (\d) \|", table, re.MULTILINE)}
+    assert documented == set(EXIT_CODES)
+    help_text = run_hook("status", "--help").stdout
+    for code in EXIT_CODES:
+        assert f"\n    {code}  " in help_text
+
+
+def test_a_broken_kubeconfig_is_a_refusal(tmp_path: Path):
+    config = tmp_path / "kubeconfig"
+    config.write_text("{{:: not yaml")
+    result = run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--kubeconfig", str(config)
+    )
+    assert result.exit_code == 3, result.output
+    assert f"no usable Kubernetes configuration in {config}" in result.stderr
+
+
+def test_connection_refused_is_a_fast_refusal_naming_the_cause(tmp_path: Path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    result = run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--kubeconfig", str(config),
+        "--timeout", "30",
+    )  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert time.monotonic() - started < 5
+    assert "Connection refused" in result.stderr and f"127.0.0.1:{port}" in result.stderr
+
+
+def test_tls_failure_is_a_fast_refusal_naming_the_cause(double: KubeDouble, tmp_path: Path):
+    # TLS to a server that speaks plain HTTP.
+    config = write_kubeconfig(
+        tmp_path / "kubeconfig", double.url.replace("http:", "https:"),
+        **{"insecure-skip-tls-verify": True},
+    )  # fmt: skip
+    started = time.monotonic()
+    result = run_hook(
+        "status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(config), "--timeout", "30"
+    )
+    assert result.exit_code == 3, result.output
+    assert time.monotonic() - started < 5
+    assert "TLS with the API server failed" in result.stderr
+
+
+@pytest.mark.parametrize("module", ["heartbeat", "kube"])
+def test_doctests(module: str):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"hooks.storage_profile.{module}"))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_every_option_has_help_text():
+    from hooks.storage_profile.cli import main
+
+    for name, command in main.commands.items():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert param.help, f"{name} {param.opts}"

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, parse_ledger
 from hooks.storage_profile import report as report_module
+from tests.hooks.conftest import assert_claim_class_patch
 from tests.hooks.helpers import load_summary, run_hook
 from tests.hooks.kube_double import CLAIMS, KubeDouble, Rbac, make_class, make_volume
 
@@ -55,12 +57,18 @@ def claim_state(double: KubeDouble) -> tuple:
 
 
 def assert_only_claim_patched(double: KubeDouble, expected: list[str | None]) -> None:
-    """Every write was a merge patch of the named claim's class field, nothing else."""
-    writes = [w for w in double.writes() if w.status < 400]
+    """Every write was a merge patch of the named claim's class field (and its ledger), or
+    one of its Lease; nothing else."""
+    assert all(
+        f"/{CLAIMS}/" in w.path
+        or w.path.startswith(f"/apis/coordination.k8s.io/v1/namespaces/{NS}/")
+        for w in double.writes()
+    )
+    writes = [w for w in double.claim_writes() if w.status < 400]
     assert [(w.method, w.path) for w in writes] == [("PATCH", CLAIM_PATH)] * len(expected)
     for write, target in zip(writes, expected, strict=True):
-        assert write.content_type == "application/merge-patch+json"
-        assert write.body == {"spec": {"volumeAttributesClassName": target}}
+        assert_claim_class_patch(write)
+        assert write.body["spec"] == {"volumeAttributesClassName": target}
 
 
 def test_switch_settles_and_reports(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
@@ -108,7 +116,7 @@ def test_already_on_target_succeeds_without_patching(
     summary = tmp_path / "s.json"
     result = switch(kubeconfig, "--summary-json", str(summary), to="baseline")
     assert result.exit_code == 0, result.output
-    assert cluster.writes() == []
+    assert cluster.claim_writes() == []
     data = load_summary(summary)
     assert data["outcome"] == "already-settled" and not data["patched"]
     assert data["applied_class"] == "baseline"
@@ -127,7 +135,7 @@ def test_already_requested_still_waits_for_the_modification(cluster: KubeDouble,
     cluster.run_in_loop(lambda: cluster.resizer.on_claim_update(old, new))
     result = switch(kubeconfig)
     assert result.exit_code == 0, result.output
-    assert cluster.writes() == []
+    assert cluster.claim_writes() == []
     assert claim_state(cluster) == ("fast", "fast", None)
     assert "not patched" in result.stdout
 
@@ -135,9 +143,18 @@ def test_already_requested_still_waits_for_the_modification(cluster: KubeDouble,
 def test_dry_run_prints_the_patch_and_changes_nothing(cluster: KubeDouble, kubeconfig: Path):
     result = switch(kubeconfig, "--dry-run")
     assert result.exit_code == 0, result.output
-    assert '{"spec": {"volumeAttributesClassName": "fast"}}' in result.stderr
+    claim = cluster.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
+    patch = json.loads(result.stderr.split("-p '", 1)[1].split("'", 1)[0])
+    ledger = patch["metadata"].pop("annotations")
+    assert patch == {
+        "metadata": {"uid": claim["uid"], "resourceVersion": claim["resourceVersion"]},
+        "spec": {"volumeAttributesClassName": "fast"},
+    }
+    [entry] = parse_ledger(ledger[LEDGER_ANNOTATION])
+    assert (entry.from_class, entry.to_class, entry.holder) == ("baseline", "fast", "pipeline-a")
+    assert cluster.lease() is None  # a dry run takes no Lease
     assert "--type=merge" in result.stderr
-    assert cluster.writes() == []
+    assert cluster.claim_writes() == []
     assert claim_state(cluster) == ("baseline", "baseline", None)
 
 
@@ -161,7 +178,7 @@ def test_dry_run_prints_the_patch_and_changes_nothing(cluster: KubeDouble, kubec
         ),
         (
             lambda d: (d.delete("PersistentVolumeClaim", CLAIM, NS), make_volume(d, bound=False)),
-            "not Bound",
+            "(no volume yet) and asks for baseline, not fast",
         ),
     ],
     ids=["claim-missing", "class-missing", "driver-mismatch", "not-csi", "unbound"],
@@ -174,7 +191,7 @@ def test_preflight_refuses_before_any_write(
     result = switch(kubeconfig, claim=claim)
     assert result.exit_code == 3, result.output
     assert message in result.stderr
-    assert cluster.writes() == []
+    assert cluster.claim_writes() == []
 
 
 def test_api_server_422_on_unbound_claim_is_a_refusal(
@@ -188,19 +205,22 @@ def test_api_server_422_on_unbound_claim_is_a_refusal(
 
     def racing_preflight(*args, **kwargs):
         plan = real(*args, **kwargs)
-        cluster.update(
+        changed = cluster.update(
             "PersistentVolumeClaim",
             CLAIM,
             NS,
             lambda c: c["status"].__setitem__("phase", "Pending"),
         )
+        # As if preflight had judged the current claim wrongly: the patch's preconditions
+        # hold, so the server's own rule (422) is what refuses it.
+        plan.claim["metadata"]["resourceVersion"] = changed["metadata"]["resourceVersion"]
         return plan
 
     monkeypatch.setattr(switch_module, "preflight", racing_preflight)
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "spec is immutable after creation except resources.requests" in result.stderr
-    assert [w.status for w in cluster.writes()] == [422]
+    assert [w.status for w in cluster.claim_writes()] == [422]
 
 
 def test_infeasible_fails_at_once(cluster: KubeDouble, kubeconfig: Path, tmp_path: Path):
@@ -342,7 +362,7 @@ def test_throttling_honours_retry_after(cluster: KubeDouble, kubeconfig: Path):
     cluster.fail("GET", f"{CLAIMS}$", 503, times=2)  # the wait's list
     result = switch(kubeconfig)
     assert result.exit_code == 0, result.output
-    patches = [w for w in cluster.writes()]
+    patches = [w for w in cluster.claim_writes()]
     assert [p.status for p in patches] == [429, 200]
     assert patches[1].at - patches[0].at >= 0.95
     assert_only_claim_patched(cluster, ["fast"])
@@ -403,7 +423,7 @@ def test_least_privilege_rbac_is_enough(cluster: KubeDouble, kubeconfig: Path):
     result = switch(kubeconfig, claim="someone-else")
     assert result.exit_code == 3
     assert "forbidden" in result.stderr
-    assert not [w for w in cluster.writes() if "someone-else" in w.path]
+    assert not [w for w in cluster.claim_writes() if "someone-else" in w.path]
 
 
 def test_logs_to_polyaxon_inside_a_run(
@@ -442,3 +462,102 @@ def test_failed_switch_marks_the_polyaxon_run_failed(
     assert record["status"] == "failed"
     assert record["inputs"]["target_class"] == "fast"
     assert record["outputs"]["applied_class"] == "baseline"
+
+
+def test_rollback_returns_to_the_applied_class_not_the_last_request(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+):
+    make_class(cluster, "medium", type="gp3", iops="4000", throughput="200")
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    assert switch(kubeconfig).exit_code == 4  # leaves spec=fast, current=baseline
+    cluster.resizer.results["medium"] = ["InvalidArgument"]
+    summary = tmp_path / "s.json"
+    result = switch(
+        kubeconfig, "--on-infeasible", "rollback", "--summary-json", str(summary), to="medium"
+    )
+    assert result.exit_code == 4, result.output
+    assert claim_state(cluster) == ("baseline", "baseline", None)
+    data = load_summary(summary)
+    assert (data["previous_class"], data["applied_class"]) == ("baseline", "baseline")
+    assert data["rolled_back"]
+    assert "back to baseline" in result.stderr
+
+
+def test_a_claim_recreated_between_preflight_and_patch_is_not_patched(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from hooks.storage_profile import switch as switch_module
+
+    real = switch_module.preflight
+
+    def recreating_preflight(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        # Deleted and re-created under the same name, now on another driver's volume.
+        cluster.delete("PersistentVolumeClaim", CLAIM, NS)
+        make_volume(cluster, pv="pvc-0002", driver="disk.csi.example.com", current=None)
+        return plan
+
+    monkeypatch.setattr(switch_module, "preflight", recreating_preflight)
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "deleted and re-created since it was read" in result.stderr
+    assert claim_state(cluster)[0] is None  # the new claim never got the class
+    assert [w.status for w in cluster.claim_writes()] == [409]
+
+
+def test_a_claim_changed_between_preflight_and_patch_is_not_patched(
+    cluster: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from hooks.storage_profile import switch as switch_module
+
+    real = switch_module.preflight
+
+    def racing_preflight(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        cluster.update(  # someone else asks for another class meanwhile
+            "PersistentVolumeClaim",
+            CLAIM,
+            NS,
+            lambda c: c["spec"].__setitem__("volumeAttributesClassName", "baseline-2"),
+        )
+        return plan
+
+    monkeypatch.setattr(switch_module, "preflight", racing_preflight)
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "changed since it was read" in result.stderr
+    assert claim_state(cluster)[0] == "baseline-2"
+
+
+def test_a_patch_whose_answer_was_lost_is_not_refused_on_retry(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    # The server applied the patch but the answer never arrived; the retry meets the
+    # changed resourceVersion (409) and recognises its own change.
+    cluster.fail("PATCH", CLAIMS, 503, lost=True)
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert [w.status for w in cluster.claim_writes()] == [503, 409]
+    assert claim_state(cluster) == ("fast", "fast", None)
+
+
+def test_pending_on_a_class_that_exists_now_is_refused_at_once(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    # An earlier request for "fast" met a missing class: Pending, and the resizer will not
+    # look again now that the class exists.
+    cluster.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: (
+            c["spec"].__setitem__("volumeAttributesClassName", "fast"),
+            c["status"].__setitem__("modifyVolumeStatus", {"status": "Pending"}),
+        ),
+    )
+    started = time.monotonic()
+    result = switch(kubeconfig, "--pending-grace", "3")
+    assert result.exit_code == 3, result.output
+    assert time.monotonic() - started < 2.5
+    assert "Pending on VolumeAttributesClass fast, which exists now" in result.stderr
+    assert cluster.claim_writes() == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -13,9 +15,20 @@ import psutil
 import pytest
 import yaml
 
-from sandbox.cli import start_all
-from sandbox.config import DEFAULT_OWNER, SandboxPaths, load_agent_settings
+from checkpoint_storage_bench.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
+from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
+from sandbox.orchestration import start_all
 from sandbox.server import Sandbox, free_port
+
+
+def polyaxon_cli(args: list[str], host: str, home: Path) -> subprocess.CompletedProcess:
+    """Polyaxon's own CLI (this venv's) against ``host``, with its own HOME: the tests check
+    the sandbox with the tool a user would use."""
+    env = dict(os.environ, COLUMNS="400", TERM="dumb", POLYAXON_HOST=host, HOME=str(home))
+    home.mkdir(parents=True, exist_ok=True)
+    exe = Path(sys.executable).with_name("polyaxon")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "polyaxon"]
+    return subprocess.run(cmd + args, env=env, capture_output=True, text=True, check=False)
 
 
 def write_profiles(root: Path, throughput: Path, extra: dict | None = None) -> Path:
@@ -36,6 +49,27 @@ def write_profiles(root: Path, throughput: Path, extra: dict | None = None) -> P
             }
         )
     )
+    return path
+
+
+def needs_throttle(path: Path, name: str) -> tuple[Cgroup, BlockDevice]:
+    """The cgroup ``name`` (not created) and the device under ``path``, where the kernel can
+    throttle block I/O; else skip the test with the reason in one line (fail under CI,
+    which runs as root on a host with the controller)."""
+    try:
+        return probe(path, name)
+    except ThrottleUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to throttle block I/O: {exc}")
+        pytest.skip(f"needs root and a block-I/O controller: {exc}")
+
+
+def emulated_profiles(root: Path) -> Path:
+    """The shipped, emulating profiles file, its classes file made absolute, under ``root``."""
+    spec = yaml.safe_load((REPO_ROOT / "connections" / "sandbox-profiles.yaml").read_text())
+    spec["classesFile"] = str(REPO_ROOT / "connections" / spec["classesFile"])
+    path = root / "emulated-profiles.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 

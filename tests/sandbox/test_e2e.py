@@ -22,13 +22,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox.cli import submit_and_follow
-from sandbox.components import polyaxon_cli
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import RunFailedError
-from sandbox.pipeline import runs_table_url, submit
+from sandbox.orchestration import submit_and_follow
+from sandbox.pipeline import get_run, log_lines, pipeline_ops, runs_table_url, submit
 
-from .conftest import write_profiles
+from .conftest import polyaxon_cli, write_profiles
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -50,43 +49,43 @@ def mini_pipeline(sandbox):
 
 def test_every_op_succeeds_in_dag_order(sandbox, mini_pipeline):
     uuid_, _ = mini_pipeline
-    api = sandbox.api
-    assert api.run(DEFAULT_OWNER, PROJECT, uuid_)["status"] == "succeeded"
-    ops = {op["name"]: api.run(DEFAULT_OWNER, PROJECT, op["uuid"]) for op in
-           api.pipeline_runs(DEFAULT_OWNER, PROJECT, uuid_)}  # fmt: skip
+    client = sandbox.client
+    assert get_run(client, DEFAULT_OWNER, PROJECT, uuid_).status == "succeeded"
+    ops = {op.name: get_run(client, DEFAULT_OWNER, PROJECT, op.uuid) for op in
+           pipeline_ops(client, DEFAULT_OWNER, PROJECT, uuid_)}  # fmt: skip
     assert set(ops) == {"prepare", "train-a", "train-b"}
-    assert all(op["status"] == "succeeded" for op in ops.values())
-    order = sorted(ops.values(), key=lambda op: op["started_at"])
-    assert [op["name"] for op in order] == ["prepare", "train-a", "train-b"]
+    assert all(op.status == "succeeded" for op in ops.values())
+    order = sorted(ops.values(), key=lambda op: op.started_at)
+    assert [op.name for op in order] == ["prepare", "train-a", "train-b"]
     for before, after in zip(order, order[1:], strict=False):
-        assert before["finished_at"] <= after["started_at"]
+        assert before.finished_at <= after.started_at
 
 
 def test_training_runs_carry_inputs_stage_outputs_and_logs(sandbox, mini_pipeline):
     uuid_, _ = mini_pipeline
-    api = sandbox.api
+    client = sandbox.client
     claim = sandbox.agent.local_mounts["/checkpoints"]
-    for op in api.pipeline_runs(DEFAULT_OWNER, PROJECT, uuid_):
-        if not op["name"].startswith("train-"):
+    for op in pipeline_ops(client, DEFAULT_OWNER, PROJECT, uuid_):
+        if not op.name.startswith("train-"):
             continue
-        run = api.run(DEFAULT_OWNER, PROJECT, op["uuid"])
-        profile = {"train-a": "baseline", "train-b": "throughput"}[op["name"]]
-        assert run["inputs"]["storage_profile"] == profile
+        run = get_run(client, DEFAULT_OWNER, PROJECT, op.uuid)
+        profile = {"train-a": "baseline", "train-b": "throughput"}[op.name]
+        assert run.inputs["storage_profile"] == profile
         # /checkpoints was mapped to the sandbox claim path in the command's args.
-        run_dir = claim / f"{profile}-run" / op["uuid"]
-        assert run["inputs"]["checkpoint_dir"] == str(run_dir)
+        run_dir = claim / f"{profile}-run" / op.uuid
+        assert run.inputs["checkpoint_dir"] == str(run_dir)
         assert sorted(p.name for p in run_dir.glob("step-*"))
         for stage in ("serialize", "write", "fsync", "pause", "total"):
-            assert isinstance(run["outputs"][f"ckpt_{stage}_s_median"], float), stage
+            assert isinstance(run.outputs[f"ckpt_{stage}_s_median"], float), stage
         for key in ("ckpt_pause_s_total", "runtime_s", "final_loss"):
-            assert isinstance(run["outputs"][key], float), key
-        assert run["outputs"]["checkpoint_count"] == 2
-        logs = _wait_for_log(api, op["uuid"], "final loss")
+            assert isinstance(run.outputs[key], float), key
+        assert run.outputs["checkpoint_count"] == 2
+        logs = _wait_for_log(client, op.uuid, "final loss")
         assert any(f"checkpoints: {run_dir}" in line for line in logs), logs
         # Each run had its own HOME and context dir under the sandbox...
-        assert (sandbox.paths.runs / op["uuid"] / "home").is_dir()
+        assert (sandbox.paths.runs / op.uuid / "home").is_dir()
         # ...and its metric events landed in the artifacts store, where the UI reads them.
-        events = sandbox.paths.server_data / op["uuid"] / "events" / "metric"
+        events = sandbox.paths.server_data / op.uuid / "events" / "metric"
         assert (events / "ckpt_pause_s.plx").exists()
 
 
@@ -145,18 +144,18 @@ def test_a_failing_op_fails_the_pipeline_and_the_agent_keeps_serving(sandbox):
     )
     # The next run is served as usual.
     uuid_, _ = submit_and_follow(sandbox, FILES / "echo-job.yaml", {}, PROJECT, False, 120)
-    assert sandbox.api.run(DEFAULT_OWNER, PROJECT, uuid_)["status"] == "succeeded"
-    _wait_for_log(sandbox.api, uuid_, "still serving")
+    assert get_run(sandbox.client, DEFAULT_OWNER, PROJECT, uuid_).status == "succeeded"
+    _wait_for_log(sandbox.client, uuid_, "still serving")
 
 
 def test_a_stop_request_ends_the_run_process(sandbox):
     from sandbox.components import pipeline_twin
 
     twin = pipeline_twin(FILES / "slow-job.yaml", sandbox.paths.generated / "slow.yaml", None)
-    run_uuid = submit(twin, DEFAULT_OWNER, PROJECT, sandbox.url, {}, sandbox.paths.cli_home)
-    api = sandbox.api
+    client = sandbox.client
+    run_uuid = submit(client, sandbox.url, twin, DEFAULT_OWNER, PROJECT, {})
     deadline = time.monotonic() + 60
-    while api.run(DEFAULT_OWNER, PROJECT, run_uuid)["status"] != "running":
+    while get_run(client, DEFAULT_OWNER, PROJECT, run_uuid).status != "running":
         assert time.monotonic() < deadline, "the slow job never started"
         time.sleep(0.5)
     home = str(sandbox.paths.runs / run_uuid / "home")
@@ -167,18 +166,18 @@ def test_a_stop_request_ends_the_run_process(sandbox):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     deadline = time.monotonic() + 60
-    while api.run(DEFAULT_OWNER, PROJECT, run_uuid)["status"] != "stopped":
+    while get_run(client, DEFAULT_OWNER, PROJECT, run_uuid).status != "stopped":
         assert time.monotonic() < deadline, "the run was not reported stopped"
         time.sleep(0.5)
     assert not _procs_with_home(home)
 
 
-def _wait_for_log(api, run_uuid: str, needle: str, timeout: float = 60) -> list[str]:
+def _wait_for_log(client, run_uuid: str, needle: str, timeout: float = 60) -> list[str]:
     """The run's log once it has ``needle``: a run marks itself succeeded when its tracking
     ends, a moment before its process exits and the agent uploads the last lines."""
     deadline = time.monotonic() + timeout
     while True:
-        logs = api.logs(DEFAULT_OWNER, PROJECT, run_uuid)
+        logs = log_lines(client, DEFAULT_OWNER, PROJECT, run_uuid)
         if any(needle in line for line in logs) or time.monotonic() > deadline:
             assert any(needle in line for line in logs), logs[-5:]
             return logs
@@ -251,9 +250,9 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
     """``stop`` while a run is going: the run is stopped through the API (so it does not
     resume at the next start) and the agent ends its process group, then the agent and the
     server stop; nothing of this sandbox is left running."""
-    from sandbox.cli import start_all
     from sandbox.components import pipeline_twin
     from sandbox.config import SandboxPaths, load_agent_settings
+    from sandbox.orchestration import start_all
     from sandbox.server import Sandbox, free_port
 
     from .conftest import shm_dir, wait_gone, write_profiles
@@ -265,16 +264,16 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
     try:
         start_all(sb, DEFAULT_OWNER, "stop-test", echo=print)
         twin = pipeline_twin(FILES / "slow-job.yaml", sb.paths.generated / "slow.yaml", None)
-        run_uuid = submit(twin, DEFAULT_OWNER, "stop-test", sb.url, {}, sb.paths.cli_home)
+        run_uuid = submit(sb.client, sb.url, twin, DEFAULT_OWNER, "stop-test", {})
         deadline = time.monotonic() + 60
-        while sb.api.run(DEFAULT_OWNER, "stop-test", run_uuid)["status"] != "running":
+        while get_run(sb.client, DEFAULT_OWNER, "stop-test", run_uuid).status != "running":
             assert time.monotonic() < deadline, "the slow job never started"
             time.sleep(0.5)
         home = str(sb.paths.runs / run_uuid / "home")
         assert _procs_with_home(home)
         # The server knows the run ended stopped: a later start will not resume it.
         assert sb.stop_unfinished_runs() == [run_uuid]
-        assert sb.api.run(DEFAULT_OWNER, "stop-test", run_uuid)["status"] == "stopped"
+        assert get_run(sb.client, DEFAULT_OWNER, "stop-test", run_uuid).status == "stopped"
         assert not _procs_with_home(home)
     finally:
         stopped = sb.stop()
@@ -293,4 +292,4 @@ def test_starting_again_on_another_port_is_refused(sandbox):
     with pytest.raises(PortInUseError, match=f"already runs on port {sandbox.port}"):
         other.start_server()
     sandbox.start_server()  # the same port: nothing to do, it is up
-    assert sandbox.api.healthy()
+    assert sandbox.healthy()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,10 +23,11 @@ from sandbox.agent import localize, map_mounts
 from sandbox.components import find_components, pipeline_twin
 from sandbox.config import REPO_ROOT, SandboxPaths, load_agent_settings, prepare_media
 from sandbox.errors import ConfigError, PortInUseError, ServerStartError
+from sandbox.orchestration import demo_params
 from sandbox.pipeline import comparison, runs_table_url
 from sandbox.server import Sandbox
 
-from .conftest import write_profiles
+from .conftest import emulated_profiles, write_profiles
 
 HERE = Path(__file__).parent
 MINI = HERE / "polyaxonfiles" / "mini-pipeline.yaml"
@@ -130,20 +132,22 @@ def test_agent_settings_reject_duplicate_connections(tmp_path):
 
 
 def test_comparison_lists_each_profile_with_its_fio_headline():
+    from polyaxon.schemas import V1Run
+
     ops = [
-        {"name": "fio-baseline", "outputs": {"fio_seqwrite_bw_mbps": 120.5}},
-        {"name": "train-baseline", "inputs": {"storage_profile": "checkpoint-baseline"},
-         "outputs": {"ckpt_pause_s_total": 1.5, "ckpt_pause_s_median": 0.5,
-                     "ckpt_write_s_median": 0.4, "runtime_s": 10.0, "final_loss": 2.5}},
-        {"name": "train-throughput", "inputs": {"storage_profile": "checkpoint-throughput"},
-         "outputs": {"ckpt_pause_s_total": 0.5, "runtime_s": 9.0}},
+        V1Run(name="fio-baseline", outputs={"fio_seqwrite_bw_mbps": 120.5}),
+        V1Run(name="train-baseline", inputs={"storage_profile": "checkpoint-baseline"},
+              outputs={"ckpt_pause_s_total": 1.5, "ckpt_pause_s_median": 0.5,
+                       "ckpt_write_s_median": 0.4, "runtime_s": 10.0, "final_loss": 2.5}),
+        V1Run(name="train-throughput", inputs={"storage_profile": "checkpoint-throughput"},
+              outputs={"ckpt_pause_s_total": 0.5, "runtime_s": 9.0}),
     ]  # fmt: skip
     text = comparison(ops)
     assert "profile checkpoint-baseline (train-baseline)" in text
     assert "fio_seqwrite_bw_mbps = 120.5 MB/s" in text
     assert "write 0.400s" in text and "final loss:       2.5000" in text
     assert "profile checkpoint-throughput" in text
-    assert comparison([{"name": "x", "outputs": {}}]).startswith("no training run")
+    assert comparison([V1Run(name="x", outputs={})]).startswith("no training run")
 
 
 def test_runs_table_url_selects_columns_and_pipeline():
@@ -197,8 +201,6 @@ def test_status_exits_6_when_nothing_runs(tmp_path):
 
 
 def test_demo_params_pass_only_declared_inputs(tmp_path):
-    from sandbox.cli import demo_params
-
     pipeline = tmp_path / "p.yaml"
     pipeline.write_text(yaml.safe_dump({"kind": "component", "inputs": [
         {"name": "backend", "type": "str"}, {"name": "steps", "type": "int"},
@@ -218,8 +220,6 @@ def test_demo_params_pass_only_declared_inputs(tmp_path):
 
 
 def test_demo_params_pass_the_profiles_claim_when_declared(tmp_path):
-    from sandbox.cli import demo_params
-
     pipeline = tmp_path / "p.yaml"
     pipeline.write_text(yaml.safe_dump({"kind": "component", "inputs": [
         {"name": "claim", "type": "str"}, {"name": "namespace", "type": "str"}]}))  # fmt: skip
@@ -420,37 +420,128 @@ def test_commands_need_a_running_server_and_say_so_with_exit_6(tmp_path, args):
     assert "Traceback" not in done.stderr
 
 
-def test_follow_stops_a_pipeline_that_outlives_its_timeout():
+def test_follow_stops_a_pipeline_that_outlives_its_timeout(monkeypatch):
+    from polyaxon.schemas import V1Run
+
+    from sandbox import pipeline
     from sandbox.errors import FollowTimeoutError
-    from sandbox.pipeline import follow
 
-    class SlowApi:
-        stopped: list[str] = []
-
-        def run(self, owner, project, uuid):
-            return {"uuid": uuid, "name": "p", "status": "running"}
-
-        def pipeline_runs(self, owner, project, uuid):
-            return [{"uuid": "op1", "name": "train", "status": "running"}]
-
-        def stop(self, owner, project, uuid):
-            self.stopped.append(uuid)
-
-    api = SlowApi()
+    stopped = []
+    monkeypatch.setattr(pipeline, "get_run", lambda c, o, p, uuid: V1Run(
+        uuid=uuid, name="p", status="running"))  # fmt: skip
+    monkeypatch.setattr(pipeline, "pipeline_ops", lambda *_: [
+        V1Run(uuid="1" * 32, name="train", status="running")])  # fmt: skip
+    monkeypatch.setattr(pipeline, "stop_run", lambda c, o, p, uuid: stopped.append(uuid))
     with pytest.raises(FollowTimeoutError, match="still running after 0s; stopped it") as err:
-        follow(api, "default", "p", "pipe", timeout=0.05, echo=lambda _: None, every=0.02)
-    assert api.stopped == ["pipe"]
+        pipeline.follow(None, "default", "p", "a" * 32, 0.05, echo=lambda _: None, every=0.02)
+    assert stopped == ["a" * 32]
     assert err.value.exit_code == 7
 
 
 def test_start_agent_fails_with_the_agent_log_when_it_cannot_poll(tmp_path, monkeypatch):
+    from checkpoint_storage_bench.io_limits import Cgroup, ThrottleUnavailable, probe
     from sandbox.server import free_port
 
-    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), port=free_port())
+    try:  # emulated where it can be: then the failed start must not leave a cgroup
+        probe(tmp_path, "probe-only")
+        profiles = emulated_profiles(tmp_path)
+    except ThrottleUnavailable:
+        profiles = write_profiles(tmp_path, tmp_path / "shm")
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles),
+                 port=free_port())  # fmt: skip
     sb.paths.state.mkdir(parents=True)
     # The health check passes, yet no server is there: the agent's polls all fail.
-    monkeypatch.setattr(type(sb.api), "healthy", lambda self: True)
-    with pytest.raises(ServerStartError, match="did not poll the server within 10s") as err:
-        sb.start_agent(poll=0.2, timeout=10)
+    monkeypatch.setattr(Sandbox, "healthy", lambda self: True)
+    with pytest.raises(ServerStartError, match="did not poll the server within 30s") as err:
+        sb.start_agent(poll=0.2, timeout=30)
     assert "poll failed" in str(err.value)
     assert sb.agent_pid() is None and not sb.paths.agent_ready.exists()
+    # Where the claim's class was emulated, its cgroup does not outlive the failed start.
+    if sb.agent.profiles.emulated:
+        assert not Cgroup.find(sb.agent.profiles.cgroup_name).exists()
+
+
+# -- the profiles file (one parser: checkpoint_storage_bench.contract) -------------------
+
+BAD_PROFILES = [
+    ({"claim": "c", "namespace": "n", "claimPath": "x"}, "profiles must be a non-empty mapping"),
+    ({"claim": "c", "namespace": "n", "claimPath": "x", "profiles": {"a": {}}},
+     "profile a needs a path"),
+    ({"claim": "c", "namespace": "n", "claimPath": "x", "profiles": {"a": {"path": "p",
+     "class": "gp3"}}}, "profile a: unknown keys ['class']"),
+    ({"claim": "", "namespace": "n", "claimPath": "x", "profiles": {"a": {"path": "p"}}},
+     "claim must be a non-empty string"),
+    (["not", "a", "mapping"], "expected a mapping"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_PROFILES)
+def test_a_malformed_profiles_file_is_a_config_error(tmp_path, data, message):
+    bad = tmp_path / "profiles.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        load_agent_settings(tmp_path, profiles_file=bad)
+    assert err.value.exit_code == 3 and str(bad) in str(err.value)
+
+
+# -- emulated classes: which ops run in the claim's cgroup, and the honest fallback ------
+
+
+def test_only_ops_that_mount_the_claim_run_in_its_cgroup(tmp_path):
+    from sandbox.agent import mounts_claim
+
+    settings = load_agent_settings(tmp_path, profiles_file=emulated_profiles(tmp_path))
+    assert settings.claim_connections == {"checkpoints"}
+    train = json.dumps({"kind": "compiled_operation", "run": {"kind": "job",
+                        "connections": ["checkpoints"]}})  # fmt: skip
+    switch = json.dumps({"kind": "compiled_operation", "run": {"kind": "job"}})
+    copy = {"run": {"kind": "job", "init": [{"connection": "checkpoints"}]}}
+    assert mounts_claim(train, settings.claim_connections)
+    assert not mounts_claim(switch, settings.claim_connections)
+    assert not mounts_claim(copy, settings.claim_connections)  # a copy, not a mount
+
+
+def _cannot_throttle(path, name):
+    from checkpoint_storage_bench.io_limits import ThrottleUnavailable
+
+    raise ThrottleUnavailable("no block-I/O controller: made up for this test")
+
+
+def test_where_the_kernel_cannot_throttle_the_default_falls_back_and_says_so(tmp_path, monkeypatch):
+    from sandbox import orchestration
+
+    monkeypatch.setattr(orchestration, "probe", _cannot_throttle)
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path))  # the default file
+    assert sb.agent.profiles.emulated
+    said = []
+    media = orchestration.emulation_or_media(sb, echo=said.append)
+    assert media.agent.profiles_file.name == "sandbox-profiles-media.yaml"
+    assert not media.agent.profiles.emulated
+    assert "cannot emulate the volume classes on this machine: no block-I/O" in said[0]
+    assert said[1].startswith("sandbox: NOT AN EMULATION: falling back to")
+
+
+def test_a_named_emulating_file_is_refused_where_the_kernel_cannot_throttle(tmp_path, monkeypatch):
+    from sandbox import claim
+    from sandbox.orchestration import start_all
+
+    monkeypatch.setattr(claim, "probe", _cannot_throttle)
+    sb = Sandbox(SandboxPaths(tmp_path),
+                 load_agent_settings(tmp_path, profiles_file=emulated_profiles(tmp_path)))  # fmt: skip
+    with pytest.raises(ConfigError, match="the kernel cannot throttle here") as err:
+        start_all(sb, "default", "p", echo=lambda _: None)
+    assert err.value.exit_code == 3
+    assert "sandbox-profiles-media.yaml" in str(err.value)
+    assert not sb.paths.server_pid.exists()  # refused before anything started
+
+
+def test_downward_api_variables_are_answered_for_this_machine():
+    import socket
+
+    from sandbox.agent import downward_api_env
+
+    content = json.dumps({"run": {"kind": "job", "container": {"env": [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "PLAIN", "value": "x"}]}}})  # fmt: skip
+    assert downward_api_env(content) == {"NODE_NAME": socket.gethostname(), "POD_UID": None}

@@ -123,7 +123,7 @@ def test_resume_skips_damaged_newest_checkpoint(tmp_path, fmt, damage):
         (newest / store.MANIFEST).write_text("{not json")
     said: list[str] = []
     summary = train(
-        tiny_config(tmp_path, steps=8, keep=3, resume=True, format=fmt), say=said.append
+        tiny_config(tmp_path, steps=8, keep=3, resume="always", format=fmt), say=said.append
     )
     assert summary.resumed_from == 4
     assert any("skipping step-00000006" in line for line in said), said
@@ -143,12 +143,14 @@ def test_resume_skips_damaged_newest_checkpoint(tmp_path, fmt, damage):
 def test_retention_never_counts_skipped_newer_checkpoints(tmp_path):
     _three_checkpoints(tmp_path)
     (tmp_path / "step-00000006" / store.MANIFEST).unlink()
-    cfg = tiny_config(tmp_path, steps=5, checkpoint_every=1, keep=1, resume=True)
+    cfg = tiny_config(tmp_path, steps=5, checkpoint_every=1, keep=1, resume="always")
     assert train(cfg, say=lambda s: None).resumed_from == 4
     # The broken step 6 must not push the fresh step 5 out of a keep-1 retention.
     assert [r.step for r in store.list_checkpoints(tmp_path)] == [6, 5]
     assert (
-        train(tiny_config(tmp_path, steps=6, keep=1, resume=True), say=lambda s: None).resumed_from
+        train(
+            tiny_config(tmp_path, steps=6, keep=1, resume="always"), say=lambda s: None
+        ).resumed_from
         == 5
     )
 
@@ -163,7 +165,9 @@ def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path):
 def test_resume_with_another_model_is_refused(tmp_path):
     _three_checkpoints(tmp_path)
     with pytest.raises(ConfigError, match="model_size"):
-        train(tiny_config(tmp_path, steps=8, resume=True, model_size="512KiB"), say=lambda s: None)
+        train(
+            tiny_config(tmp_path, steps=8, resume="always", model_size="512KiB"), say=lambda s: None
+        )
 
 
 def test_manifest_with_invalid_chunk_size_is_skipped(tmp_path):
@@ -174,7 +178,7 @@ def test_manifest_with_invalid_chunk_size_is_skipped(tmp_path):
     manifest_path.write_text(json.dumps(manifest))
     said: list[str] = []
     assert (
-        train(tiny_config(tmp_path, steps=8, keep=3, resume=True), say=said.append).resumed_from
+        train(tiny_config(tmp_path, steps=8, keep=3, resume="always"), say=said.append).resumed_from
         == 4
     )
     assert any("invalid chunk size" in line for line in said), said
@@ -185,7 +189,7 @@ def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path):
     for ref in store.list_checkpoints(tmp_path):
         (ref.path / store.MANIFEST).unlink()
     with pytest.raises(CheckpointCorruptError, match="none of the 3 checkpoints"):
-        train(tiny_config(tmp_path, steps=8, resume=True), say=lambda s: None)
+        train(tiny_config(tmp_path, steps=8, resume="always"), say=lambda s: None)
     proc = run_trainer(
         "--checkpoint-dir", str(tmp_path), "--resume", "--model-size", "256KiB", "--no-track"
     )
@@ -194,8 +198,8 @@ def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path):
 
 def test_resume_with_empty_dir_starts_fresh(tmp_path):
     said: list[str] = []
-    summary = train(tiny_config(tmp_path, steps=2, resume=True), say=said.append)
-    assert summary.resumed_from == 0
+    summary = train(tiny_config(tmp_path, steps=2, resume="always"), say=said.append)
+    assert summary.resumed_from is None  # started at step 0: not resumed part-way
     assert any("starting from step 0" in line for line in said)
 
 
@@ -217,7 +221,7 @@ def test_enospc_fails_clearly_and_keeps_earlier_checkpoints(tmp_path, asynchrono
     _three_checkpoints(tmp_path)
     size = (tmp_path / "step-00000006" / "state.ckpt").stat().st_size
     fs = FullAfter(budget=int(size * 1.5))  # the next checkpoint fits, the one after does not
-    cfg = tiny_config(tmp_path, steps=12, keep=5, resume=True, async_checkpoint=asynchronous)
+    cfg = tiny_config(tmp_path, steps=12, keep=5, resume="always", async_checkpoint=asynchronous)
     with pytest.raises(StorageFullError, match="no space left.*step-00000010"):
         train(cfg, fs=fs, say=lambda s: None)
     assert [r.step for r in store.list_checkpoints(tmp_path)] == [8, 6, 4, 2]

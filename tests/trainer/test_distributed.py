@@ -402,7 +402,7 @@ def test_single_process_resume_refuses_shards_of_several_ranks(tmp_path):
     }  # fmt: skip
     (step_dir / store.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(WorldSizeError, match="written by 2 rank"):
-        train(tiny_config(tmp_path, resume=True), say=lambda s: None)
+        train(tiny_config(tmp_path, resume="always"), say=lambda s: None)
 
 
 def test_verify_shard_catches_damage(tmp_path):

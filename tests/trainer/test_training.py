@@ -7,15 +7,19 @@ import math
 
 import fsspec
 import pytest
+import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
+from checkpoint_storage_bench.contract import PROVENANCE_KEYS, RUN_OUTPUTS, STAGE_OUTPUTS
+from checkpoint_storage_bench.retry import Backoff
+from checkpoint_storage_bench.units import significant
 from tests.trainer.helpers import metric_events, offline_runs, run_trainer, tiny_config
 from trainer.ckpt import store
-from trainer.ckpt.upload import Backoff
 from trainer.errors import UploadError
 from trainer.train import train
 
-FAST = Backoff(attempts=3, initial_s=0.001, cap_s=0.001)
+FAST = Backoff(delays=(0.001, 0.001))
+IMAGE_REF = "registry.example.com/ml/checkpoint-storage-bench@sha256:" + "ab" * 32
 
 
 def test_stage_timeline_is_complete_and_adds_up(tmp_path):
@@ -63,11 +67,14 @@ def test_cli_records_offline_polyaxon_run_and_summary(tmp_path):
         "--checkpoint-dir", str(ckpt_dir), "--steps", "6", "--checkpoint-every", "2",
         "--model-size", "256KiB", "--batch-size", "2", "--seq-len", "16", "--device", "cpu",
         "--storage-profile", "checkpoint-baseline", "--summary-json", str(summary_path),
-        "--log-every", "2",
-        env={"POLYAXON_OFFLINE_ROOT": str(offline), "CODE_REVISION": "abc123", "IMAGE_DIGEST": "sha256:feed"},
+        "--log-every", "2", "--upload-to", "run-artifacts",
+        env={"POLYAXON_OFFLINE_ROOT": str(offline), "CODE_REVISION": "abc123",
+             "IMAGE_REF": IMAGE_REF, "NODE_NAME": "node-a"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "serialize" in proc.stdout and "checkpoint step 6" in proc.stdout
+    assert "step 6/6 (100%)" in proc.stdout  # the last step always gets its progress line
+    assert "upload step-00000006: 0.8/0.8 MB" in proc.stdout
 
     (run,) = offline_runs(offline)
     assert run["status"] == "succeeded"
@@ -91,8 +98,24 @@ def test_cli_records_offline_polyaxon_run_and_summary(tmp_path):
         "checkpoint_bytes",
     ):
         assert isinstance(outputs[key], int | float), key  # fmt: skip
-    assert run["meta_info"]["code_revision"] == "abc123"
-    assert run["meta_info"]["image_digest"] == "sha256:feed"
+    assert inputs["image"] == IMAGE_REF and inputs["resume"] == "never"
+    assert inputs["upload_to"] == "run-artifacts"
+    meta = run["meta_info"]
+    assert meta["code_revision"] == "abc123"
+    assert meta["image_digest"] == IMAGE_REF.split("@")[1]  # the digest the reference pins
+    assert meta["node_name"] == "node-a"
+    assert meta["gpu_count"] == 0 and "gpu_model" not in meta  # None is not logged
+    assert meta["torch_version"] == torch.__version__ and meta["cpu_count"] >= 1
+    assert meta["progress"] == 1.0  # the run's progress bar in Polyaxon
+    assert outputs["resumed_from_step"] == 0
+    for key in (*RUN_OUTPUTS, *STAGE_OUTPUTS):
+        if isinstance(outputs.get(key), float):
+            assert outputs[key] == significant(outputs[key], 4), (key, outputs[key])
+    # --upload-to run-artifacts: into the run's outputs, which Polyaxon syncs to its store.
+    local = (ckpt_dir / "step-00000006" / "state.ckpt").read_bytes()
+    assert (
+        run["_dir"] / "outputs" / "checkpoints" / "step-00000006" / "state.ckpt"
+    ).read_bytes() == local
     writes = metric_events(run["_dir"], "ckpt_write_s")
     assert [s for s, _ in writes] == [2, 4, 6]
     assert all(v > 0 for _, v in writes)
@@ -105,6 +128,10 @@ def test_cli_records_offline_polyaxon_run_and_summary(tmp_path):
     assert summary["ckpt_pause_s_total"] == pytest.approx(
         sum(c["pause_s"] for c in summary["checkpoints"])
     )
+    assert list(summary["provenance"]) == list(PROVENANCE_KEYS)
+    assert summary["provenance"]["node_name"] == "node-a"
+    assert summary["provenance"]["image"] == IMAGE_REF
+    assert summary["resumed_from_step"] is None
 
 
 def test_retention_keeps_newest_and_uploads_all(tmp_path):

@@ -12,18 +12,17 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer.ckpt import store
-from trainer.ckpt.formats import RawFormat, Staged, TorchFormat
+from trainer.ckpt.formats import Format, InFlight, WriteOptions
 from trainer.ckpt.fs import LocalFS, raise_if_full
-from trainer.ckpt.io import write_file
 from trainer.ckpt.upload import Uploader
 from trainer.errors import CheckpointDirError
 
@@ -46,6 +45,12 @@ class CheckpointRecord:
     upload_gbps: float | None
     path: str
     io_mode: str
+    overlapped: bool = False
+    """Serialize and write ran at the same time (their sum can exceed the pause)."""
+    checksum_s: float | None = None
+    """Reading a library-written checkpoint back to checksum it (None: done while writing)."""
+    io_streams: int = 1
+    checksum: str = "crc32"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,25 +67,31 @@ class Checkpointer:
 
     Args:
         directory: The run's checkpoint directory on the mounted claim.
-        fmt: The format (raw or torch).
+        fmt: The format (raw, torch, dcp, safetensors).
         fs: The storage seam.
         durable: fsync files and directories.
         keep: Complete checkpoints to retain.
         uploader: Uploads each committed checkpoint, or None.
         asynchronous: Persist in the background.
         device: The model's device, synchronized around timed regions.
+        verified: Steps already known good (the one a resume verified): retention counts
+            these and the ones this writer makes durable, nothing else.
+        options: Overlap, streams and checksum (``durable`` and ``background`` are set
+            from the arguments above).
     """
 
     def __init__(
         self,
         directory: Path,
-        fmt: RawFormat | TorchFormat,
+        fmt: Format,
         fs: LocalFS,
         durable: bool,
         keep: int,
         uploader: Uploader | None = None,
         asynchronous: bool = False,
         device: torch.device | None = None,
+        verified: Iterable[int] = (),
+        options: WriteOptions | None = None,
     ) -> None:
         self.directory = directory
         self.fmt = fmt
@@ -89,9 +100,14 @@ class Checkpointer:
         self.keep = keep
         self.uploader = uploader
         self.device = device or torch.device("cpu")
+        self.options = replace(options or WriteOptions(), durable=durable, background=asynchronous)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
         self._inflight: Future[CheckpointRecord] | None = None
         self._done: list[CheckpointRecord] = []
+        self._good = set(verified)
+        # One owner for every temporary name this writer makes (run, pod, pid), so a
+        # restarted run can tell its predecessors' leftovers from another run's.
+        self.owner = store.Owner.current()
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -102,17 +118,34 @@ class Checkpointer:
         t_request = time.monotonic()
         self._drain(wait=True)  # at most one in flight; waiting for it counts as pause
         self._sync_device()
-        t0 = time.monotonic()  # this checkpoint's own work starts here
-        staged = self.fmt.stage(state_fn())
-        serialize_s = time.monotonic() - t0
+        tmp_dir = self.directory / store.tmp_name(step, self.owner)
+        final_dir = self.directory / store.final_name(step)
+        try:
+            self.fs.mkdir(tmp_dir)
+            # The format copies what must be copied before training may go on; with
+            # overlap its first chunks are already being written meanwhile.
+            inflight = self.fmt.begin(state_fn(), tmp_dir, self.fs, self.options)
+        except BaseException as exc:
+            self._failed(exc, tmp_dir, final_dir)
+            raise
         if self._pool is None:
-            self._done.append(
-                self._persist(step, staged, t0, serialize_s, t_request, pause_end=None)
-            )
+            self._done.append(self._persist(step, inflight, tmp_dir, t_request, pause_end=None))
         else:
             self._inflight = self._pool.submit(
-                self._persist, step, staged, t0, serialize_s, t_request, pause_end=time.monotonic()
+                self._persist, step, inflight, tmp_dir, t_request, pause_end=time.monotonic()
             )
+
+    def _failed(self, exc: BaseException, tmp_dir: Path, final_dir: Path) -> None:
+        """Delete the half-written checkpoint; raise the trainer's error for a known cause."""
+        self.fs.rmtree(tmp_dir)
+        if isinstance(exc, OSError):
+            raise_if_full(exc, f"writing checkpoint {final_dir.name}")
+            if exc.errno == errno.EROFS:
+                raise CheckpointDirError(f"checkpoint volume became read-only: {exc}") from exc
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise CheckpointDirError(
+                    f"access refused while writing checkpoint {final_dir.name}: {exc}"
+                ) from exc
 
     @property
     def in_flight(self) -> bool:
@@ -145,53 +178,59 @@ class Checkpointer:
     def _persist(
         self,
         step: int,
-        staged: Staged,
-        t0: float,
-        serialize_s: float,
+        inflight: InFlight,
+        tmp_dir: Path,
         t_request: float,
         pause_end: float | None,
     ) -> CheckpointRecord:
-        tmp_dir = self.directory / store.tmp_name(step)
         final_dir = self.directory / store.final_name(step)
-        filename = self.fmt.filename
         try:
-            self.fs.mkdir(tmp_dir)
-            t_write = time.monotonic()
-            written = write_file(self.fs, tmp_dir / filename, staged.data, direct=staged.direct_ok)
+            written = inflight.finish()
             t_fsync = time.monotonic()
             try:
                 if self.durable:
-                    self.fs.fsync(written.fd)
+                    for f in written.files:
+                        self.fs.fsync(f.fd)
             finally:
-                self.fs.close(written.fd)
-            manifest = store.manifest_for(step, self.fmt.name, filename, written)
-            store.commit(self.fs, tmp_dir, final_dir, manifest, durable=self.durable)
+                for f in written.files:
+                    self.fs.close(f.fd)
+            manifest = store.manifest_for(
+                step, self.fmt.name, self.fmt.filename, written.files, layout=written.layout
+            )
+            store.commit(
+                self.fs, tmp_dir, final_dir, manifest, durable=self.durable, owner=self.owner
+            )
             t_done_local = time.monotonic()
-        except OSError as exc:
-            self.fs.rmtree(tmp_dir)
-            raise_if_full(exc, f"writing checkpoint {final_dir.name}")
-            if exc.errno == errno.EROFS:
-                raise CheckpointDirError(f"checkpoint volume became read-only: {exc}") from exc
+        except BaseException as exc:
+            inflight.abort()
+            self._failed(exc, tmp_dir, final_dir)
             raise
         upload_s = None
         if self.uploader is not None:
             t_up = time.monotonic()
-            self.uploader.upload(final_dir, [filename, store.MANIFEST])
+            self.uploader.upload(final_dir, [f.name for f in written.files] + [store.MANIFEST])
             upload_s = time.monotonic() - t_up
-        store.apply_retention(self.fs, self.directory, self.keep, newest_step=step)
+        if self.durable:
+            # Without fsync no checkpoint is known to survive a crash, so none may replace
+            # an older one: retention then deletes nothing (the trainer says so up front).
+            self._good.add(step)
+            store.apply_retention(self.fs, self.directory, self.keep, self._good)
         t_end = time.monotonic()
-        write_s = t_fsync - t_write
         return CheckpointRecord(
             step=step,
-            bytes=staged.nbytes,
-            serialize_s=serialize_s,
-            write_s=write_s,
+            bytes=written.nbytes,
+            serialize_s=inflight.serialize_s,
+            write_s=written.write_s,
             fsync_s=t_done_local - t_fsync,
             upload_s=upload_s,
             pause_s=(pause_end if pause_end is not None else t_end) - t_request,
-            total_s=t_end - t0,
-            write_gbps=staged.nbytes / max(write_s, 1e-9) / 1e9,
-            upload_gbps=_gbps(staged.nbytes, upload_s),
+            total_s=t_end - t_request,  # from the save request, waiting included
+            write_gbps=written.nbytes / max(written.write_s, 1e-9) / 1e9,
+            upload_gbps=_gbps(written.nbytes, upload_s),
             path=str(final_dir),
             io_mode=written.io_mode,
+            overlapped=inflight.overlapped,
+            checksum_s=written.checksum_s,
+            io_streams=self.options.io_streams,
+            checksum=written.checksum,
         )

@@ -1,10 +1,20 @@
-"""Checkpoint formats: ``raw`` (our direct writer) and ``torch`` (``torch.save``, the reference).
+"""Checkpoint formats, each behind one interface: ``begin(state, directory, fs, options)``
+copies what must be copied while training waits and returns an :class:`InFlight` whose
+``finish()`` completes the files (on a background thread in async mode).
 
-Both split a save into the same stages: ``stage`` (copy the state off the device into host
-memory that will not change while it is written), then ``write_file``. ``raw`` lays the
-state out exactly as the file will be — a header, then every tensor's bytes at aligned
-offsets — in a reused page-aligned buffer, so writing is one O_DIRECT stream and loading
-is one read plus zero-copy views.
+- ``raw`` (ours): the state laid out exactly as the file will be — a header, then every
+  tensor's bytes at aligned offsets — in a reused page-aligned (pinned on CUDA) buffer,
+  written with O_DIRECT by :class:`~trainer.ckpt.io.ChunkWriter`. With ``overlap`` (the
+  default) chunk k is written while chunk k+1 is still being copied; loading is one read
+  plus zero-copy views.
+- ``torch``: ``torch.save`` into memory, then written by the same writer (the reference).
+- ``safetensors``: the library's own ``save_file`` (one file per stream), then fsync.
+- ``dcp``: ``torch.distributed.checkpoint`` with its ``FileSystemWriter`` (``thread_count``
+  = streams), ``async_save`` in async mode; single process (``no_dist``).
+
+The first two produce one byte image that our writer stripes over the stream files and
+checksums as it writes. The library formats write their own files; their checksums come
+from reading the files back once written (timed apart, as ``checksum_s``).
 
 The raw file layout::
 
@@ -12,7 +22,8 @@ The raw file layout::
     tensor bytes at 64-byte aligned offsets      | zero padding to 4 KiB
 
 The header holds each tensor's dtype, shape and offset, and the state's non-tensor
-structure as JSON (no pickle: loading a checkpoint never runs code).
+structure as JSON (no pickle: loading a checkpoint never runs code). The library formats
+store the same JSON structure as a uint8 tensor next to the flat tensors.
 """
 
 from __future__ import annotations
@@ -20,22 +31,48 @@ from __future__ import annotations
 import io
 import json
 import struct
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
-from trainer.ckpt.io import ALIGN, AlignedBuffer, align_up
+from trainer.ckpt import checksum as checksums
+from trainer.ckpt.fs import LocalFS
+from trainer.ckpt.io import (
+    ALIGN,
+    BACKGROUND_NICE,
+    CHUNK_BYTES,
+    IO_BUFFERED,
+    IO_THREADS,
+    AlignedBuffer,
+    ChunkWriter,
+    WrittenFile,
+    align_up,
+    stream_names,
+)
 from trainer.errors import CheckpointCorruptError
 
 MAGIC = b"CKPTRAW1"
 _PREFIX = struct.Struct("<8sQ")
 TENSOR_ALIGN = 64
+LAYOUT_STRIPED = "striped"
+"""One byte image striped over the files (chunk k in file k mod N)."""
+LAYOUT_FILES = "files"
+"""Independent files a library wrote; each is checksummed on its own."""
 
-_DTYPES = {str(dt).removeprefix("torch."): dt for dt in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-)}  # fmt: skip
+# Every dtype whose tensors torch can copy into and view out of a byte buffer. Sub-byte
+# (int1-7, uint1-7) and quantized dtypes cannot be copied; stage() refuses them, so nothing
+# is ever written that load() cannot read. getattr: older torch builds lack the newest ones.
+_DTYPES = {name: getattr(torch, name) for name in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+    "uint64", "uint32", "uint16", "uint8", "bool", "complex128", "complex64", "complex32",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2",
+) if isinstance(getattr(torch, name, None), torch.dtype)}  # fmt: skip
 
 
 def flatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
@@ -76,6 +113,63 @@ def unflatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 @dataclass
+class WriteOptions:
+    """How a checkpoint is written.
+
+    Attributes:
+        durable: fsync files and directories (library formats that fsync themselves).
+        overlap: raw: write chunk k while chunk k+1 is copied; off: stage, then write.
+        io_streams: Files the state is spread over, written in parallel (raw and torch:
+            chunks striped round-robin; safetensors: shards; dcp: ``thread_count``).
+        checksum: The manifest's checksum algorithm.
+        background: The write is finished on a background thread (async mode).
+        chunk_bytes: Chunk size of the striped formats (checksum and stripe unit).
+    """
+
+    durable: bool = True
+    overlap: bool = True
+    io_streams: int = 1
+    checksum: str = checksums.DEFAULT
+    background: bool = False
+    chunk_bytes: int = CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        if self.chunk_bytes <= 0 or self.chunk_bytes % ALIGN:
+            raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN}")
+        if self.io_streams < 1:
+            raise ValueError(f"io_streams must be at least 1, got {self.io_streams}")
+        checksums.get(self.checksum)
+
+
+@dataclass
+class Written:
+    """A checkpoint's files, written but not yet fsynced (their fds are open)."""
+
+    files: list[WrittenFile]
+    write_s: float
+    checksum_s: float | None
+    layout: str
+    io_mode: str
+    checksum: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.files)
+
+
+class InFlight(Protocol):
+    """A save whose blocking part is done: ``serialize_s`` is what it took."""
+
+    serialize_s: float
+    overlapped: bool
+    nbytes: int
+
+    def finish(self) -> Written: ...
+
+    def abort(self) -> None: ...
+
+
+@dataclass
 class Staged:
     """A checkpoint copied into host memory, ready to write: ``data`` is the whole file."""
 
@@ -84,23 +178,37 @@ class Staged:
     direct_ok: bool
 
 
+@dataclass
+class _Plan:
+    tensors: list[torch.Tensor]
+    entries: list[list[Any]]
+    head_area: int
+    total: int
+
+
 class RawFormat:
     """Our writer: tensors copied into one reused, page-aligned (pinned on CUDA) buffer."""
 
     name = "raw"
     filename = "state.ckpt"
+    layout = LAYOUT_STRIPED
+    overlaps = True
 
     def __init__(self, pin: bool = False) -> None:
         self.buffer = AlignedBuffer(pin=pin)
         self._layout: tuple[int, list] | None = None
 
-    def stage(self, state: Any) -> Staged:
+    def plan(self, state: Any) -> _Plan:
+        """Lay the state out, size the buffer and write the header into it (no tensor bytes)."""
         tensors: list[torch.Tensor] = []
         skeleton = flatten(state, tensors)
         entries, offset = [], 0
         for t in tensors:
+            dtype_name = str(t.dtype).removeprefix("torch.")
+            if dtype_name not in _DTYPES:
+                raise TypeError(f"cannot checkpoint a tensor of dtype {t.dtype} in the raw format")
             nbytes = t.numel() * t.element_size()
-            entries.append([str(t.dtype).removeprefix("torch."), list(t.shape), offset, nbytes])
+            entries.append([dtype_name, list(t.shape), offset, nbytes])
             offset = align_up(offset + nbytes, TENSOR_ALIGN)
         data_bytes = offset
         header = json.dumps(
@@ -124,24 +232,66 @@ class RawFormat:
         buf[_PREFIX.size : _PREFIX.size + len(header)].copy_(
             torch.frombuffer(bytearray(header), dtype=torch.uint8)
         )
-        non_blocking = False
+        return _Plan(tensors, entries, head_area, total)
+
+    def data(self, plan: _Plan) -> memoryview:
+        return self.buffer.view(plan.total)
+
+    def copy(self, plan: _Plan, sink=None, chunk_bytes: int = CHUNK_BYTES) -> Staged:
+        """Copy the tensors' bytes into the buffer, in order.
+
+        With ``sink``, the copy goes in pieces that end on ``chunk_bytes`` boundaries of the
+        image and ``sink(upto, event)`` is told after each one that bytes ``[0, upto)`` are
+        final, so a writer can start on them (``event``: a CUDA event recorded after the
+        piece's device-to-host copy, which runs asynchronously into the pinned buffer).
+        """
+        buf = self.buffer.tensor
+        if sink is not None:
+            sink(plan.head_area, None)
+        any_cuda = False
         # One thread: these copies are memory-bound, and torch's intra-op pool only adds
         # contention (measured 2-3x slower with 2 threads on a 2-core VM).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            for t, (_, _, off, nbytes) in zip(tensors, entries, strict=True):
+            for t, (_, _, off, nbytes) in zip(plan.tensors, plan.entries, strict=True):
                 if nbytes == 0:
                     continue
-                start = head_area + off
-                dst = buf[start : start + nbytes].view(t.dtype).view(t.shape)
-                non_blocking |= t.device.type == "cuda"
-                dst.copy_(t.detach(), non_blocking=t.device.type == "cuda")
+                start = plan.head_area + off
+                cuda = t.device.type == "cuda"
+                any_cuda |= cuda
+                if sink is None:
+                    dst = buf[start : start + nbytes].view(t.dtype).view(t.shape)
+                    dst.copy_(t.detach(), non_blocking=cuda)
+                    continue
+                # Bytes of the tensor in memory order (a copy only for the rare
+                # non-contiguous tensor), cut where the image's chunks end.
+                src = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                pos = 0
+                while pos < nbytes:
+                    end = min(
+                        nbytes, (start + pos) // chunk_bytes * chunk_bytes + chunk_bytes - start
+                    )
+                    buf[start + pos : start + end].copy_(src[pos:end], non_blocking=cuda)
+                    event = None
+                    if cuda:
+                        event = torch.cuda.Event()
+                        event.record()
+                    pos = end
+                    sink(start + pos, event)
         finally:
             torch.set_num_threads(threads)
-        if non_blocking:
-            torch.cuda.synchronize()
-        return Staged(data=self.buffer.view(total), nbytes=total, direct_ok=True)
+        if any_cuda:
+            torch.cuda.synchronize()  # staging ends when the bytes are in host memory
+        if sink is not None:
+            sink(plan.total, None)
+        return Staged(data=self.data(plan), nbytes=plan.total, direct_ok=True)
+
+    def stage(self, state: Any) -> Staged:
+        return self.copy(self.plan(state))
+
+    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
+        return _ImageSave(self, state, directory, fs, opts)
 
     def load(self, data: memoryview) -> Any:
         """Build the state from a verified file image; tensors are views into ``data``."""
@@ -177,12 +327,17 @@ class TorchFormat:
 
     name = "torch"
     filename = "state.pt"
+    layout = LAYOUT_STRIPED
+    overlaps = False
 
     def stage(self, state: Any) -> Staged:
         out = io.BytesIO()
         torch.save(state, out)
         data = out.getbuffer()
         return Staged(data=data, nbytes=len(data), direct_ok=False)
+
+    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
+        return _ImageSave(self, state, directory, fs, opts)
 
     def load(self, data: memoryview) -> Any:
         try:
@@ -191,12 +346,357 @@ class TorchFormat:
             raise CheckpointCorruptError(f"torch.load failed: {exc}") from exc
 
 
-def make_format(name: str, pin: bool = False) -> RawFormat | TorchFormat:
+class _ImageSave:
+    """Stage a byte image and write it striped, the writes overlapping the copy when the
+    format can (raw) and ``opts.overlap`` asks for it."""
+
+    def __init__(
+        self,
+        fmt: RawFormat | TorchFormat,
+        state: Any,
+        directory: Path,
+        fs: LocalFS,
+        opts: WriteOptions,
+    ) -> None:
+        self.fs, self.opts = fs, opts
+        self.paths = [directory / n for n in stream_names(fmt.filename, opts.io_streams)]
+        self.nice = BACKGROUND_NICE if opts.background else 0
+        self.writer: ChunkWriter | None = None
+        self.overlapped = bool(opts.overlap and fmt.overlaps)
+        t0 = time.monotonic()
+        if self.overlapped:
+            assert isinstance(fmt, RawFormat)
+            plan = fmt.plan(state)
+            self.writer = self._writer(fmt.data(plan), direct=True)
+            try:
+                self.staged = fmt.copy(plan, sink=self.writer.ready, chunk_bytes=opts.chunk_bytes)
+            except BaseException:
+                self.writer.abort()
+                raise
+        else:
+            self.staged = fmt.stage(state)
+        self.serialize_s = time.monotonic() - t0
+        self.nbytes = self.staged.nbytes
+
+    def _writer(self, data: memoryview, direct: bool) -> ChunkWriter:
+        return ChunkWriter(
+            self.fs,
+            self.paths,
+            data,
+            direct,
+            self.opts.chunk_bytes,
+            IO_THREADS,
+            self.opts.checksum,
+            self.nice,
+        )
+
+    def finish(self) -> Written:
+        if self.writer is None:
+            self.writer = self._writer(self.staged.data, direct=self.staged.direct_ok)
+        files = self.writer.finish()
+        return Written(
+            files=files,
+            write_s=self.writer.write_s,
+            checksum_s=None,  # computed by the writer threads, inside write_s
+            layout=LAYOUT_STRIPED,
+            io_mode=self.writer.mode,
+            checksum=self.opts.checksum,
+        )
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+
+
+# ------------------------------------------------------------------ library formats
+
+STATE_KEY = "@state"
+"""The flat tensor dict's entry holding the non-tensor structure (JSON as uint8)."""
+
+
+def _flat_tensors(state: Any) -> dict[str, torch.Tensor]:
+    tensors: list[torch.Tensor] = []
+    skeleton = json.dumps(flatten(state, tensors), separators=(",", ":")).encode()
+    flat = {f"t{i}": t.detach() for i, t in enumerate(tensors)}
+    flat[STATE_KEY] = torch.frombuffer(bytearray(skeleton), dtype=torch.uint8)
+    return flat
+
+
+def _unflat_tensors(flat: dict[str, torch.Tensor]) -> Any:
+    try:
+        skeleton = json.loads(bytes(flat.pop(STATE_KEY).numpy()))
+        tensors = [flat[f"t{i}"] for i in range(len(flat))]
+        return unflatten(skeleton, tensors)
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        raise CheckpointCorruptError(f"checkpoint structure is invalid: {exc}") from exc
+
+
+def checksum_file(
+    fs: LocalFS, path: Path, checksum: str, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[int, list[int]]:
+    """Read ``path`` through (buffered) and checksum it chunk by chunk: (bytes, checksums).
+
+    Chunks are ``chunk_bytes`` long except the last: a regular file returns a short read
+    only at its end.
+    """
+    summer = checksums.get(checksum)
+    buf = bytearray(chunk_bytes)
+    view = memoryview(buf)
+    values, offset = [], 0
+    fd = fs.open_read(path, direct=False)
+    try:
+        while (n := fs.preadinto(fd, view, offset)) > 0:
+            values.append(summer(view[:n]))
+            offset += n
+    finally:
+        fs.close(fd)
+    return offset, values
+
+
+def _library_written(
+    fs: LocalFS, directory: Path, names: list[str], opts: WriteOptions, write_s: float
+) -> Written:
+    """Checksum what a library wrote (reading it back) and open each file for fsync."""
+    t0 = time.monotonic()
+    files: list[WrittenFile] = []
+    try:
+        for name in sorted(names):
+            nbytes, values = checksum_file(fs, directory / name, opts.checksum)
+            fd = fs.open_read(directory / name, direct=False)  # fsync needs an fd only
+            files.append(
+                WrittenFile(
+                    fd=fd,
+                    nbytes=nbytes,
+                    chunk_bytes=CHUNK_BYTES,
+                    checksums=values,
+                    io_mode=IO_BUFFERED,
+                    name=name,
+                    checksum=opts.checksum,
+                )
+            )
+    except BaseException:
+        for f in files:
+            fs.close(f.fd)
+        raise
+    return Written(
+        files=files,
+        write_s=write_s,
+        checksum_s=time.monotonic() - t0,
+        layout=LAYOUT_FILES,
+        io_mode=IO_BUFFERED,
+        checksum=opts.checksum,
+    )
+
+
+def _host_copy(t: torch.Tensor, stable: bool, seen: set[int]) -> torch.Tensor:
+    """``t`` as safetensors accepts it: on the host, contiguous, sharing no storage with
+    another entry (it refuses both); a copy also when the caller needs a stable snapshot."""
+    if t.device.type != "cpu":
+        return t.to("cpu")
+    if t.numel() == 0:
+        return t
+    ptr = t.untyped_storage().data_ptr()
+    whole = t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    if stable or not t.is_contiguous() or ptr in seen or not whole:
+        t = t.contiguous().clone() if t.is_contiguous() else t.contiguous()
+    seen.add(t.untyped_storage().data_ptr())
+    return t
+
+
+class SafetensorsFormat:
+    """``safetensors.torch.save_file`` + fsync, the way a user would save with it; with N
+    streams the tensors are split over N shard files written by N threads."""
+
+    name = "safetensors"
+    filename = "state.safetensors"
+    layout = LAYOUT_FILES
+    overlaps = False
+
+    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
+        return _SafetensorsSave(state, directory, fs, opts)
+
+    def load_dir(self, directory: Path, names: list[str]) -> Any:
+        from safetensors.torch import load_file
+
+        flat: dict[str, torch.Tensor] = {}
+        for name in names:
+            try:
+                flat.update(load_file(directory / name))
+            except Exception as exc:  # noqa: BLE001 - the library raises its own types
+                raise CheckpointCorruptError(f"safetensors could not load {name}: {exc}") from exc
+        return _unflat_tensors(flat)
+
+
+class _SafetensorsSave:
+    def __init__(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> None:
+        self.directory, self.fs, self.opts = directory, fs, opts
+        self.overlapped = False
+        t0 = time.monotonic()
+        seen: set[int] = set()
+        # The stage: device-to-host copies (and, for a background write, a snapshot the
+        # training loop can move on from). Converting tensors to bytes happens inside
+        # save_file, so it is timed as part of the write.
+        flat = {k: _host_copy(t, opts.background, seen) for k, t in _flat_tensors(state).items()}
+        n = opts.io_streams
+        names = stream_names(SafetensorsFormat.filename, n)
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in names]
+        loads = [0] * n
+        for key, t in sorted(flat.items(), key=lambda kv: -kv[1].nbytes):
+            i = loads.index(min(loads))  # biggest first onto the lightest shard
+            shards[i][key] = t
+            loads[i] += t.nbytes
+        self.shards = list(zip(names, shards, strict=True))
+        self.nbytes = sum(loads)
+        self.serialize_s = time.monotonic() - t0
+
+    def finish(self) -> Written:
+        from safetensors.torch import save_file
+
+        t0 = time.monotonic()
+        if len(self.shards) == 1:
+            save_file(self.shards[0][1], self.directory / self.shards[0][0])
+        else:
+            with ThreadPoolExecutor(len(self.shards), thread_name_prefix="st-write") as pool:
+                for f in [
+                    pool.submit(save_file, shard, self.directory / name)
+                    for name, shard in self.shards
+                ]:
+                    f.result()
+        write_s = time.monotonic() - t0
+        return _library_written(
+            self.fs, self.directory, [n for n, _ in self.shards], self.opts, write_s
+        )
+
+    def abort(self) -> None:
+        pass
+
+
+# Without a process group DCP warns on every call (also from its async thread) that it
+# assumes a single process, which is exactly what no_dist asks for.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+
+
+class DcpFormat:
+    """``torch.distributed.checkpoint`` with its FileSystemWriter, single process."""
+
+    name = "dcp"
+    filename = ".metadata"
+    layout = LAYOUT_FILES
+    overlaps = False
+
+    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
+        return _DcpSave(state, directory, fs, opts)
+
+    def load_dir(self, directory: Path, names: list[str]) -> Any:
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            reader = dcp.FileSystemReader(directory)
+            meta = reader.read_metadata().state_dict_metadata
+            flat = {
+                key: torch.empty(tuple(m.size), dtype=m.properties.dtype) for key, m in meta.items()
+            }
+            dcp.load(flat, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
+        except CheckpointCorruptError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - DCP raises many types for bad files
+            raise CheckpointCorruptError(f"dcp.load failed: {exc}") from exc
+        return _unflat_tensors(flat)
+
+
+class _DcpSave:
+    def __init__(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self.directory, self.fs, self.opts = directory, fs, opts
+        self.overlapped = False
+        self._dcp = dcp
+        t0 = time.monotonic()
+        self.flat = _flat_tensors(state)
+        self.nbytes = sum(t.nbytes for t in self.flat.values())
+        self._future = None
+        if opts.background:
+            # async_save blocks while it stages the state into host memory (the pause),
+            # then writes on its own thread.
+            response = dcp.async_save(self.flat, storage_writer=self._writer(), no_dist=True)
+            self._future = getattr(response, "upload_completion", response)
+            self.flat = {}
+        self.serialize_s = time.monotonic() - t0
+        self._t_begin_end = time.monotonic()
+
+    def _writer(self):
+        # DCP fsyncs each file itself when sync_files is set; its planning, staging and
+        # serialization all happen inside save(), so they count as write.
+        return self._dcp.FileSystemWriter(
+            self.directory, thread_count=self.opts.io_streams, sync_files=self.opts.durable
+        )
+
+    def finish(self) -> Written:
+        if self._future is not None:
+            self._future.result()
+            write_s = time.monotonic() - self._t_begin_end
+        else:
+            t0 = time.monotonic()
+            self._dcp.save(self.flat, storage_writer=self._writer(), no_dist=True)
+            write_s = time.monotonic() - t0
+        names = [p.name for p in self.directory.iterdir() if p.is_file()]
+        return _library_written(self.fs, self.directory, names, self.opts, write_s)
+
+    def abort(self) -> None:
+        if self._future is not None:
+            try:
+                self._future.result()  # its thread still writes into the directory
+            except Exception:  # noqa: BLE001 - the directory is deleted anyway
+                pass
+
+
+Format = RawFormat | TorchFormat | SafetensorsFormat | DcpFormat
+FORMATS = ("raw", "torch", "dcp", "safetensors")
+
+
+def load_verified(
+    fmt: Format, path: Path, manifest: dict[str, Any], data: memoryview | None
+) -> Any:
+    """The state of a checkpoint ``store.read_verified`` returned (``data`` None: files a
+    library loads from ``path``)."""
+    layout = manifest.get("layout", LAYOUT_STRIPED)
+    if layout != fmt.layout:
+        raise CheckpointCorruptError(
+            f"{path.name}: layout {layout!r} is not what format {fmt.name!r} writes"
+        )
+    if data is not None:
+        return fmt.load(data)
+    return fmt.load_dir(path, [entry["name"] for entry in manifest["files"]])
+
+
+def make_format(name: str, pin: bool = False) -> Format:
     if name == "raw":
         return RawFormat(pin=pin)
     if name == "torch":
         return TorchFormat()
+    if name == "safetensors":
+        return SafetensorsFormat()
+    if name == "dcp":
+        return DcpFormat()
     raise ValueError(f"unknown checkpoint format {name!r}")
 
 
-__all__ = ["ALIGN", "RawFormat", "Staged", "TorchFormat", "flatten", "make_format", "unflatten"]
+__all__ = [
+    "ALIGN",
+    "FORMATS",
+    "LAYOUT_FILES",
+    "LAYOUT_STRIPED",
+    "DcpFormat",
+    "Format",
+    "InFlight",
+    "RawFormat",
+    "SafetensorsFormat",
+    "Staged",
+    "TorchFormat",
+    "WriteOptions",
+    "Written",
+    "flatten",
+    "load_verified",
+    "make_format",
+    "unflatten",
+]

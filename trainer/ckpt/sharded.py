@@ -15,7 +15,8 @@ The protocol of one checkpoint (in the training thread, or the background thread
 ``--async``), on the gloo checkpoint group:
 
 1. every rank stages its shard, writes it with :func:`trainer.ckpt.io.write_file` into the
-   shared hidden ``.step-N.tmp-<rank 0's pid>/`` and fsyncs it;
+   shared hidden ``.step-N.tmp-<rank 0's owner>/`` (:class:`trainer.ckpt.store.Owner`:
+   run, pod, pid) and fsyncs it;
 2. every rank reports to rank 0 (a gather): its file, size, checksums and timings, or its
    error. A rank that died breaks the gather at once; one that hangs breaks it after
    ``--checkpoint-timeout`` seconds;
@@ -39,12 +40,11 @@ its write of that step's shard, ``RANK:STEP:eio`` makes the write fail with EIO.
 from __future__ import annotations
 
 import errno
-import inspect
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,15 +67,13 @@ from trainer.errors import (
     UploadError,
     WorldSizeError,
 )
+from trainer.provenance import run_uuid
 
 log = logging.getLogger(__name__)
 
 LAYOUT = "sharded"
 FAULT_ENV = "TRAINER_FAULT_SHARD_WRITE"
 FAILED_RANK_GRACE_S = 2.0
-# read_file learns a checksum argument with the writer's choice of algorithm; manifests
-# name the algorithm, so verification passes it on where read_file takes it.
-_READ_TAKES_CHECKSUM = "checksum" in inspect.signature(read_file).parameters
 
 
 def shard_name(rank: int, world_size: int, filename: str) -> str:
@@ -338,6 +336,8 @@ class ShardedCheckpointer:
         ranks: This process's place in the job.
         uploader: Uploads each committed checkpoint (every rank its shard), or None.
         asynchronous: Persist in the background; block only while staging.
+        verified: Steps already known good (the one a resume verified): retention counts
+            these and the ones this writer commits durably, nothing else.
     """
 
     def __init__(
@@ -350,6 +350,7 @@ class ShardedCheckpointer:
         ranks: Ranks,
         uploader: Uploader | None = None,
         asynchronous: bool = False,
+        verified: Iterable[int] = (),
     ) -> None:
         self.directory = directory
         self.fmt = fmt
@@ -358,16 +359,16 @@ class ShardedCheckpointer:
         self.durable = durable
         self.keep = keep
         self.uploader = uploader
-        # The hidden directory carries rank 0's pid, as store names a single writer's, so
-        # remove_stale_tmp tells a live job's from a dead one's.
-        self._tmp_owner = ranks.broadcast(os.getpid())
+        # The hidden directory carries rank 0's owner (run, pod, pid), as store names a
+        # single writer's, so remove_stale_tmp tells this run's leftovers from another's.
+        self.owner: store.Owner = ranks.broadcast(store.Owner.current())
+        self._good = set(verified)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
         self._inflight: Future[CheckpointRecord] | None = None
         self._done: list[CheckpointRecord] = []
 
     def tmp_dir(self, step: int) -> Path:
-        name = store.tmp_name(step).removesuffix(str(os.getpid())) + str(self._tmp_owner)
-        return self.directory / name
+        return self.directory / store.tmp_name(step, self.owner)
 
     def save(self, step: int, state_fn: Callable[[], Any]) -> None:
         """Checkpoint this rank's shard of ``state_fn()``; blocks only as long as it must."""
@@ -429,17 +430,16 @@ class ShardedCheckpointer:
                 self.fs.fsync(written.fd)
         finally:
             self.fs.close(written.fd)
-        algorithm = getattr(written, "checksum", "crc32")
         return {
             "ok": True,
             "entry": {
                 "name": name,
                 "bytes": written.nbytes,
                 "chunk_bytes": written.chunk_bytes,
-                algorithm: list(written.crc32),
+                written.checksum: list(written.checksums),
                 "rank": self.ranks.rank,
             },
-            "checksum": algorithm,
+            "checksum": written.checksum,
             "io_mode": written.io_mode,
             "write_s": t_fsync - t_write,
             "fsync_s": time.monotonic() - t_fsync,
@@ -487,7 +487,14 @@ class ShardedCheckpointer:
             else:
                 t_commit = time.monotonic()
                 try:
-                    store.commit(self.fs, tmp, final, self._manifest(step, reports), self.durable)
+                    store.commit(
+                        self.fs,
+                        tmp,
+                        final,
+                        self._manifest(step, reports),
+                        self.durable,
+                        owner=self.owner,
+                    )
                     decision = {"committed": True}
                 except Exception as exc:  # noqa: BLE001 - the others are told, then it is raised
                     self.fs.rmtree(tmp)
@@ -510,8 +517,12 @@ class ShardedCheckpointer:
         uploads = self._upload(final, name) if self.uploader is not None else None
         if uploads is not None:
             w_released = time.time()
-        if ranks.is_main:
-            store.apply_retention(self.fs, self.directory, self.keep, newest_step=step)
+        if self.durable:
+            # Good-only retention, as for one process: without fsync nothing is known to
+            # survive a crash, so nothing replaces an older checkpoint.
+            self._good.add(step)
+            if ranks.is_main:
+                store.apply_retention(self.fs, self.directory, self.keep, self._good)
         w_end, t_end = time.time(), time.monotonic()
         if not ranks.is_main:
             return self._local_record(step, staged, times, report, final, t_end)
@@ -559,6 +570,8 @@ class ShardedCheckpointer:
         return {
             "schema": store.MANIFEST_SCHEMA,
             "step": step,
+            # Whose checkpoint this is: --resume auto continues only its own run's.
+            "run_id": run_uuid(),
             "format": self.fmt.name,
             "created_at": time.time(),
             "layout": LAYOUT,
@@ -592,6 +605,7 @@ class ShardedCheckpointer:
             upload_gbps=None,
             path=str(final),
             io_mode=report["io_mode"],
+            checksum=report["checksum"],
         )
 
     def _record(
@@ -647,6 +661,7 @@ class ShardedCheckpointer:
             upload_gbps=upload_gbps,
             path=str(final),
             io_mode=modes[0] if len(modes) == 1 else ", ".join(modes),
+            checksum=reports[0]["checksum"],
             world_size=self.ranks.world_size,
             ranks=per_rank,
             aggregate_gbps=nbytes / max(w_commit - first_write, 1e-9) / 1e9,
@@ -658,11 +673,14 @@ class ShardedCheckpointer:
 # ------------------------------------------------------------------------ resuming
 
 
-def prepare_dir(fs: LocalFS, directory: Path, ranks: Ranks) -> None:
-    """Rank 0 removes hidden directories of dead writers while the others wait."""
+def prepare_dir(fs: LocalFS, directory: Path, ranks: Ranks) -> tuple[list[Path], list[Path]]:
+    """Rank 0 removes the hidden directories this run's predecessors left while the others
+    wait; returns them and the leftovers left alone (on other ranks: nothing)."""
+    found: tuple[list[Path], list[Path]] = ([], [])
     if ranks.is_main:
-        store.remove_stale_tmp(fs, directory)
+        found = store.remove_stale_tmp(fs, directory)
     ranks.barrier()
+    return found
 
 
 def _head(path: Path) -> dict[str, Any]:
@@ -715,15 +733,12 @@ def verify_shard(
         raise CheckpointCorruptError(
             f"{path.name}: {name} has {size} bytes, manifest says {nbytes}"
         )
-    kwargs: dict[str, Any] = {}
-    if _READ_TAKES_CHECKSUM:
-        kwargs["checksum"] = algorithm
-    elif algorithm != "crc32":
-        raise CheckpointCorruptError(f"{path.name}: checksum {algorithm!r} is not known here")
     try:
         data, values, _ = read_file(
-            fs, path / name, size, buffer, direct=True, chunk_bytes=chunk, **kwargs
+            fs, path / name, size, buffer, direct=True, chunk_bytes=chunk, checksum=algorithm
         )
+    except ValueError as exc:  # an algorithm this build does not know
+        raise CheckpointCorruptError(f"{path.name}: {exc}") from None
     except OSError as exc:
         raise CheckpointCorruptError(f"{path.name}: reading {name} failed: {exc}") from exc
     if list(values) != list(expected):
@@ -746,6 +761,8 @@ def _load_shards(
     entries = _entries(manifest, path.name, ranks.world_size)
     wanted = entries if manifest["parallel"] == "ddp" else [entries[ranks.rank]]
     algorithm = manifest.get("checksum", "crc32")
+    if not isinstance(algorithm, str):
+        raise CheckpointCorruptError(f"{path.name}: checksum algorithm {algorithm!r} is not a name")
     shards = []
     for entry in wanted:
         # Each shard gets its own buffer: loaded tensors are views into it until applied.

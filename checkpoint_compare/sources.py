@@ -1,6 +1,5 @@
-"""Load the runs of one pipeline and assign them to storage profiles.
-
-Three sources give the same :class:`~checkpoint_compare.records.RunRecord` list:
+"""Where the runs come from; every source gives the same
+:class:`~checkpoint_compare.records.RunRecord` list:
 
 - an offline root (``<root>/runs/<uuid>/run.plx.json`` plus ``events/metric/*.plx``), what
   ``checkpoint_storage_bench.tracking`` writes outside Polyaxon;
@@ -8,21 +7,20 @@ Three sources give the same :class:`~checkpoint_compare.records.RunRecord` list:
 - the Polyaxon API: the children of a pipeline run, or explicit run uuids (inside the
   pipeline's compare op the client is configured by the agent's environment).
 
-:func:`group_by_profile` then picks, per profile, the training run, the hook run that
-switched the claim to it and the fio sweep measured on it.
+:func:`load_runs` picks the source a :class:`~checkpoint_compare.config.Sources` names.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
+import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from checkpoint_compare.config import Sources
 from checkpoint_compare.errors import BadInput, RunsMissing, SourceUnavailable
 from checkpoint_compare.records import (
     RunKind,
@@ -31,15 +29,26 @@ from checkpoint_compare.records import (
     parse_time,
 )
 from checkpoint_storage_bench.contract import (
+    AGGREGATE_GBPS_METRIC,
     CHECKPOINT_METRICS,
     FIO_METRIC,
+    IMAGE_INPUT,
     LOSS_METRIC,
+    PROVENANCE_META,
+    SLOWEST_PAUSE_METRIC,
     SUMMARY_SCHEMA,
 )
+from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
 
 log = logging.getLogger(__name__)
 
-METRIC_NAMES = (*CHECKPOINT_METRICS.values(), LOSS_METRIC)
+# What a summary's checkpoint records → the metric the tracked run logs for it: the stages,
+# and for a distributed run the slowest rank's pause and the aggregate rate.
+SUMMARY_CHECKPOINT_FIELDS = CHECKPOINT_METRICS | {
+    "slowest_pause_s": SLOWEST_PAUSE_METRIC,
+    "aggregate_gbps": AGGREGATE_GBPS_METRIC,
+}
+METRIC_NAMES = (*SUMMARY_CHECKPOINT_FIELDS.values(), LOSS_METRIC)
 _FAILED = ("failed", "upstream_failed", "stopped")
 
 
@@ -82,20 +91,55 @@ def _failure_message(conditions: Iterable[Any]) -> str:
     return message
 
 
-def _record_from_run_data(data: dict[str, Any], metrics: dict[str, Any], source: str) -> RunRecord:
-    return RunRecord(
-        uuid=str(data.get("uuid", "")),
-        name=data.get("name") or "",
-        status=str(data.get("status") or "unknown"),
-        inputs=dict(data.get("inputs") or {}),
-        outputs=dict(data.get("outputs") or {}),
-        metrics=metrics,
-        created_at=parse_time(data.get("created_at")),
-        started_at=parse_time(data.get("started_at")),
-        finished_at=parse_time(data.get("finished_at")),
-        message=_failure_message(data.get("status_conditions") or []),
-        source=source,
-        meta=dict(data.get("meta_info") or {}),
+def _mapping(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """``data[key]`` as a dict (absent or null: empty).
+
+    Raises:
+        BadInput: It is there but not a JSON object.
+    """
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadInput(f"{where}: {key} must be a JSON object, not {type(value).__name__}")
+    return dict(value)
+
+
+def _checked(record: RunRecord) -> RunRecord:
+    try:
+        record.check_numbers()
+    except ValueError as exc:
+        raise BadInput(f"{record.source}: run {record.label}: {exc}") from exc
+    return record
+
+
+def _record_from_run_data(data: Any, metrics: dict[str, Any], source: str) -> RunRecord:
+    """A record from a run's data as Polyaxon keeps it (offline file or API answer).
+
+    Raises:
+        BadInput: The data is not a run (not an object, sections of the wrong type, a
+            non-finite number).
+    """
+    if not isinstance(data, dict):
+        raise BadInput(f"{source}: the run data is not a JSON object ({type(data).__name__})")
+    conditions = data.get("status_conditions") or []
+    if not isinstance(conditions, list):
+        raise BadInput(f"{source}: status_conditions must be a list")
+    return _checked(
+        RunRecord(
+            uuid=str(data.get("uuid", "")),
+            name=str(data.get("name") or ""),
+            status=str(data.get("status") or "unknown"),
+            inputs=_mapping(data, "inputs", source),
+            outputs=_mapping(data, "outputs", source),
+            metrics=metrics,
+            created_at=parse_time(data.get("created_at")),
+            started_at=parse_time(data.get("started_at")),
+            finished_at=parse_time(data.get("finished_at")),
+            message=_failure_message(conditions),
+            source=source,
+            meta=_mapping(data, "meta_info", source),
+        )
     )
 
 
@@ -106,7 +150,9 @@ def load_summary(profile: str, path: Path) -> RunRecord:
     """Turn a trainer summary JSON into a record, as if it had been tracked.
 
     Raises:
-        BadInput: The file is unreadable, not JSON, or not a ``checkpoint-training/1`` summary.
+        BadInput: The file is unreadable, not JSON, not a ``checkpoint-training/1`` summary,
+            or malformed (sections of the wrong type, a checkpoint without its step, a
+            non-finite number).
     """
     try:
         data = json.loads(path.read_text())
@@ -115,7 +161,7 @@ def load_summary(profile: str, path: Path) -> RunRecord:
     if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise BadInput(f"{path} is not a {SUMMARY_SCHEMA} summary (schema: {found!r})")
-    inputs = dict(data.get("inputs") or {})
+    inputs = _mapping(data, "inputs", str(path))
     inputs.setdefault("storage_profile", data.get("storage_profile"))
     if inputs["storage_profile"] != profile:
         log.warning(
@@ -125,31 +171,51 @@ def load_summary(profile: str, path: Path) -> RunRecord:
             profile,
         )
         inputs["storage_profile"] = profile
+    checkpoints = data.get("checkpoints") or []
+    if not isinstance(checkpoints, list):
+        raise BadInput(f"{path}: checkpoints must be a list, not {type(checkpoints).__name__}")
     metrics: dict[str, list[tuple[int, float]]] = {}
-    for ckpt in data.get("checkpoints") or []:
-        for field_name, metric in CHECKPOINT_METRICS.items():
+    for i, ckpt in enumerate(checkpoints):
+        step = ckpt.get("step") if isinstance(ckpt, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise BadInput(f"{path}: checkpoints[{i}] is not a checkpoint with an integer step")
+        for field_name, metric in SUMMARY_CHECKPOINT_FIELDS.items():
             value = ckpt.get(field_name)
-            if isinstance(value, int | float):
-                metrics.setdefault(metric, []).append((int(ckpt["step"]), float(value)))
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if not math.isfinite(value):
+                    raise BadInput(
+                        f"{path}: checkpoints[{i}].{field_name} = {value!r} is not a finite number"
+                    )
+                metrics.setdefault(metric, []).append((step, float(value)))
     outputs = {
         k: v for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    for stage, figures in (data.get("stages") or {}).items():
+    for stage, figures in _mapping(data, "stages", str(path)).items():
+        if not isinstance(figures, dict):
+            raise BadInput(f"{path}: stages.{stage} must be a JSON object")
         for stat in ("median", "min", "max"):
-            if isinstance(figures, dict) and stat in figures:
+            if stat in figures:
                 outputs[f"ckpt_{stage}_{stat}"] = figures[stat]
-    return RunRecord(
-        uuid=f"summary:{path.name}",
-        name=path.stem,
-        status="succeeded",
-        inputs=inputs,
-        outputs=outputs,
-        metrics=metrics,
-        source=str(path),
-        meta={
-            "code_revision": data.get("code_revision"),
-            "image_digest": inputs.get("image_digest"),
-        },
+    # What ran and where: the summary's "provenance" (older summaries: top-level
+    # code_revision, the image digest among the inputs).
+    provenance = _mapping(data, "provenance", str(path))
+    meta = {
+        "code_revision": data.get("code_revision"),
+        "image_digest": inputs.get("image_digest"),
+    } | {k: provenance[k] for k in PROVENANCE_META if k in provenance}
+    if provenance.get(IMAGE_INPUT):
+        inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
+    return _checked(
+        RunRecord(
+            uuid=f"summary:{path.name}",
+            name=path.stem,
+            status="succeeded",
+            inputs=inputs,
+            outputs=outputs,
+            metrics=metrics,
+            source=str(path),
+            meta={k: v for k, v in meta.items() if v is not None},
+        )
     )
 
 
@@ -157,37 +223,35 @@ def load_summary(profile: str, path: Path) -> RunRecord:
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class Backoff:
-    """Retry policy for API calls: ``attempts`` tries, delays doubling from ``first_s``."""
-
-    attempts: int = 4
-    first_s: float = 0.5
-    max_s: float = 8.0
-
-    def delays(self) -> list[float]:
-        return [min(self.first_s * 2**i, self.max_s) for i in range(self.attempts - 1)]
+API_BACKOFF = Backoff(delays=(0.5, 1.0, 2.0))
+"""Four tries, about 3.5 s in all: a server restarting is worth waiting for, a wrong URL is not."""
 
 
 def _with_retries(what: str, call: Callable[[], T], backoff: Backoff) -> T:
-    """Call, retrying connection errors and 5xx answers; 4xx are permanent."""
+    """Call through the shared retry loop: connection errors and 5xx answers are worth
+    another try, 4xx answers are permanent.
+
+    Raises:
+        RunsMissing: The server answered 4xx (e.g. an unknown run uuid).
+        SourceUnavailable: Every try failed.
+    """
     from polyaxon.exceptions import ApiException, PolyaxonClientException
 
-    last: Exception | None = None
-    for delay in [*backoff.delays(), None]:
+    def once() -> T:
         try:
             return call()
         except ApiException as exc:
             status = getattr(exc, "status", None) or 0
             if 400 <= status < 500:
                 raise RunsMissing(f"{what}: HTTP {status} {exc.reason}") from exc
-            last = exc
+            raise TemporaryError(f"HTTP {status} {exc.reason}") from exc
         except (PolyaxonClientException, OSError) as exc:
-            last = exc
-        if delay is not None:
-            time.sleep(delay)
-    raise SourceUnavailable(f"{what}: Polyaxon API unavailable: {last}")
+            raise TemporaryError(str(exc)) from exc
+
+    try:
+        return retry(once, what=what, backoff=backoff)
+    except TemporaryError as exc:
+        raise SourceUnavailable(f"{what}: Polyaxon API unavailable: {exc}") from exc
 
 
 @dataclass
@@ -204,7 +268,7 @@ class ApiSource:
     host: str | None = None
     project: str | None = None
     token: str | None = None
-    backoff: Backoff = field(default_factory=Backoff)
+    backoff: Backoff = API_BACKOFF
 
     def _client(self) -> Any:
         from polyaxon.client import ClientConfig, PolyaxonClient
@@ -265,6 +329,20 @@ class ApiSource:
             records.append(record)
         return records
 
+    def set_readme(self, run_uuid: str, markdown: str) -> None:
+        """Set a run's readme (Polyaxon renders it on the run's page).
+
+        Raises:
+            RunsMissing: The server refused (4xx).
+            SourceUnavailable: The server did not answer.
+        """
+        client = self._run_client(run_uuid)
+        _with_retries(
+            f"setting the readme of run {run_uuid}",
+            lambda: client.set_readme(markdown, async_req=False),
+            self.backoff,
+        )
+
     def _record(self, data: dict[str, Any]) -> RunRecord:
         metrics: dict[str, list[tuple[int, float]]] = {}
         record = _record_from_run_data(data, metrics, source=f"{self.host or 'api'}")
@@ -276,6 +354,7 @@ class ApiSource:
             wanted = [k for k in record.outputs if FIO_METRIC.match(k)]
         if wanted and record.status not in ("created", "queued", "scheduled"):
             metrics.update(self._metric_events(record.uuid, wanted))
+            _checked(record)
         if record.status in _FAILED and not record.message:
             # Run lists carry no status conditions: ask for the reason of a failure.
             client = self._run_client(record.uuid)
@@ -303,112 +382,49 @@ class ApiSource:
         return {e["name"]: parse_metric_events(e.get("data") or "") for e in events if e}
 
 
-# ---------------------------------------------------------------------------- grouping
+# --------------------------------------------------------------------- the chosen source
 
 
 @dataclass
-class ProfileRuns:
-    """The runs that describe one storage profile.
+class Loaded:
+    """What a source gave: the runs, and the pipeline they belong to when they came from a
+    pipeline on a Polyaxon server (its page gets the verdict as its readme)."""
 
-    Attributes:
-        profile: The profile (VolumeAttributesClass) name.
-        training: The training run measured on it.
-        hook: The hook run that switched the claim to it, if any.
-        fio: The fio sweep measured on it, if any.
-        ignored: Older runs of the same profile that were not used.
-    """
-
-    profile: str
-    training: RunRecord
-    hook: RunRecord | None = None
-    fio: RunRecord | None = None
-    ignored: list[RunRecord] = field(default_factory=list)
+    records: list[RunRecord]
+    pipeline: str | None = None
+    api: ApiSource | None = None
 
 
-def _run_time(record: RunRecord) -> tuple[bool, datetime | None]:
-    """Sort key: when the run started (else was created); unknown times sort last."""
-    when = record.started_at or record.created_at
-    return when is None, when
-
-
-def _newest_first(records: Iterable[RunRecord]) -> list[RunRecord]:
-    return sorted(records, key=lambda r: (r.created_at is not None, r.created_at), reverse=True)
-
-
-def _profile_of(record: RunRecord, hooks: list[RunRecord]) -> str | None:
-    """A run's profile: given explicitly, recorded as an input, or the class last applied."""
-    if record.profile_hint:
-        return record.profile_hint
-    if record.kind is RunKind.TRAINING:
-        return str(record.inputs["storage_profile"])
-    if record.kind is RunKind.HOOK:
-        return str(record.outputs.get("applied_class") or record.inputs["target_class"])
-    if record.inputs.get("storage_profile"):
-        return str(record.inputs["storage_profile"])
-    # A fio sweep measures whatever class the claim had: the last hook that ran before it.
-    if record.created_at is None:
-        return None
-    before = [h for h in hooks if h.succeeded and h.created_at and h.created_at < record.created_at]
-    return _profile_of(max(before, key=lambda h: h.created_at), []) if before else None
-
-
-def group_by_profile(
-    records: list[RunRecord], expected: Iterable[str] = ()
-) -> tuple[list[ProfileRuns], list[RunRecord]]:
-    """Assign runs to profiles; the newest training run of each profile is the one compared.
-
-    Args:
-        records: All loaded runs (other kinds, e.g. the DAG or a compare op, are ignored).
-        expected: Profiles that must be present.
-
-    Returns:
-        The profiles in the order their training runs were created, and the failed
-        training runs (reported, never used).
+def load_runs(sources: Sources) -> Loaded:
+    """Load the runs from the one source ``sources`` names.
 
     Raises:
-        RunsMissing: An expected profile has no training run, the newest one of a profile
-            failed or did not finish, or fewer than two profiles remain.
+        BadInput: A file or directory cannot be read.
+        RunsMissing: A run given with ``--run`` does not exist.
+        SourceUnavailable: The Polyaxon API did not answer.
     """
-    hooks = [r for r in records if r.kind is RunKind.HOOK]
-    by_profile: dict[str, list[RunRecord]] = {}
-    for record in records:
-        if record.kind is RunKind.TRAINING:
-            by_profile.setdefault(_profile_of(record, hooks) or "", []).append(record)
-    failed = [r for runs in by_profile.values() for r in runs if not r.succeeded]
+    if sources.summaries:
+        return Loaded([load_summary(p, path) for p, path in sources.summaries.items()])
+    if sources.offline_root:
+        records = load_offline(sources.offline_root)
+        if sources.runs:
+            return Loaded(_select(records, sources.runs, str(sources.offline_root)))
+        return Loaded(records)
+    api = ApiSource(host=sources.api_host, project=sources.project, token=sources.token)
+    pipeline = sources.pipeline or (None if sources.runs else api.own_pipeline())
+    records = api.pipeline_runs(pipeline) if pipeline else []
+    if sources.runs:
+        known = {r.uuid for r in records}
+        records += api.runs({u: p for u, p in sources.runs.items() if u not in known})
+        records = _select(records, sources.runs, "the pipeline")
+    return Loaded(records, pipeline, api)
 
-    problems = []
-    groups = []
-    for profile, runs in by_profile.items():
-        newest, *older = _newest_first(runs)
-        if not newest.succeeded:
-            why = f": {newest.message}" if newest.message else ""
-            problems.append(
-                f"profile {profile}: run {newest.label} {newest.status}{why} (from {newest.source})"
-            )
-            continue
-        group = ProfileRuns(profile=profile, training=newest, ignored=older)
-        for kind, attr in ((RunKind.HOOK, "hook"), (RunKind.FIO, "fio")):
-            candidates = [
-                r
-                for r in records
-                if r.kind is kind and r.succeeded and _profile_of(r, hooks) == profile
-            ]
-            # The newest one created before the training run: it describes that run's volume.
-            if newest.created_at:
-                candidates = [
-                    r for r in candidates if not r.created_at or r.created_at <= newest.created_at
-                ]
-            if candidates:
-                setattr(group, attr, _newest_first(candidates)[0])
-        groups.append(group)
-    for profile in expected:
-        if profile not in by_profile:
-            problems.append(f"profile {profile}: no training run found")
-    if problems:
-        raise RunsMissing("; ".join(problems))
-    if len(groups) < 2:
-        found = ", ".join(g.profile for g in groups) or "none"
-        raise RunsMissing(f"need training runs of at least two profiles, found: {found}")
-    # Run order decides the default baseline: the profile whose training started first.
-    groups.sort(key=lambda g: _run_time(g.training))
-    return groups, failed
+
+def _select(records: list[RunRecord], runs: dict[str, str | None], where: str) -> list[RunRecord]:
+    by_uuid = {r.uuid: r for r in records}
+    missing = [u for u in runs if u not in by_uuid]
+    if missing:
+        raise RunsMissing(f"run(s) not found in {where}: {', '.join(missing)}")
+    for run_uuid, hint in runs.items():
+        by_uuid[run_uuid].profile_hint = hint
+    return [by_uuid[u] for u in runs]

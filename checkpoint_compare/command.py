@@ -1,0 +1,92 @@
+"""What ``python -m checkpoint_compare`` does once its arguments are parsed: load the runs,
+group them by profile, build the verdict, print it, write the reports and log it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from checkpoint_compare.config import CompareConfig
+from checkpoint_compare.cost import load_pricing
+from checkpoint_compare.errors import CompareError
+from checkpoint_compare.grouping import group_by_profile
+from checkpoint_compare.records import RunKind
+from checkpoint_compare.sources import Loaded, load_runs
+from checkpoint_compare.verdict import Verdict, build_verdict, op_outputs
+from checkpoint_storage_bench.tracking import tracked_run
+
+log = logging.getLogger("checkpoint_compare")
+
+
+def judge(config: CompareConfig) -> tuple[Verdict, Loaded]:
+    """Load, group, compare, price and recommend.
+
+    Raises:
+        CompareError: A subclass carrying the exit code (bad input, runs missing, ...).
+    """
+    pricing = load_pricing(config.pricing_path, config.gpu_hourly, config.volume_gib)
+    loaded = load_runs(config.sources)
+    groups, failed = group_by_profile(loaded.records, expected=config.expected)
+    for run in failed:
+        log.warning("run %s %s and is not used: %s", run.label, run.status, run.message)
+    verdict = build_verdict(
+        groups,
+        pricing,
+        config.thresholds,
+        baseline=config.baseline,
+        failed_runs=failed,
+        budget=config.budget,
+        hook_runs=[r for r in loaded.records if r.kind is RunKind.HOOK],
+        allow_resumed=config.allow_resumed,
+    )
+    return verdict, loaded
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def run(config: CompareConfig) -> Verdict:
+    """Judge, then print the verdict, write the reports and log it as a Polyaxon run (its
+    outputs, the reports as artifacts, the markdown as the run's readme and, for the runs
+    of a pipeline on a server, as the pipeline's readme too)."""
+    verdict, loaded = judge(config)
+    from checkpoint_compare.report_json import dumps
+    from checkpoint_compare.report_markdown import to_markdown
+    from checkpoint_compare.report_text import terminal
+
+    click.echo(terminal(verdict), nl=False)
+    markdown = to_markdown(verdict)
+    written: list[Path] = []
+    if config.json_path:
+        written.append(_write(config.json_path, dumps(verdict)))
+    if config.markdown_path:
+        written.append(_write(config.markdown_path, markdown))
+    if config.html_path:
+        from checkpoint_compare.report_html import NO_PLOTS, plots_available, to_html
+
+        if not plots_available():
+            click.echo(f"warning: {config.html_path}: {NO_PLOTS}", err=True)
+        written.append(_write(config.html_path, to_html(verdict)))
+    with tracked_run("compare", tags=["compare"], enabled=config.track) as tracker:
+        tracker.log_inputs(
+            baseline=verdict.baseline,
+            profiles=",".join(f.profile for f in verdict.profiles),
+            compared_runs=",".join(r.run.uuid for f in verdict.profiles for r in f.per_run),
+        )
+        tracker.log_outputs(**op_outputs(verdict))
+        for path in written:
+            tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
+        tracker.set_readme(markdown)
+    if config.track and loaded.pipeline and loaded.api:
+        try:
+            loaded.api.set_readme(loaded.pipeline, markdown)
+        except CompareError as exc:  # the verdict stands; only the pipeline's page lacks it
+            click.echo(f"warning: the pipeline's readme was not set: {exc}", err=True)
+    for path in written:
+        click.echo(f"wrote {path}")
+    return verdict

@@ -1,0 +1,120 @@
+"""Whether runs can be compared at all: the inputs, the build, the hardware and the image
+that must be the same, and runs that were resumed part-way.
+
+Every training run of every profile (repeats included) is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from checkpoint_compare.errors import NotComparable
+from checkpoint_compare.grouping import ProfileRuns
+from checkpoint_compare.records import RunRecord
+from checkpoint_storage_bench.contract import (
+    COMPARABLE_INPUTS,
+    COMPARABLE_META,
+    IMAGE_INPUT,
+    REQUIRED_INPUTS,
+    RESUMED_FROM_STEP,
+    WORLD_SIZE,
+)
+
+
+def _runs(groups: list[ProfileRuns]) -> list[tuple[str, RunRecord]]:
+    """Every training run with a label: the profile, or profile[i] for repeats."""
+    labelled = []
+    for g in groups:
+        for i, run in enumerate(g.trainings):
+            labelled.append((g.profile if len(g.trainings) == 1 else f"{g.profile}[{i + 1}]", run))
+    return labelled
+
+
+def _recorded(value: Any) -> bool:
+    return value not in (None, "")
+
+
+def _differs(
+    runs: list[tuple[str, RunRecord]],
+    get: Callable[[RunRecord], Any],
+    identity: Callable[[Any], Any] = repr,
+) -> str | None:
+    """``label=value, …`` when the runs that recorded a value do not all agree.
+
+    Among the runs that recorded it: a local run may have no image digest or GPU, and one
+    run without it must not switch the check off for the others.
+    """
+    values = {label: v for label, run in runs if _recorded(v := get(run))}
+    if len({identity(v) for v in values.values()}) > 1:
+        return ", ".join(f"{label}={v!r}" for label, v in values.items())
+    return None
+
+
+def image_identity(reference: str) -> str:
+    """What identifies an image: its digest when the reference pins one
+    (``repo@sha256:…``), else the reference itself (a tag may move, but two different
+    references are not vouched to be one image).
+
+    >>> image_identity("registry.example.com/ml/bench:0.2@sha256:abc")
+    'sha256:abc'
+    >>> image_identity("registry.example.com/ml/bench:0.2")
+    'registry.example.com/ml/bench:0.2'
+    """
+    return reference.split("@", 1)[1] if "@" in reference else reference
+
+
+def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> list[str]:
+    """Refuse runs that do not measure the same thing.
+
+    Returns:
+        Notes for the report (resumed runs compared because ``allow_resumed``).
+
+    Raises:
+        NotComparable: Naming every input, build, GPU or image that differs with its value
+            per run, and every resumed run ranked against an uninterrupted one.
+    """
+    runs = _runs(groups)
+    missing = [
+        f"{label} ({run.label}) does not record {key}"
+        for label, run in runs
+        for key in REQUIRED_INPUTS
+        if run.inputs.get(key) is None
+    ]
+    if missing:
+        raise NotComparable("runs are not comparable: " + "; ".join(missing))
+    differences = []
+    for key in COMPARABLE_META:
+        if shown := _differs(runs, lambda r, k=key: r.meta.get(k)):
+            differences.append(f"{key} differs ({shown}): a different trainer build")
+    if shown := _differs(runs, lambda r: r.meta.get("gpu_model")):
+        differences.append(f"gpu_model differs ({shown}): different hardware")
+    if shown := _differs(runs, lambda r: r.inputs.get(IMAGE_INPUT), image_identity):
+        differences.append(f"{IMAGE_INPUT} differs ({shown}): a different image")
+    if shown := _differs(runs, lambda r: r.outputs.get(WORLD_SIZE)):
+        differences.append(f"{WORLD_SIZE} differs ({shown}): a different number of writers")
+    for key in COMPARABLE_INPUTS:
+        values = {label: run.inputs.get(key) for label, run in runs}
+        if len({repr(v) for v in values.values()}) > 1:
+            shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
+            differences.append(f"{key} differs ({shown})")
+    if differences:
+        raise NotComparable("runs are not comparable: " + "; ".join(differences))
+    return _resumed(runs, allow_resumed)
+
+
+def _resumed(runs: list[tuple[str, RunRecord]], allow: bool) -> list[str]:
+    resumed = [
+        (label, run, step)
+        for label, run in runs
+        if _recorded(step := run.outputs.get(RESUMED_FROM_STEP))
+    ]
+    if not resumed or len(resumed) == len(runs):
+        return []  # nothing resumed, or every run was: like against like
+    listed = ", ".join(f"{label} ({run.label}) from step {step}" for label, run, step in resumed)
+    if not allow:
+        raise NotComparable(
+            f"runs resumed part-way ({listed}) time only part of a run, so they are not "
+            "ranked against uninterrupted runs; give --allow-resumed to compare them anyway"
+        )
+    return [f"resumed part-way and compared anyway (--allow-resumed): {listed}"]

@@ -1,0 +1,370 @@
+"""A candidate profile against the baseline: robust, symmetric, with intervals.
+
+Noise model (docs/compare.md): the measured checkpoints (warm-up left out) of all runs of a
+profile are repeated measurements of the same operation. The pause difference is the
+Hodges–Lehmann shift between the two profiles' pauses with its rank-based confidence
+interval (``intervals``); it counts when the interval excludes zero and the shift is larger
+than a practical floor. The whole run is one measurement: with repeats on both sides the
+runtime difference gets a rank interval too (or, with too few runs for one, the range of
+the differences between runs: the between-run spread); with a single run on a side it is
+the difference ± the runtime floor (or ± the other side's between-run spread, if larger). It counts when its interval excludes zero, it is larger than
+the runtime floor, and the checkpoints can account for it.
+
+Every rule is symmetric: swapping baseline and candidate swaps the sign of each difference
+and nothing else, and a slower profile needs the same evidence as a faster one. When the
+pipeline returned to the baseline at the end (A…B…A), the baseline's own drift between its
+first and its last runs is measured; a difference no larger than that drift does not count.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
+from checkpoint_compare.intervals import Shift, hodges_lehmann, pairwise_range
+from checkpoint_storage_bench.contract import STAGES
+
+
+class Outcome(enum.Enum):
+    """How a candidate profile compares with the baseline."""
+
+    BETTER = "better"  # measurably faster whole run, not costlier per run
+    FASTER_COSTLIER = "faster_costlier"  # measurably faster whole run, costs more per run
+    NO_DIFFERENCE = "no_difference"  # within noise, or only a stage got faster
+    SLOWER_CHEAPER = "slower_cheaper"  # measurably slower whole run, costs less per run
+    WORSE = "worse"  # measurably slower whole run, not cheaper per run
+
+
+NO_DIFFERENCE = "no measurable difference"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What makes a difference count.
+
+    Attributes:
+        runtime_floor: Relative runtime change below which whole runs count as equal,
+            for the variation that checkpoints do not explain (data loading, scheduling).
+        practical_floor_s: A checkpoint pause difference smaller than this never counts,
+            however steady the pauses: below it a difference is clock and scheduler
+            jitter on one node, and worth nothing in GPU time.
+        loss_tolerance: Relative final-loss difference tolerated; beyond it the runs did
+            not train the same model and no profile is declared better.
+        confidence: Confidence of every interval.
+        warmup: Checkpoints at the start of each run left out of the comparison.
+    """
+
+    runtime_floor: float = 0.02
+    practical_floor_s: float = 0.01
+    loss_tolerance: float = 1e-3
+    confidence: float = 0.95
+    warmup: int = DEFAULT_WARMUP
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.runtime_floor < 1:
+            raise ValueError(f"runtime floor must be in [0, 1), got {self.runtime_floor}")
+        if not (math.isfinite(self.practical_floor_s) and self.practical_floor_s >= 0):
+            raise ValueError(f"practical floor must be >= 0 s, got {self.practical_floor_s}")
+        if self.loss_tolerance < 0:
+            raise ValueError(f"loss tolerance must be >= 0, got {self.loss_tolerance}")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
+        if self.warmup < 0:
+            raise ValueError(f"warm-up must be >= 0 checkpoints, got {self.warmup}")
+
+
+@dataclass
+class Difference:
+    """Candidate − baseline of one measure, with its interval and whether it counts.
+
+    Attributes:
+        shift: The estimate and its interval.
+        floor: The practical threshold the estimate must exceed.
+        counts: The interval excludes zero and the estimate exceeds the floor (and no drift
+            of the baseline as large as it).
+        why_not: Why it does not count, when the interval or the floor says so.
+    """
+
+    shift: Shift
+    floor: float
+    counts: bool = False
+    why_not: str | None = None
+
+    @property
+    def estimate(self) -> float:
+        return self.shift.estimate
+
+    @classmethod
+    def judge(cls, shift: Shift, floor: float, what: str) -> Difference:
+        if not shift.has_interval:
+            return cls(shift, floor, False, f"{what}: {shift.method}")
+        if not shift.excludes_zero:
+            return cls(shift, floor, False, f"{what}: its interval includes zero")
+        if abs(shift.estimate) <= floor:
+            return cls(shift, floor, False, f"{what}: below the practical floor of {floor:.3g} s")
+        return cls(shift, floor, True)
+
+
+@dataclass
+class Drift:
+    """How much the baseline moved between its first runs and the ones after the other
+    profiles (a pipeline that returned to the first profile: A…B…A).
+
+    Attributes:
+        profile: The baseline profile.
+        first: Runs before any other profile ran.
+        last: Runs after the other profiles.
+        pause: Shift of the pauses, last − first, with its interval.
+        runtime_s: Median runtime of the last runs − of the first runs.
+    """
+
+    profile: str
+    first: list[RunFigures]
+    last: list[RunFigures]
+    pause: Shift | None
+    runtime_s: float
+
+
+def measure_drift(baseline: ProfileFigures, others: list[ProfileFigures], confidence: float):  # noqa: ANN201
+    """The baseline's drift, when some of its runs came after every other profile's runs;
+    None otherwise (no return to the first profile, or runs without start times)."""
+    other_starts = [r.started for f in others for r in f.per_run]
+    if not other_starts or None in other_starts:
+        return None
+    first_other, last_other = min(other_starts), max(other_starts)  # type: ignore[type-var]
+    first = [r for r in baseline.per_run if r.started and r.started < first_other]
+    last = [r for r in baseline.per_run if r.started and r.started > last_other]
+    if not first or not last:
+        return None
+    before = [v for r in first for _, v in r.measured]
+    after = [v for r in last for _, v in r.measured]
+    pause = hodges_lehmann(after, before, confidence) if before and after else None
+    runtime = statistics.median(r.runtime_s for r in last) - statistics.median(
+        r.runtime_s for r in first
+    )
+    return Drift(baseline.profile, first, last, pause, runtime)
+
+
+@dataclass
+class Comparison:
+    """A candidate profile against the baseline (differences are candidate − baseline).
+
+    Attributes:
+        baseline: Baseline figures.
+        candidate: Candidate figures.
+        pause: The pause difference per checkpoint (measured checkpoints, all runs).
+        runtime: The whole-run difference.
+        stage_deltas: Stage → median difference (s), for stages both profiles measured.
+        loss_delta: Final loss difference, when both recorded a finite one.
+        loss_differs: The final losses differ beyond the tolerance.
+        loss_unknown: A run has no finite final loss, so nobody can say the runs trained the
+            same model.
+        drift: The baseline's drift, when the pipeline returned to it.
+        notes: Plain-language observations (dominating stage, loss mismatch, ...).
+    """
+
+    baseline: ProfileFigures
+    candidate: ProfileFigures
+    pause: Difference
+    runtime: Difference
+    stage_deltas: dict[str, float]
+    loss_delta: float | None
+    loss_differs: bool = False
+    loss_unknown: bool = False
+    drift: Drift | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pause_delta_s(self) -> float:
+        return self.pause.estimate
+
+    @property
+    def runtime_delta_s(self) -> float:
+        return self.runtime.estimate
+
+    @property
+    def pause_measurable(self) -> bool:
+        return self.pause.counts
+
+    @property
+    def runtime_measurable(self) -> bool:
+        return self.runtime.counts
+
+    @property
+    def pause_speedup(self) -> float | None:
+        """Baseline pause ÷ candidate pause (medians); > 1 means the candidate is faster."""
+        if self.candidate.pause.median <= 0:
+            return None
+        return self.baseline.pause.median / self.candidate.pause.median
+
+    @property
+    def faster(self) -> bool | None:
+        """True when the candidate's whole run is measurably faster because of its
+        checkpoints, False when measurably slower on the same evidence, None otherwise
+        (including when the runs may not have trained the same model)."""
+        evidence = (
+            self.pause_measurable and self.runtime_measurable and self.explained_by_checkpoints
+        )
+        if not evidence or self.loss_differs or self.loss_unknown:
+            return None
+        return self.runtime_delta_s < 0
+
+    @property
+    def explained_by_checkpoints(self) -> bool:
+        """Whether the checkpoints' time difference can account for the run's: a 10 ms
+        faster checkpoint cannot explain a run 3 s shorter (nor slower ones a longer run
+        when they are not slower)."""
+        checkpoints = max(self.baseline.checkpoint_count, self.candidate.checkpoint_count, 1)
+        same_direction = (self.pause_delta_s > 0) == (self.runtime_delta_s > 0)
+        return same_direction and abs(self.pause_delta_s) * checkpoints > self.runtime.floor
+
+
+def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
+    floor = t.runtime_floor * max(base.runtime_s, cand.runtime_s)
+    if len(base.runtimes) >= 2 and len(cand.runtimes) >= 2:
+        shift = hodges_lehmann(cand.runtimes, base.runtimes, t.confidence)
+        return shift if shift.has_interval else pairwise_range(cand.runtimes, base.runtimes)
+    # A single run on one side at least: the difference ± the runtime floor, or ± the other
+    # side's between-run spread when its repeats vary more than that.
+    delta = cand.runtime_s - base.runtime_s
+    spread = max(base.runtime_spread_s, cand.runtime_spread_s)
+    half = max(floor, spread)
+    why = (
+        f"the difference ± the runtime floor ({t.runtime_floor:.0%} of the longer run)"
+        if half == floor
+        else "the difference ± the between-run spread of the repeats"
+    )
+    return Shift(
+        delta, delta - half, delta + half, None, len(cand.runtimes), len(base.runtimes),
+        f"a single run on one side: {why}",
+    )  # fmt: skip
+
+
+def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
+    x, y = cand.measured_pauses, base.measured_pauses
+    if x and y:
+        shift = hodges_lehmann(x, y, t.confidence)
+        if not shift.has_interval:
+            return Shift(
+                shift.estimate, None, None, None, len(x), len(y),
+                f"too few checkpoints for a {t.confidence:.0%} interval ({len(y)} and "
+                f"{len(x)} after warm-up; a rank interval at 95 % needs e.g. 4 and 4)",
+            )  # fmt: skip
+        return shift
+    return Shift(
+        cand.pause.median - base.pause.median, None, None, None, len(x), len(y),
+        "no per-checkpoint pauses after warm-up (only the runs' summary outputs, or every "
+        "checkpoint was warm-up): no interval",
+    )  # fmt: skip
+
+
+def compare(
+    baseline: ProfileFigures,
+    candidate: ProfileFigures,
+    thresholds: Thresholds,
+    drift: Drift | None = None,
+) -> Comparison:
+    """Compare a candidate profile with the baseline, robust and symmetric."""
+    t = thresholds
+    pause = Difference.judge(_pause_shift(baseline, candidate, t), t.practical_floor_s, "pause")
+    runtime_floor = t.runtime_floor * max(baseline.runtime_s, candidate.runtime_s)
+    runtime = Difference.judge(_runtime_shift(baseline, candidate, t), runtime_floor, "runtime")
+    stage_deltas = {
+        s: candidate.stages[s].median - baseline.stages[s].median
+        for s in STAGES
+        if s in baseline.stages and s in candidate.stages
+    }
+    losses = (baseline.final_loss, candidate.final_loss)
+    loss_delta = losses[1] - losses[0] if None not in losses else None  # type: ignore[operator]
+    # Relative to the larger loss (symmetric); absolute when both are 0.
+    loss_scale = max(abs(losses[0] or 0.0), abs(losses[1] or 0.0)) or 1.0
+    loss_differs = loss_delta is not None and abs(loss_delta) > t.loss_tolerance * loss_scale
+    result = Comparison(
+        baseline=baseline,
+        candidate=candidate,
+        pause=pause,
+        runtime=runtime,
+        stage_deltas=stage_deltas,
+        loss_delta=loss_delta,
+        loss_differs=loss_differs,
+        loss_unknown=loss_delta is None,
+        drift=drift,
+    )
+    result.notes = _drift_notes(result) + _notes(result)
+    return result
+
+
+def _drift_notes(c: Comparison) -> list[str]:
+    """Say when the baseline drifted as much as the difference, and then do not count it."""
+    notes = []
+    drift, name = c.drift, c.candidate.profile
+    if drift is None:
+        return notes
+    if drift.pause is not None and abs(drift.pause.estimate) >= abs(c.pause.estimate):
+        if c.pause.counts:
+            c.pause.counts = False
+            c.pause.why_not = "pause: no larger than the baseline's drift"
+        notes.append(
+            f"{drift.profile}'s own pauses moved by {drift.pause.estimate:+.3f} s between its "
+            f"first and its last runs (drift), at least as much as the difference to {name} "
+            f"({c.pause.estimate:+.3f} s): the difference may be drift, not the profile"
+        )
+    if abs(drift.runtime_s) >= abs(c.runtime.estimate):
+        if c.runtime.counts:
+            c.runtime.counts = False
+            c.runtime.why_not = "runtime: no larger than the baseline's drift"
+        notes.append(
+            f"{drift.profile}'s own runtime moved by {drift.runtime_s:+.2f} s between its first "
+            f"and its last runs (drift), at least as much as the difference to {name} "
+            f"({c.runtime.estimate:+.2f} s): the difference may be drift, not the profile"
+        )
+    return notes
+
+
+def _notes(c: Comparison) -> list[str]:
+    notes = []
+    name, base = c.candidate.profile, c.baseline.profile
+    if not c.pause.shift.has_interval:
+        notes.append(f"{name} vs {base}: {c.pause.shift.method}; no pause difference counts")
+    if c.pause_measurable and not c.runtime_measurable:
+        share = c.baseline.pause_share
+        shown = (
+            f" (checkpoints paused {share:.1%} of the baseline run)" if share is not None else ""
+        )
+        faster = "faster" if c.pause_delta_s < 0 else "slower"
+        notes.append(
+            f"{name} checkpoints are measurably {faster}, but the whole run is not: another "
+            f"stage of the run dominates{shown}"
+        )
+    if c.runtime_measurable and not c.explained_by_checkpoints:
+        longer = "longer" if c.runtime_delta_s > 0 else "shorter"
+        checkpoints = max(c.baseline.checkpoint_count, c.candidate.checkpoint_count, 1)
+        notes.append(
+            f"the run is {abs(c.runtime_delta_s):.2f} s {longer}, but {checkpoints} checkpoints "
+            f"differing by {c.pause_delta_s:+.3f} s each cannot explain it: not put down to "
+            "storage"
+        )
+    # The stage that dominates the baseline pause, so a team knows what storage can fix.
+    inner = {s: f.median for s, f in c.baseline.stages.items() if s not in ("pause", "total")}
+    if inner:
+        top = max(inner, key=inner.get)  # type: ignore[arg-type]
+        why = {
+            "serialize": ": a CPU stage, a faster volume does not shorten it",
+            "upload": ": it goes to the artifact store, not to this volume",
+        }.get(top, "")
+        notes.append(f"{base}: the {top} stage is the largest part of a checkpoint{why}")
+    if c.loss_differs:
+        notes.append(
+            f"final loss differs by {c.loss_delta:+.4g} between {base} and {name}: the runs "
+            "did not train the same model, so neither is declared better"
+        )
+    for figures in (c.baseline, c.candidate):
+        if figures.loss_problem:
+            notes.append(
+                f"{figures.profile}: {figures.loss_problem}: nothing shows the runs trained "
+                "the same model, so neither is declared better (final loss unknown)"
+            )
+    return notes

@@ -1,0 +1,372 @@
+"""The figures of one profile, from its runs: checkpoint stages, runtime, loss, fio, hook.
+
+A distributed run's checkpoint pauses training until its slowest rank is done, so where a
+run recorded the slowest rank's pause (``ckpt_slowest_pause_s``) that is its pause; a
+single-process run's pause is its only rank's.
+
+A profile may have several training runs (repeats). The checkpoints of each run are split
+into warm-up (the first ``--warmup`` ones: a cold buffer, the first file in a directory)
+and measured ones; the measured pauses of all runs are pooled for the comparison, the
+warm-up ones are reported separately. The runtimes stay one per run: the whole run is one
+measurement, and repeats give its between-run spread.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from checkpoint_compare.errors import NotComparable
+from checkpoint_compare.grouping import ProfileRuns
+from checkpoint_compare.records import RunRecord, Series
+from checkpoint_storage_bench.contract import (
+    AGGREGATE_GBPS_METRIC,
+    IMAGE_INPUT,
+    RESUMED_FROM_STEP,
+    SLOWEST_PAUSE_METRIC,
+    STAGES,
+    VAC_PARAMETER_PREFIX,
+    WORLD_SIZE,
+)
+
+DEFAULT_WARMUP = 1
+"""Checkpoints at the start of each run reported as warm-up and left out of the comparison."""
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+@dataclass
+class StageFigures:
+    """One checkpoint stage: median, min and max seconds over ``n`` checkpoints.
+
+    ``n`` is 0 when only the runs' summary outputs were available, not every checkpoint.
+    """
+
+    median: float
+    min: float
+    max: float
+    n: int = 0
+
+    @property
+    def spread(self) -> float:
+        return self.max - self.min
+
+    @classmethod
+    def of(cls, values: list[float]) -> StageFigures:
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+
+@dataclass
+class RunFigures:
+    """The figures of one training run.
+
+    Attributes:
+        run: The run.
+        runtime_s: Its total runtime.
+        checkpoint_count: Checkpoints taken (warm-up included).
+        warmup: Pause per checkpoint of the warm-up checkpoints (step, seconds).
+        measured: Pause per checkpoint of the others: what is compared.
+        stages: Stage → figures over the measured checkpoints (or the run's outputs).
+        pause_total_s: Time the training loop was paused by checkpoints.
+        pause_share: pause_total_s / runtime_s.
+        final_loss: The training loss at the end; None when not recorded or not finite.
+        loss_problem: Why there is no final loss to compare, if there is none.
+        write_gbps_median: Median write bandwidth, GB/s.
+        upload_gbps_median: Median upload bandwidth, GB/s.
+        aggregate_gbps_median: Median aggregate write rate of all ranks (distributed runs).
+        world_size: Ranks that wrote each checkpoint (None: a single process).
+        slowest_rank: Whether the pauses are the slowest rank's (a distributed run).
+        resumed_from_step: The step a resumed run continued from (None: uninterrupted).
+    """
+
+    run: RunRecord
+    runtime_s: float
+    checkpoint_count: int
+    warmup: Series
+    measured: Series
+    stages: dict[str, StageFigures]
+    pause_total_s: float | None
+    pause_share: float | None
+    final_loss: float | None
+    loss_problem: str | None
+    write_gbps_median: float | None
+    upload_gbps_median: float | None
+    aggregate_gbps_median: float | None = None
+    world_size: int | None = None
+    slowest_rank: bool = False
+    resumed_from_step: int | None = None
+
+    @property
+    def node(self) -> str | None:
+        return self.run.meta.get("node_name")
+
+    @property
+    def gpu_model(self) -> str | None:
+        return self.run.meta.get("gpu_model")
+
+    @property
+    def image(self) -> str | None:
+        return self.run.inputs.get(IMAGE_INPUT)
+
+    @property
+    def started(self) -> datetime | None:
+        return self.run.started_at or self.run.created_at
+
+    @property
+    def interval(self) -> tuple[str | None, str | None]:
+        """Start and end of the run (ISO), its measured interval."""
+        start, end = self.run.started_at, self.run.finished_at
+        return (start.isoformat() if start else None, end.isoformat() if end else None)
+
+
+@dataclass
+class ProfileFigures:
+    """The figures of one profile that the reports show and the verdict uses.
+
+    Attributes:
+        profile: Profile name.
+        runs: The runs the figures come from.
+        per_run: The figures of each training run, oldest first.
+        stages: Stage name → figures over every run's measured checkpoints.
+        measured_pauses: The measured pauses of all runs, pooled.
+        warmup_pauses: The warm-up pauses of all runs, pooled.
+        fio: fio case → headline figures.
+        hook: What the hook recorded: claim identity, applied class, settle times.
+    """
+
+    profile: str
+    runs: ProfileRuns
+    per_run: list[RunFigures]
+    stages: dict[str, StageFigures]
+    measured_pauses: list[float]
+    warmup_pauses: list[float]
+    fio: dict[str, dict[str, float]] = field(default_factory=dict)
+    hook: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pause(self) -> StageFigures:
+        return self.stages["pause"]
+
+    @property
+    def runtimes(self) -> list[float]:
+        return [r.runtime_s for r in self.per_run]
+
+    @property
+    def runtime_s(self) -> float:
+        """The median runtime over the runs."""
+        return statistics.median(self.runtimes)
+
+    @property
+    def runtime_spread_s(self) -> float:
+        """Between-run spread of the runtime (0 with one run)."""
+        return max(self.runtimes) - min(self.runtimes)
+
+    @property
+    def checkpoint_count(self) -> int:
+        """Checkpoints per run (the median over the runs)."""
+        return int(statistics.median(r.checkpoint_count for r in self.per_run))
+
+    @property
+    def pause_total_s(self) -> float | None:
+        return _median_or_none([r.pause_total_s for r in self.per_run])
+
+    @property
+    def pause_share(self) -> float | None:
+        return _median_or_none([r.pause_share for r in self.per_run])
+
+    @property
+    def write_gbps_median(self) -> float | None:
+        return _median_or_none([r.write_gbps_median for r in self.per_run])
+
+    @property
+    def upload_gbps_median(self) -> float | None:
+        return _median_or_none([r.upload_gbps_median for r in self.per_run])
+
+    @property
+    def aggregate_gbps_median(self) -> float | None:
+        return _median_or_none([r.aggregate_gbps_median for r in self.per_run])
+
+    @property
+    def final_loss(self) -> float | None:
+        """The median final loss of the runs; None when any run has none to compare."""
+        if self.loss_problem:
+            return None
+        return statistics.median(r.final_loss for r in self.per_run)  # type: ignore[type-var]
+
+    @property
+    def loss_problem(self) -> str | None:
+        problems = [f"run {r.run.label} {r.loss_problem}" for r in self.per_run if r.loss_problem]
+        return "; ".join(problems) or None
+
+    @property
+    def warmup_median(self) -> float | None:
+        return statistics.median(self.warmup_pauses) if self.warmup_pauses else None
+
+    @property
+    def interval(self) -> tuple[str | None, str | None]:
+        """From the start of the first run to the end of the last (ISO)."""
+        return self.per_run[0].interval[0], self.per_run[-1].interval[1]
+
+    @property
+    def pause_series(self) -> list[Series]:
+        """Pause per checkpoint over training steps, one series per run (warm-up included)."""
+        return [sorted(r.warmup + r.measured) for r in self.per_run]
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _outputs_stage(run: RunRecord, stage: str) -> StageFigures | None:
+    """A stage from the run's summary outputs (a source without per-checkpoint events)."""
+    slowest = _num(run.outputs.get(f"{SLOWEST_PAUSE_METRIC}_median"))
+    if stage == "pause" and slowest is not None:
+        return StageFigures(slowest, slowest, slowest)
+    median = _num(run.outputs.get(f"ckpt_{stage}_s_median"))
+    if median is None:
+        return None
+    low = _num(run.outputs.get(f"ckpt_{stage}_s_min"))
+    high = _num(run.outputs.get(f"ckpt_{stage}_s_max"))
+    return StageFigures(median, median if low is None else low, median if high is None else high)
+
+
+def _median_metric(run: RunRecord, metric: str) -> float | None:
+    values = [v for _, v in run.metrics.get(metric, [])]
+    return statistics.median(values) if values else _num(run.outputs.get(f"{metric}_median"))
+
+
+def _hook_figures(hook: RunRecord | None) -> dict[str, Any]:
+    if hook is None:
+        return {}
+    keys_in = ("claim", "namespace", "driver", "volume_handle", "previous_class", "target_class")
+    keys_out = ("applied_class", "k8s_settle_s", "provider_settle_s", "total_settle_s")
+    figures = {k: hook.inputs.get(k) for k in keys_in}
+    figures |= {k: hook.outputs.get(k) for k in keys_out}
+    # The class's parameters (vac_type, vac_iops, vac_throughput, ...) price the profile;
+    # the hook may record them as inputs or outputs (outputs win: they are what it applied).
+    for values in (hook.inputs, hook.outputs):
+        figures |= {k: v for k, v in values.items() if k.startswith(VAC_PARAMETER_PREFIX)}
+    figures["run"] = hook.label
+    return figures
+
+
+def _stage_metric(run: RunRecord, stage: str) -> str:
+    """The metric that holds a stage per checkpoint: for the pause of a distributed run,
+    the slowest rank's."""
+    if stage == "pause" and run.metrics.get(SLOWEST_PAUSE_METRIC):
+        return SLOWEST_PAUSE_METRIC
+    return f"ckpt_{stage}_s"
+
+
+def pause_series(run: RunRecord) -> Series:
+    """The pause of every checkpoint of a run, by step (the slowest rank's when recorded)."""
+    return sorted(run.metrics.get(_stage_metric(run, "pause"), []))
+
+
+def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
+    """The figures of one training run.
+
+    Raises:
+        NotComparable: The run has no pause figures or no runtime (e.g. it never
+            checkpointed), so it cannot be compared.
+    """
+    runtime = _num(run.outputs.get("runtime_s"))
+    pauses = pause_series(run)
+    if runtime is None:
+        raise NotComparable(f"profile {profile}: run {run.label} recorded no runtime_s")
+    if not pauses and _outputs_stage(run, "pause") is None:
+        raise NotComparable(f"profile {profile}: run {run.label} recorded no checkpoint pauses")
+    warm_steps = {step for step, _ in pauses[:warmup]}
+    stages: dict[str, StageFigures] = {}
+    for stage in STAGES:
+        series = run.metrics.get(_stage_metric(run, stage), [])
+        values = [v for step, v in series if step not in warm_steps]
+        if values:
+            stages[stage] = StageFigures.of(values)
+        elif not series and (outputs := _outputs_stage(run, stage)) is not None:
+            stages[stage] = outputs
+    count = _num(run.outputs.get("checkpoint_count"))
+    pause_total = _num(run.outputs.get("ckpt_pause_s_total"))
+    if pause_total is None and pauses:
+        pause_total = sum(v for _, v in pauses)
+    share = _num(run.outputs.get("ckpt_pause_share"))
+    if share is None and pause_total is not None and runtime:
+        share = pause_total / runtime
+    loss = _num(run.outputs.get("final_loss"))
+    if loss is None and run.metrics.get("loss"):
+        loss = run.metrics["loss"][-1][1]
+    loss_problem = None
+    if loss is None:
+        loss_problem = "recorded no final loss"
+    elif not math.isfinite(loss):
+        loss_problem, loss = f"ended with a final loss of {loss} (the training diverged)", None
+    return RunFigures(
+        run=run,
+        runtime_s=runtime,
+        checkpoint_count=int(count) if count is not None else len(pauses),
+        warmup=pauses[:warmup],
+        measured=pauses[warmup:],
+        stages=stages,
+        pause_total_s=pause_total,
+        pause_share=share,
+        final_loss=loss,
+        loss_problem=loss_problem,
+        write_gbps_median=_median_metric(run, "ckpt_write_gbps"),
+        upload_gbps_median=_median_metric(run, "ckpt_upload_gbps"),
+        aggregate_gbps_median=_median_metric(run, AGGREGATE_GBPS_METRIC),
+        world_size=int(world) if (world := _num(run.outputs.get(WORLD_SIZE))) else None,
+        slowest_rank=bool(run.metrics.get(SLOWEST_PAUSE_METRIC))
+        or _num(run.outputs.get(f"{SLOWEST_PAUSE_METRIC}_median")) is not None,
+        resumed_from_step=int(step)
+        if (step := _num(run.outputs.get(RESUMED_FROM_STEP))) is not None
+        else None,
+    )
+
+
+def profile_figures(runs: ProfileRuns, warmup: int = DEFAULT_WARMUP) -> ProfileFigures:
+    """Compute the figures of one profile from its runs.
+
+    Raises:
+        NotComparable: A training run has no pause figures or no runtime.
+    """
+    per_run = [run_figures(runs.profile, run, warmup) for run in runs.trainings]
+    stages: dict[str, StageFigures] = {}
+    for stage in STAGES:
+        of_runs = [r.stages[stage] for r in per_run if stage in r.stages]
+        if not of_runs:
+            continue
+        values = [
+            v
+            for r in per_run
+            for step, v in r.run.metrics.get(_stage_metric(r.run, stage), [])
+            if step not in {s for s, _ in r.warmup}
+        ]
+        if values:
+            stages[stage] = StageFigures.of(values)
+        else:  # only summary outputs: the median of the runs' medians, n = 0 (no events)
+            stages[stage] = StageFigures(
+                statistics.median(f.median for f in of_runs),
+                min(f.min for f in of_runs),
+                max(f.max for f in of_runs),
+            )
+    if "pause" not in stages:  # every checkpoint was warm-up: compare nothing, show them
+        warm = [v for r in per_run for _, v in r.warmup]
+        stages["pause"] = StageFigures(statistics.median(warm), min(warm), max(warm), 0)
+    return ProfileFigures(
+        profile=runs.profile,
+        runs=runs,
+        per_run=per_run,
+        stages=stages,
+        measured_pauses=[v for r in per_run for _, v in r.measured],
+        warmup_pauses=[v for r in per_run for _, v in r.warmup],
+        fio=runs.fio.fio_cases() if runs.fio else {},
+        hook=_hook_figures(runs.hook),
+    )

@@ -1,0 +1,133 @@
+"""Assign loaded runs to storage profiles: per profile, its training runs (one, or several
+repeats), the hook run that switched the claim to it and the fio sweep measured on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from checkpoint_compare.errors import RunsMissing
+from checkpoint_compare.records import RunKind, RunRecord
+
+
+@dataclass
+class ProfileRuns:
+    """The runs that describe one storage profile.
+
+    Attributes:
+        profile: The profile (VolumeAttributesClass) name.
+        trainings: Its successful training runs, oldest first: repeats of one measurement
+            (a pipeline's `repeats`, or its return to the first profile at the end).
+        hook: The hook run that switched the claim to it, if any.
+        fio: The fio sweep measured on it, if any.
+    """
+
+    profile: str
+    trainings: list[RunRecord]
+    hook: RunRecord | None = None
+    fio: RunRecord | None = None
+
+    @property
+    def training(self) -> RunRecord:
+        """The newest training run (the one the hook and fio runs are matched to)."""
+        return self.trainings[-1]
+
+    @property
+    def first_time(self) -> datetime | None:
+        return run_time(self.trainings[0])
+
+
+def run_time(record: RunRecord) -> datetime | None:
+    """When the run started, else when it was created; None when unknown (summary files)."""
+    return record.started_at or record.created_at
+
+
+def _time_key(record: RunRecord) -> tuple[bool, datetime | None]:
+    """Sort key: by time; unknown times sort last (in the order given)."""
+    when = run_time(record)
+    return when is None, when
+
+
+def _newest_first(records: Iterable[RunRecord]) -> list[RunRecord]:
+    return sorted(records, key=lambda r: (r.created_at is not None, r.created_at), reverse=True)
+
+
+def _profile_of(record: RunRecord, hooks: list[RunRecord]) -> str | None:
+    """A run's profile: given explicitly, recorded as an input, or the class last applied."""
+    if record.profile_hint:
+        return record.profile_hint
+    if record.kind is RunKind.TRAINING:
+        return str(record.inputs["storage_profile"])
+    if record.kind is RunKind.HOOK:
+        return str(record.outputs.get("applied_class") or record.inputs["target_class"])
+    if record.inputs.get("storage_profile"):
+        return str(record.inputs["storage_profile"])
+    # A fio sweep measures whatever class the claim had: the last hook that ran before it.
+    if record.created_at is None:
+        return None
+    before = [h for h in hooks if h.succeeded and h.created_at and h.created_at < record.created_at]
+    return _profile_of(max(before, key=lambda h: h.created_at), []) if before else None
+
+
+def group_by_profile(
+    records: list[RunRecord], expected: Iterable[str] = ()
+) -> tuple[list[ProfileRuns], list[RunRecord]]:
+    """Assign runs to profiles; every successful training run of a profile is used.
+
+    Args:
+        records: All loaded runs (other kinds, e.g. the DAG or a compare op, are ignored).
+        expected: Profiles that must be present.
+
+    Returns:
+        The profiles in the order their first training runs started (the pipeline's order),
+        and the failed training runs (reported, never used).
+
+    Raises:
+        RunsMissing: An expected profile has no training run, the newest one of a profile
+            failed or did not finish, or fewer than two profiles remain.
+    """
+    hooks = [r for r in records if r.kind is RunKind.HOOK]
+    by_profile: dict[str, list[RunRecord]] = {}
+    for record in records:
+        if record.kind is RunKind.TRAINING:
+            by_profile.setdefault(_profile_of(record, hooks) or "", []).append(record)
+    failed = [r for runs in by_profile.values() for r in runs if not r.succeeded]
+
+    problems = []
+    groups = []
+    for profile, runs in by_profile.items():
+        newest = _newest_first(runs)[0]
+        if not newest.succeeded:
+            why = f": {newest.message}" if newest.message else ""
+            problems.append(
+                f"profile {profile}: run {newest.label} {newest.status}{why} (from {newest.source})"
+            )
+            continue
+        trainings = sorted((r for r in runs if r.succeeded), key=_time_key)
+        group = ProfileRuns(profile=profile, trainings=trainings)
+        for kind, attr in ((RunKind.HOOK, "hook"), (RunKind.FIO, "fio")):
+            candidates = [
+                r
+                for r in records
+                if r.kind is kind and r.succeeded and _profile_of(r, hooks) == profile
+            ]
+            # The newest one created before the training run: it describes that run's volume.
+            if newest.created_at:
+                candidates = [
+                    r for r in candidates if not r.created_at or r.created_at <= newest.created_at
+                ]
+            if candidates:
+                setattr(group, attr, _newest_first(candidates)[0])
+        groups.append(group)
+    for profile in expected:
+        if profile not in by_profile:
+            problems.append(f"profile {profile}: no training run found")
+    if problems:
+        raise RunsMissing("; ".join(problems))
+    if len(groups) < 2:
+        found = ", ".join(g.profile for g in groups) or "none"
+        raise RunsMissing(f"need training runs of at least two profiles, found: {found}")
+    # Run order decides the default baseline: the profile whose training started first.
+    groups.sort(key=lambda g: _time_key(g.trainings[0]))
+    return groups, failed

@@ -1,0 +1,287 @@
+"""One pipeline at a time on a claim: a ``coordination.k8s.io`` Lease named after it.
+
+``switch`` takes the Lease (or renews it, when it already holds it) before it patches;
+another holder's Lease that has not expired refuses the switch (exit 3), naming the holder
+and when the Lease expires; an expired one is taken over. ``release`` gives it up (the
+pipeline's last op, ``trigger: all_done``). The Lease is advisory: ``kubectl`` can still
+change the claim, which the waits notice (another writer → exit 1).
+
+The holder id: ``--holder``, else inside a Polyaxon run the pipeline's uuid (the run's
+pipeline, else the run's own uuid), else ``user@host``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import math
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from kubernetes.client.rest import ApiException
+
+from checkpoint_storage_bench.contract import lease_name
+from checkpoint_storage_bench.retry import Deadline
+from hooks.storage_profile.config import LEASE_DURATION
+from hooks.storage_profile.errors import HookError, PreflightRefused
+from hooks.storage_profile.kube import Kube, api_message
+
+log = logging.getLogger(__name__)
+
+MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+PIPELINE_LOOKUP_TIMEOUT = 10.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def microtime(at: datetime) -> str:
+    """A Lease's ``MicroTime``: RFC 3339 with microseconds, UTC."""
+    return at.astimezone(UTC).strftime(MICROTIME)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """Who holds a claim's Lease and until when."""
+
+    holder: str | None
+    renewed: datetime | None
+    duration: float
+
+    @classmethod
+    def of(cls, lease: dict) -> LeaseState:
+        spec = lease.get("spec") or {}
+        return cls(
+            holder=spec.get("holderIdentity") or None,
+            renewed=parse_time(spec.get("renewTime") or spec.get("acquireTime")),
+            duration=float(spec.get("leaseDurationSeconds") or 0),
+        )
+
+    @property
+    def expires(self) -> datetime | None:
+        return None if self.renewed is None else self.renewed + timedelta(seconds=self.duration)
+
+    def fresh(self, now: datetime) -> bool:
+        """Held, and not expired."""
+        return self.holder is not None and self.expires is not None and self.expires > now
+
+
+def pipeline_of_run(owner: str, project: str, run_uuid: str) -> str | None:
+    """The uuid of the pipeline a Polyaxon run belongs to, asked from Polyaxon's API.
+
+    Bounded (the API may be unreachable from the pod): None when it did not answer in time
+    or the run has no pipeline.
+    """
+    found: list[str | None] = []
+
+    def ask() -> None:
+        try:
+            from polyaxon.client import RunClient
+
+            run = RunClient(owner=owner, project=project, run_uuid=run_uuid)
+            run.refresh_data()
+            pipeline = getattr(run.run_data, "pipeline", None)
+            found.append(getattr(pipeline, "uuid", None) if pipeline else None)
+        except Exception as exc:  # noqa: BLE001 - any failure falls back to the run uuid
+            log.warning("cannot ask Polyaxon for the pipeline of run %s: %s", run_uuid, exc)
+
+    # A thread so that an API that never answers cannot hold the switch.
+    thread = threading.Thread(target=ask, name="polyaxon-pipeline", daemon=True)
+    thread.start()
+    thread.join(PIPELINE_LOOKUP_TIMEOUT)
+    return found[0] if found else None
+
+
+def default_holder(
+    environ: dict[str, str] | None = None,
+    pipeline_of: Callable[[str, str, str], str | None] = pipeline_of_run,
+) -> str:
+    """The holder id when ``--holder`` is not given.
+
+    Inside a Polyaxon run (``POLYAXON_RUN_INSTANCE`` = ``owner.project.runs.uuid``): the
+    pipeline's uuid, else the run's; outside: ``user@host``.
+    """
+    environ = os.environ if environ is None else environ
+    instance = environ.get("POLYAXON_RUN_INSTANCE") or ""
+    parts = instance.split(".")
+    if len(parts) == 4 and parts[2] == "runs" and parts[3]:
+        owner, project, _, run_uuid = parts
+        return pipeline_of(owner, project, run_uuid) or run_uuid
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for the uid (some containers)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+class ClaimLease:
+    """The Lease guarding one claim.
+
+    Args:
+        kube: The API access.
+        namespace: The claim's (and the Lease's) namespace.
+        claim: The claim's name.
+        holder: Our holder id.
+        duration: Lease duration in seconds (set on each acquire or renewal).
+        now: Wall clock (Lease times are wall-clock times).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        claim: str,
+        holder: str,
+        duration: float = LEASE_DURATION,
+        now: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.claim = claim
+        self.name = lease_name(claim)
+        self.holder = holder
+        self.duration = duration
+        self.now = now
+
+    @property
+    def seconds(self) -> int:
+        """``leaseDurationSeconds``: whole seconds (an int32), rounded up, so the Lease never
+        lasts less than asked."""
+        return math.ceil(self.duration)
+
+    @property
+    def ref(self) -> str:
+        return f"Lease {self.namespace}/{self.name}"
+
+    def _refuse_if_held(self, lease: dict | None) -> None:
+        if lease is None:
+            return
+        state = LeaseState.of(lease)
+        if state.holder != self.holder and state.fresh(self.now()):
+            raise PreflightRefused(
+                f"claim {self.namespace}/{self.claim} is held by {state.holder} until "
+                f"{state.expires:%Y-%m-%dT%H:%M:%SZ} ({self.ref}): another pipeline is "
+                "measuring on it; wait until it is released or expires (or, if that pipeline "
+                f"is gone, release it: release --holder {state.holder})"
+            )
+
+    def check(self, deadline: Deadline) -> None:
+        """Refuse when another holder's Lease is fresh (a dry run: nothing written)."""
+        self._refuse_if_held(self._read(deadline))
+
+    def acquire(self, deadline: Deadline) -> str:
+        """Take the Lease, renew ours, or take over an expired one; return a note.
+
+        Raises:
+            PreflightRefused: Another holder's Lease is fresh, or RBAC forbids it.
+        """
+        for _ in range(3):
+            lease = self._read(deadline)
+            self._refuse_if_held(lease)
+            now = self.now()
+            expires = microtime(now + timedelta(seconds=self.duration))[:19] + "Z"
+            if lease is None:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {
+                        "holderIdentity": self.holder,
+                        "leaseDurationSeconds": self.seconds,
+                        "acquireTime": microtime(now),
+                        "renewTime": microtime(now),
+                        "leaseTransitions": 0,
+                    },
+                }
+                if self._write("create", body, deadline):
+                    return f"took {self.ref} as {self.holder} until {expires}"
+                continue
+            state = LeaseState.of(lease)
+            spec = dict(lease.get("spec") or {})
+            ours = state.holder == self.holder
+            spec.update(
+                holderIdentity=self.holder,
+                leaseDurationSeconds=self.seconds,
+                renewTime=microtime(now),
+            )
+            if not ours:
+                spec["acquireTime"] = microtime(now)
+                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            body = {**lease, "spec": spec}
+            if self._write("update", body, deadline):
+                if ours:
+                    return f"renewed {self.ref} as {self.holder} until {expires}"
+                if state.holder is None:
+                    return f"took {self.ref} (released before) as {self.holder} until {expires}"
+                return (
+                    f"took over {self.ref} from {state.holder}, whose lease expired at "
+                    f"{state.expires:%Y-%m-%dT%H:%M:%SZ}; held by {self.holder} until {expires}"
+                )
+        raise PreflightRefused(f"{self.ref} kept changing while it was being taken; try again")
+
+    def release(self, deadline: Deadline) -> str:
+        """Give the Lease up when we hold it; return a note.
+
+        The Lease stays, without a holder (deleting it would need another permission).
+
+        Raises:
+            PreflightRefused: Another holder's Lease is fresh, or RBAC forbids it.
+        """
+        for _ in range(3):
+            lease = self._read(deadline)
+            if lease is None:
+                return f"no {self.ref}: nothing to release"
+            state = LeaseState.of(lease)
+            if state.holder is None:
+                return f"{self.ref} is not held: nothing to release"
+            if state.holder != self.holder:
+                if not state.fresh(self.now()):
+                    return (
+                        f"{self.ref} is held by {state.holder}, not {self.holder}, and expired at "
+                        f"{state.expires:%Y-%m-%dT%H:%M:%SZ}: nothing to release"
+                    )
+                raise PreflightRefused(
+                    f"{self.ref} is held by {state.holder} until "
+                    f"{state.expires:%Y-%m-%dT%H:%M:%SZ}, not by {self.holder}: not released"
+                )
+            spec = dict(lease.get("spec") or {})
+            spec.pop("holderIdentity", None)
+            spec["renewTime"] = microtime(self.now())
+            if self._write("update", {**lease, "spec": spec}, deadline):
+                return f"released {self.ref} (held by {self.holder})"
+        raise PreflightRefused(f"{self.ref} kept changing while it was being released; try again")
+
+    def _read(self, deadline: Deadline) -> dict | None:
+        try:
+            return self.kube.read_lease(self.namespace, self.name, deadline)
+        except ApiException as exc:
+            raise self._refusal("read", exc) from exc
+
+    def _write(self, verb: str, body: dict, deadline: Deadline) -> bool:
+        """Create or update; False when someone else wrote it first (409: read again)."""
+        try:
+            if verb == "create":
+                self.kube.create_lease(self.namespace, body, deadline)
+            else:
+                self.kube.replace_lease(self.namespace, self.name, body, deadline)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise self._refusal(verb, exc) from exc
+        return True
+
+    def _refusal(self, verb: str, exc: ApiException) -> HookError:
+        if exc.status in (403, 422):
+            return PreflightRefused(f"cannot {verb} {self.ref}: {api_message(exc)}")
+        return HookError(f"{verb} {self.ref} failed: {api_message(exc)}")

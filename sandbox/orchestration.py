@@ -1,0 +1,240 @@
+"""What the sandbox's commands do, step by step: start everything, submit a pipeline,
+follow it, print the comparison; and the demo, which chains them.
+
+``sandbox/cli.py`` only parses options and calls these; each step raises a
+:class:`sandbox.errors.SandboxError` that click turns into one line and an exit code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from checkpoint_storage_bench.io_limits import ThrottleUnavailable, probe
+from sandbox import claim
+from sandbox.components import ensure_project, find_components, pipeline_twin, register
+from sandbox.config import (
+    DEFAULT_OWNER,
+    MEDIA_PROFILES_FILE,
+    REPO_ROOT,
+    load_agent_settings,
+    prepare_media,
+)
+from sandbox.errors import ConfigError, ServerUnavailableError
+from sandbox.pipeline import comparison, follow, get_run, runs_table_url, submit
+from sandbox.server import Sandbox
+
+Echo = Callable[[str], None]
+
+DEFAULT_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-pipeline.yaml"
+DEFAULT_COMPONENTS = REPO_ROOT / "components"
+# Small enough for a 2-core laptop to finish the whole pipeline in a few minutes. Only the
+# ones the pipeline declares as inputs are passed. A 32 MiB model makes an 88 MB checkpoint
+# (weights and optimizer state): about 0.7 s of writing at the baseline class's 125 MiB/s
+# and 0.35 s at 250 MiB/s, well above the noise of a shared CPU; 12 checkpoints give the
+# verdict a median to compare, not one sample.
+DEMO_PARAMS = {
+    "backend": "local",
+    "size_scale": "0.02",
+    "fio_runtime": "2",
+    "model_size": "32MiB",
+    "steps": "60",
+    "checkpoint_every": "5",
+    "device": "cpu",
+}
+
+
+def stop_hint(sb: Sandbox) -> str:
+    """The command that stops this sandbox."""
+    root = "" if sb.paths.root == REPO_ROOT else f" --root {shlex.quote(str(sb.paths.root))}"
+    return f"{shlex.quote(sys.executable)} -m sandbox stop{root}"
+
+
+def require_server(sb: Sandbox) -> None:
+    """Raise ServerUnavailableError unless this sandbox's server answers."""
+    if not sb.healthy():
+        raise ServerUnavailableError(
+            f"no sandbox server answers at {sb.url}; start it with "
+            f"{shlex.quote(sys.executable)} -m sandbox start"
+        )
+
+
+def emulation_or_media(sb: Sandbox, echo: Echo = print) -> Sandbox:
+    """The sandbox as it is when the kernel can emulate its profiles' classes (or none
+    needs emulating); else the same sandbox on the plain media profiles, said in one line.
+
+    For the default profiles file only: a profiles file the user named is used as it is
+    (and refused, exit 3, where its emulation is impossible).
+    """
+    profiles = sb.agent.profiles
+    if profiles is None or not profiles.emulated:
+        return sb
+    try:
+        for profile in profiles.profiles.values():
+            if profile.limits is not None:
+                _, device = probe(profile.path, profiles.cgroup_name)
+    except ThrottleUnavailable as exc:
+        echo(f"sandbox: cannot emulate the volume classes on this machine: {exc}")
+        echo(
+            f"sandbox: NOT AN EMULATION: falling back to {MEDIA_PROFILES_FILE.name}, two "
+            "plain media (the local disk and memory); the comparison shows the machinery, "
+            "not what the classes would do"
+        )
+        media = load_agent_settings(sb.paths.root, sb.agent.agent_file, MEDIA_PROFILES_FILE)
+        return dataclasses.replace(sb, agent=media)
+    for profile in profiles.profiles.values():
+        what = (
+            f"emulates {profile.volume_attributes_class} ({profile.limits.describe()}) "
+            f"on {device.name} ({device.id})"
+            if profile.limits
+            else f"{profile.path} as it is (no emulation)"
+        )
+        echo(f"sandbox: profile {profile.name} {what}")
+    return sb
+
+
+def start_all(
+    sb: Sandbox, owner: str, project: str, echo: Echo = print, fallback: bool = False
+) -> Sandbox:
+    """Media, server, project and agent; each step is skipped when already done.
+
+    With ``fallback`` (the default profiles file), profiles that emulate volume classes
+    fall back to plain media where the kernel cannot throttle (see
+    :func:`emulation_or_media`). Returns the sandbox as started.
+
+    Raises:
+        ConfigError: The profiles emulate classes the kernel cannot throttle here (before
+            anything is started).
+    """
+    if fallback:
+        sb = emulation_or_media(sb, echo)
+    claim.claim_cgroup(sb.agent.profiles)  # refuse an impossible emulation before starting
+    if sb.agent.profiles:
+        prepare_media(sb.agent.profiles)
+    sb.paths.state.mkdir(parents=True, exist_ok=True)
+    echo(f"sandbox: server on {sb.url} (log {sb.paths.server_log})")
+    sb.start_server()
+    ensure_project(owner, project, sb.client)
+    limits, killed = sb.start_agent()
+    if killed:
+        echo(
+            f"sandbox: ended {len(killed)} process(es) an earlier agent left in the claim's cgroup"
+        )
+    if limits:
+        echo(f"sandbox: {claim.summary(limits)}")
+    echo(f"sandbox: agent running (log {sb.paths.agent_log})")
+    return sb
+
+
+def demo_params(sb: Sandbox, pipeline: Path, overrides: dict[str, str]) -> dict[str, str]:
+    """The demo's pipeline inputs: small sizes, the local hook backend, this sandbox's API."""
+    try:
+        spec = yaml.safe_load(pipeline.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read pipeline {pipeline}: {exc}") from exc
+    declared = {i.get("name") for i in spec.get("inputs") or []}
+    values = dict(DEMO_PARAMS, api_host=sb.url)
+    profiles = sb.agent.profiles
+    if sb.agent.profiles_file:
+        values["profiles_file"] = str(sb.agent.profiles_file)
+    if profiles:
+        values.update(namespace=profiles.namespace, claim=profiles.claim)
+    values = {k: v for k, v in values.items() if k in declared}
+    values.update(overrides)
+    return values
+
+
+def submit_pipeline(
+    sb: Sandbox,
+    polyaxonfile: Path,
+    params: dict[str, str],
+    project: str,
+    hub: bool,
+    components_dir: Path = DEFAULT_COMPONENTS,
+    echo: Echo = print,
+) -> str:
+    """Register the components and submit the hubRef twin (with ``hub``, else the pathRef
+    twin); returns the run's uuid."""
+    if hub:
+        for ref in register(find_components(components_dir), DEFAULT_OWNER, sb.url):
+            echo(f"sandbox: registered {ref}")
+    twin = pipeline_twin(
+        polyaxonfile, sb.paths.generated / polyaxonfile.name, DEFAULT_OWNER if hub else None
+    )
+    echo(f"sandbox: submitting {twin} (generated from {polyaxonfile})")
+    uuid = submit(sb.client, sb.url, twin, DEFAULT_OWNER, project, params)
+    echo(f"sandbox: pipeline {uuid} submitted; {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs/{uuid}")
+    return uuid
+
+
+def submit_and_follow(
+    sb: Sandbox,
+    polyaxonfile: Path,
+    params: dict[str, str],
+    project: str,
+    hub: bool,
+    timeout: float,
+    components_dir: Path = DEFAULT_COMPONENTS,
+    echo: Echo = print,
+) -> tuple[str, list[Any]]:
+    """:func:`submit_pipeline`, then follow it to its end (RunFailedError if it fails)."""
+    uuid = submit_pipeline(sb, polyaxonfile, params, project, hub, components_dir, echo)
+    return uuid, follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
+
+
+def print_comparison(
+    sb: Sandbox, project: str, pipeline: str, ops: list[Any], echo: Echo = print
+) -> None:
+    """The verdict module's report when it exists, else our own profile-by-profile table."""
+    if importlib.util.find_spec("checkpoint_compare") is not None:
+        # --no-track: the pipeline's own compare op already logged the verdict to its run.
+        done = subprocess.run(
+            [sys.executable, "-m", "checkpoint_compare", "--api-host", sb.url, "--no-track"]
+            + ["--project", f"{DEFAULT_OWNER}/{project}", "--pipeline", pipeline],
+            cwd=REPO_ROOT,
+            check=False,
+        )
+        if done.returncode == 0:
+            return
+        echo("sandbox: checkpoint_compare failed; the raw outputs instead:")
+    # The list of a pipeline's ops may leave out outputs: read each op in full.
+    echo(comparison([get_run(sb.client, DEFAULT_OWNER, project, op.uuid) for op in ops]))
+
+
+def run_demo(
+    sb: Sandbox,
+    project: str,
+    polyaxonfile: Path,
+    overrides: dict[str, str],
+    timeout: float,
+    echo: Echo = print,
+    fallback: bool = False,
+) -> str:
+    """Start everything, run the pipeline through the hub, follow it, print the comparison,
+    and always the runs-table URL and the stop command. Returns the pipeline's uuid.
+
+    ``fallback``: see :func:`start_all`.
+
+    Raises:
+        SandboxError: Whatever step failed (the runs table is printed first).
+    """
+    sb = start_all(sb, DEFAULT_OWNER, project, echo=echo, fallback=fallback)
+    values = demo_params(sb, polyaxonfile, overrides)
+    uuid = submit_pipeline(sb, polyaxonfile, values, project, True, echo=echo)
+    try:
+        ops = follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
+        echo("")
+        print_comparison(sb, project, uuid, ops, echo=echo)
+    finally:
+        echo("")
+        echo(f"runs table: {runs_table_url(sb.url, DEFAULT_OWNER, project, uuid)}")
+        echo(f"the server keeps running; stop it with: {stop_hint(sb)}")
+    return uuid

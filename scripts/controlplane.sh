@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on 127.0.0.1, built from Go modules (docs/controlplane.md).
+#
+#   scripts/controlplane.sh build [NAME...]  build the missing or stale binaries (once; cached)
+#   scripts/controlplane.sh check            exit 1, naming what is missing, unless all are built
+#   scripts/controlplane.sh bin-dir          print the binary cache directory
+#   scripts/controlplane.sh start            start etcd, kube-apiserver, kube-controller-manager,
+#                                            the CSI driver, csi-provisioner and csi-resizer
+#   scripts/controlplane.sh stop             stop everything `start` started (a stale pid file too)
+#   scripts/controlplane.sh env              print `export KUBECONFIG=...` for a started plane
+#
+# Environment:
+#   CONTROLPLANE_BIN_DIR    binary cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/
+#                           checkpoint-storage-bench/controlplane/<version set>/bin)
+#   CONTROLPLANE_STATE_DIR  what `start` writes: certificates, etcd data, logs, pids, kubeconfigs
+#                           (default: ${TMPDIR:-/tmp}/csb-controlplane-$UID)
+#   GO                      the go command (default: `go` on PATH, else /usr/local/go/bin/go)
+#   PYTHON                  for start/stop (default: .venv/bin/python, else python3)
+#
+# Only the Go module proxy is used to build (GOFLAGS=-mod=mod is not needed: every wrapper
+# module has its go.sum committed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+MODS=$ROOT/scripts/controlplane
+
+# shellcheck source=controlplane/versions.env
+. "$MODS/versions.env"
+SET="k8s-$K8S_VERSION-etcd-$ETCD_VERSION-prov-$PROVISIONER_VERSION-rsz-$RESIZER_VERSION-hp-$HOSTPATH_VERSION"
+BIN_DIR=${CONTROLPLANE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/checkpoint-storage-bench/controlplane/$SET/bin}
+STATE_DIR=${CONTROLPLANE_STATE_DIR:-${TMPDIR:-/tmp}/csb-controlplane-$(id -u)}
+
+NAMES=(etcd csi-hostpath-lite csi-resizer csi-provisioner kube-apiserver kube-controller-manager)
+
+# name -> "wrapper-dir|main package|version|-ldflags -X ..."
+spec() {
+  case $1 in
+    etcd) echo "etcd|go.etcd.io/etcd/server/v3|$ETCD_VERSION|" ;;
+    csi-hostpath-lite) echo "hostpath|.|$HOSTPATH_VERSION|-X main.version=$HOSTPATH_VERSION" ;;
+    csi-resizer) echo "resizer|github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer|$RESIZER_VERSION|-X main.version=$RESIZER_VERSION" ;;
+    csi-provisioner) echo "provisioner|github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner|$PROVISIONER_VERSION|-X main.version=$PROVISIONER_VERSION" ;;
+    kube-apiserver | kube-controller-manager)
+      # Without the stamp /version says v0.0.0 (and clients' version checks see that).
+      local x="k8s.io/component-base/version" v=${K8S_VERSION#v}
+      local major=${v%%.*} minor=${v#*.}
+      minor=${minor%%.*}
+      echo "kubernetes|k8s.io/kubernetes/cmd/$1|$K8S_VERSION|-X $x.gitVersion=$K8S_VERSION -X $x.gitMajor=$major -X $x.gitMinor=$minor -X $x.gitTreeState=clean"
+      ;;
+    *) echo "unknown binary: $1 (one of: ${NAMES[*]})" >&2; return 2 ;;
+  esac
+}
+
+# What a built binary must match: package, version, flags and the wrapper module's files.
+stamp() {
+  local dir pkg ver flags sum
+  IFS='|' read -r dir pkg ver flags <<<"$(spec "$1")"
+  local files=("$MODS/$dir"/go.mod "$MODS/$dir"/go.sum)
+  [ "$dir" = hostpath ] && files+=("$MODS/$dir"/main.go)
+  sum=$(cat "${files[@]}" | sha256sum | cut -c1-16)
+  echo "$pkg@$ver $sum $flags"
+}
+
+up_to_date() {
+  [ -x "$BIN_DIR/$1" ] && [ -f "$BIN_DIR/$1.stamp" ] && [ "$(cat "$BIN_DIR/$1.stamp")" = "$(stamp "$1")" ]
+}
+
+find_go() {
+  if [ -n "${GO:-}" ]; then echo "$GO"; elif command -v go >/dev/null; then command -v go
+  elif [ -x /usr/local/go/bin/go ]; then echo /usr/local/go/bin/go
+  else echo "controlplane: no Go toolchain (set GO=/path/to/go)" >&2; return 1; fi
+}
+
+build_one() {
+  local name=$1 dir pkg ver flags go t0
+  IFS='|' read -r dir pkg ver flags <<<"$(spec "$name")"
+  go=$(find_go)
+  echo "controlplane: building $name ($pkg@$ver) ..." >&2
+  t0=$(date +%s)
+  (cd "$MODS/$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly "$go" build -trimpath \
+    -ldflags "-s -w $flags" -o "$BIN_DIR/.$name.tmp" "$pkg")
+  mv -f "$BIN_DIR/.$name.tmp" "$BIN_DIR/$name"
+  stamp "$name" >"$BIN_DIR/$name.stamp"
+  echo "controlplane: built $name in $(($(date +%s) - t0)) s -> $BIN_DIR/$name" >&2
+}
+
+cmd_build() {
+  local names=("$@")
+  ((${#names[@]})) || names=("${NAMES[@]}")
+  mkdir -p "$BIN_DIR"
+  # One build at a time per cache (a second caller waits, then finds the binaries built).
+  exec 9>"$BIN_DIR/.lock"
+  flock 9
+  local n t0
+  t0=$(date +%s)
+  for n in "${names[@]}"; do
+    spec "$n" >/dev/null
+    if up_to_date "$n"; then
+      echo "controlplane: $n is up to date" >&2
+    else
+      build_one "$n"
+    fi
+  done
+  echo "controlplane: binaries in $BIN_DIR (build step took $(($(date +%s) - t0)) s)" >&2
+}
+
+cmd_check() {
+  local n missing=()
+  for n in "${NAMES[@]}"; do up_to_date "$n" || missing+=("$n"); done
+  if ((${#missing[@]})); then
+    echo "not built in $BIN_DIR: ${missing[*]} (run scripts/controlplane.sh build)" >&2
+    return 1
+  fi
+}
+
+python_cmd() {
+  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"
+  elif [ -x "$ROOT/.venv/bin/python" ]; then echo "$ROOT/.venv/bin/python"
+  else echo python3; fi
+}
+
+case ${1:-} in
+  build) shift; cmd_build "$@" ;;
+  check) cmd_check ;;
+  bin-dir) echo "$BIN_DIR" ;;
+  start)
+    cmd_check
+    exec "$(python_cmd)" -m tests.kube.controlplane start --bin-dir "$BIN_DIR" --state-dir "$STATE_DIR"
+    ;;
+  stop) exec "$(python_cmd)" -m tests.kube.controlplane stop --state-dir "$STATE_DIR" ;;
+  env)
+    if [ -f "$STATE_DIR/pids.json" ] && [ -f "$STATE_DIR/admin.kubeconfig" ]; then
+      echo "export KUBECONFIG=$STATE_DIR/admin.kubeconfig"
+    else
+      echo "controlplane: not started (no $STATE_DIR/pids.json)" >&2
+      exit 1
+    fi
+    echo "export CONTROLPLANE_BIN_DIR=$BIN_DIR"
+    ;;
+  *)
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac

@@ -1,0 +1,170 @@
+"""Many ranks, one checkpoint: torchrun inside the training pod, and the PyTorchJob variant.
+
+The command lines are read back with torchrun's own argument parser
+(``torch.distributed.run.get_args_parser``), after expanding ``$(VAR)`` the way the kubelet
+does with the env the Kubeflow operator sets in every pod.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from checkpoint_storage_bench.contract import TRAINING_OUTPUTS
+from tests.bundle.bundle import CONNECTIONS, Pod, check, compile_component, current
+from tests.bundle.test_manifests import manifests
+from tests.bundle.test_polyaxonfiles import PLACEMENT
+
+FIXED_UUID = "0123456789abcdef0123456789abcdef"
+SINGLE = current("checkpoint-training")
+PYTORCHJOB = current("checkpoint-training-pytorchjob")
+PROFILE = {"storage_profile": "checkpoint-throughput"}
+
+
+def expand(argv: list[str], env: dict[str, str]) -> list[str]:
+    """``$(VAR)`` replaced from the container's env, as the kubelet does for command/args."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m[1]], arg) for arg in argv]
+
+
+def torchrun(argv: list[str]) -> Any:
+    """The options torchrun parses from a command line (its own parser)."""
+    from torch.distributed.run import get_args_parser
+
+    assert argv[0] == "torchrun", argv
+    return get_args_parser().parse_args(argv[1:])
+
+
+def single(params: dict) -> Pod:
+    return compile_component(SINGLE, {**PROFILE, **params}, run_uuid=FIXED_UUID)
+
+
+def test_one_process_runs_the_trainer_directly() -> None:
+    pod = single({})
+    assert pod.argv[:3] == ["python", "-m", "trainer"]
+    assert pod.main["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_n_processes_run_under_torchrun_with_n_gpus(n: int) -> None:
+    pod, one = single({"nproc_per_node": n}), single({})
+    options = torchrun(pod.argv)
+    assert options.nproc_per_node == str(n)
+    assert options.standalone  # one pod: a local rendezvous on a free port
+    assert options.module and options.training_script == "trainer"
+    # The trainer gets exactly the arguments the single process gets.
+    assert options.training_script_args == one.argv[3:]
+    assert pod.main["resources"]["limits"]["nvidia.com/gpu"] == str(n)
+    assert kubernetes_validate.validate(pod.as_pod(), "1.34.0", strict=True)
+
+
+def test_the_process_count_is_bounded() -> None:
+    from polyaxon.exceptions import PolyaxonfileError
+
+    for bad in (0, 17):
+        with pytest.raises(PolyaxonfileError):
+            check(SINGLE, {**PROFILE, "nproc_per_node": bad})
+
+
+# ---- the PyTorchJob variant ----
+
+
+def pytorchjob(params: dict) -> Pod:
+    return compile_component(PYTORCHJOB, {**PROFILE, **params}, run_uuid=FIXED_UUID)
+
+
+def operator_env(replica: str, index: int) -> dict[str, str]:
+    """What the Kubeflow operator sets in a replica's pod (RANK: the pod's index)."""
+    rank = index + (1 if replica == "Worker" else 0)
+    return {"MASTER_ADDR": "train-master-0", "MASTER_PORT": "23456", "RANK": str(rank)}
+
+
+@pytest.mark.parametrize(("workers", "n"), [(1, 1), (3, 8)])
+def test_every_pod_runs_the_same_trainer_under_torchrun(workers: int, n: int) -> None:
+    job = pytorchjob({"workers": workers, "nproc_per_node": n})
+    replicas = job.replicas()
+    assert set(replicas) == {"Master", "Worker"}
+    assert replicas["Master"].replica_count == 1
+    assert replicas["Worker"].replica_count == workers
+    one = single({})
+    for name, pod in replicas.items():
+        for index in range(pod.replica_count):
+            options = torchrun(expand(pod.argv, operator_env(name, index)))
+            assert options.nnodes == str(workers + 1)
+            assert options.node_rank == index + (1 if name == "Worker" else 0)
+            assert (options.master_addr, options.master_port) == ("train-master-0", 23456)
+            assert options.nproc_per_node == str(n)
+            assert options.module and options.training_script == "trainer"
+            # Same arguments as the single-pod job (same run uuid: the same checkpoint dir).
+            assert options.training_script_args == one.argv[3:]
+        assert pod.main["resources"]["limits"]["nvidia.com/gpu"] == str(n)
+        assert pod.main["image"] == one.main["image"]
+
+
+def test_every_replica_mounts_the_shared_claim() -> None:
+    job = pytorchjob({"claim": "efs-checkpoints"})
+    for name, pod in job.replicas().items():
+        assert pod.mounts() == {"/checkpoints": "efs-checkpoints"}, name
+        assert pod.field_ref("NODE_NAME") == "spec.nodeName"
+        assert pod.env["STORAGE_PROFILE"] == "checkpoint-throughput"
+        assert pod.env["IMAGE_REF"] == pod.main["image"]
+        assert kubernetes_validate.validate(pod.as_pod(), "1.34.0", strict=True)
+
+
+def read_write_once_claims() -> list[str]:
+    return [
+        doc["metadata"]["name"]
+        for doc in manifests("PersistentVolumeClaim")
+        if doc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    ]
+
+
+def test_a_read_write_once_claim_is_refused() -> None:
+    # Pods on several nodes cannot share a ReadWriteOnce volume: the bundle's own claim
+    # (connections/) is refused before anything is scheduled.
+    from polyaxon.exceptions import PolyaxonfileError
+
+    claims = read_write_once_claims()
+    assert claims, f"no ReadWriteOnce claim in {CONNECTIONS}"
+    for claim in claims:
+        with pytest.raises(PolyaxonfileError) as error:
+            check(PYTORCHJOB, {**PROFILE, "claim": claim})
+        assert "regex" in str(error.value.__cause__ or error.value)
+    default = {io.name: io.value for io in check(PYTORCHJOB, PROFILE).component.inputs}
+    assert default["claim"] not in claims
+    # And it never uses the `checkpoints` connection (that is the ReadWriteOnce claim).
+    for pod in pytorchjob({}).replicas().values():
+        claims_mounted = {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod.spec["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        assert claims_mounted == {default["claim"]}
+
+
+def test_retries_are_for_signals_only() -> None:
+    # Kubeflow has no podFailurePolicy; ExitCode restarts a pod killed by a signal (128+N:
+    # node loss, preemption) and fails the job on the trainer's own exit codes (1-127).
+    job = pytorchjob({})
+    assert job.termination["backoffLimit"] == 2
+    for name, spec in job.manifest["pytorchJobSpec"]["replicaSpecs"].items():
+        assert spec["restartPolicy"] == "ExitCode", name
+        assert Pod(job.manifest, name).as_pod()["spec"]["restartPolicy"] == "Never"
+
+
+def test_placement_reaches_every_replica() -> None:
+    job = pytorchjob(PLACEMENT)
+    for pod in job.replicas().values():
+        assert pod.spec["nodeSelector"] == PLACEMENT["node_selector"]
+        assert pod.spec["tolerations"] == PLACEMENT["tolerations"]
+        assert pod.spec["affinity"] == PLACEMENT["affinity"]
+
+
+def test_it_declares_the_training_jobs_outputs() -> None:
+    component = check(PYTORCHJOB, PROFILE).component
+    assert {io.name for io in component.outputs} == set(TRAINING_OUTPUTS)
+    # Same inputs as the single-pod job, plus where the ranks run.
+    single_inputs = {io.name for io in check(SINGLE, PROFILE).component.inputs}
+    assert {io.name for io in component.inputs} == single_inputs | {"workers", "claim"}

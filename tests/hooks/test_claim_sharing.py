@@ -1,0 +1,430 @@
+"""A claim shared over time: a fresh unbound claim, the ledger of switches on the claim, and
+the Lease that keeps one pipeline at a time on it (issue 12 items 1, 3 and 4)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from checkpoint_storage_bench.contract import (
+    LEDGER_ANNOTATION,
+    LedgerEntry,
+    format_ledger,
+    parse_ledger,
+)
+from hooks.storage_profile import report as report_module
+from hooks.storage_profile.lease import default_holder
+from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
+from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_lease, make_volume
+
+NS, CLAIM = "ml-team", "training-checkpoints"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cluster(double: KubeDouble) -> KubeDouble:
+    make_volume(double)
+    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
+    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    return double
+
+
+def switch(kubeconfig: Path, *extra: str, to: str = "fast"):
+    return run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", to, "--kubeconfig", str(kubeconfig),
+        "--settle", "kubernetes", *extra,
+    )  # fmt: skip
+
+
+def release(kubeconfig: Path, holder: str, claim: str = CLAIM):
+    return run_hook(
+        "release", "-n", NS, "--claim", claim, "--holder", holder, "--kubeconfig", str(kubeconfig)
+    )
+
+
+def ledger(double: KubeDouble) -> list[LedgerEntry]:
+    claim = double.get("PersistentVolumeClaim", CLAIM, NS)
+    return parse_ledger((claim["metadata"].get("annotations") or {}).get(LEDGER_ANNOTATION))
+
+
+def seed_ledger(double: KubeDouble, *hours_ago: float) -> list[LedgerEntry]:
+    now = datetime.now(UTC).replace(microsecond=0)
+    entries = [
+        LedgerEntry(now - timedelta(hours=h), "baseline", "fast", "pipeline-old") for h in hours_ago
+    ]
+    double.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: (
+            c["metadata"]
+            .setdefault("annotations", {})
+            .update({LEDGER_ANNOTATION: format_ledger(entries)})
+        ),
+    )
+    return sorted(entries, key=lambda e: e.at)
+
+
+# ----------------------------------------------------------------- a fresh unbound claim
+
+
+def test_an_unbound_claim_created_with_the_class_is_a_no_op(
+    double: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    make_volume(double, bound=False, current="fast")  # WaitForFirstConsumer, no pod yet
+    make_class(double, "fast", iops="6000")
+    monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
+    summary = tmp_path / "s.json"
+    result = run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "--summary-json", str(summary),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "the class applies when its volume is provisioned" in result.stderr
+    data = load_summary(summary)
+    assert data["unbound_noop"] is True and data["outcome"] == "unbound-noop"
+    assert data["applied_class"] == "fast" and not data["patched"]
+    assert (data["k8s_settle_s"], data["provider_settle_s"], data["total_settle_s"]) == (0, 0, 0)
+    assert any("applies when its volume is provisioned" in n for n in data["notes"])
+    assert double.claim_writes() == []
+    assert double.lease()["spec"]["holderIdentity"] == "pipeline-a"  # measured next: held
+    record = json.loads(
+        next((tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")).read_text()
+    )
+    assert record["outputs"]["unbound_noop"] is True
+    assert record["outputs"]["applied_class"] == "fast"
+    assert record["outputs"]["total_settle_s"] == 0
+
+
+def test_a_bound_switch_reports_unbound_noop_false(cluster: KubeDouble, kubeconfig: Path, tmp_path):
+    summary = tmp_path / "s.json"
+    assert switch(kubeconfig, "--summary-json", str(summary)).exit_code == 0
+    assert load_summary(summary)["unbound_noop"] is False
+
+
+@pytest.mark.parametrize("requested", ["baseline", None])
+def test_an_unbound_claim_asking_for_another_class_is_refused_with_what_to_do(
+    double: KubeDouble, kubeconfig: Path, requested: str | None
+):
+    make_volume(double, bound=False, current=requested)
+    make_class(double, "fast", iops="6000")
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "the class of an unbound claim cannot change" in result.stderr
+    assert "Create the claim with spec.volumeAttributesClassName: fast" in result.stderr
+    assert double.writes() == []
+
+
+def test_an_unbound_claim_asking_for_a_missing_class_is_refused(
+    double: KubeDouble, kubeconfig: Path
+):
+    make_volume(double, bound=False, current="fast")
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "VolumeAttributesClass fast not found" in result.stderr
+
+
+# ------------------------------------------------------------------- the ledger of switches
+
+
+def test_each_switch_appends_to_the_ledger_in_the_same_patch(cluster: KubeDouble, kubeconfig: Path):
+    cluster.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: c["metadata"].setdefault("annotations", {}).update(team="ml"),
+    )
+    started = datetime.now(UTC).replace(microsecond=0)
+    assert switch(kubeconfig).exit_code == 0
+    assert switch(kubeconfig, to="baseline").exit_code == 0
+    entries = ledger(cluster)
+    assert [(e.from_class, e.to_class, e.holder) for e in entries] == [
+        ("baseline", "fast", "pipeline-a"),
+        ("fast", "baseline", "pipeline-a"),
+    ]
+    assert all(started <= e.at <= datetime.now(UTC) for e in entries)
+    # One write per switch to the claim: the class and the ledger together.
+    patches = [w for w in cluster.claim_writes() if w.status == 200]
+    assert [p.body["spec"]["volumeAttributesClassName"] for p in patches] == ["fast", "baseline"]
+    assert all(LEDGER_ANNOTATION in p.body["metadata"]["annotations"] for p in patches)
+    claim = cluster.get("PersistentVolumeClaim", CLAIM, NS)
+    assert claim["metadata"]["annotations"]["team"] == "ml"  # others untouched
+
+
+def test_the_switch_reports_the_ledger_it_left(
+    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The verdict reads the claim's switches from the hook run's ``ledger`` output."""
+    monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
+    summary = tmp_path / "s.json"
+    assert switch(kubeconfig, "--summary-json", str(summary)).exit_code == 0
+    written = cluster.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]["annotations"][
+        LEDGER_ANNOTATION
+    ]
+    assert load_summary(summary)["ledger"] == written
+    record = json.loads(
+        next((tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")).read_text()
+    )
+    assert [(e.from_class, e.to_class) for e in parse_ledger(record["outputs"]["ledger"])] == [
+        ("baseline", "fast")
+    ]
+
+
+def test_a_no_op_switch_adds_no_entry(cluster: KubeDouble, kubeconfig: Path):
+    assert switch(kubeconfig, to="baseline").exit_code == 0
+    assert ledger(cluster) == []
+
+
+def test_a_rollback_is_recorded_too(cluster: KubeDouble, kubeconfig: Path):
+    cluster.resizer.results["fast"] = ["InvalidArgument"]
+    assert switch(kubeconfig, "--on-infeasible", "rollback").exit_code == 4
+    assert [(e.from_class, e.to_class) for e in ledger(cluster)] == [
+        ("baseline", "fast"),
+        ("fast", "baseline"),
+    ]
+
+
+def test_the_window_is_enforced_from_the_ledger_naming_the_next_slot(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    seeded = seed_ledger(cluster, 1, 2, 3, 20)  # EBS: 4 per rolling 24 h
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "has 4 switches in the last 24 h" in result.stderr
+    next_at = seeded[0].at + timedelta(hours=24)  # when the 20 h old one leaves the window
+    assert f"the next from {next_at:%Y-%m-%dT%H:%M:%SZ}" in result.stderr
+    assert cluster.claim_writes() == [] and cluster.lease() is None
+
+    forced = switch(kubeconfig, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert "warning: --force: the claim's ledger" in forced.stderr
+    assert len(ledger(cluster)) == 5
+
+
+def test_switches_older_than_the_window_do_not_count(cluster: KubeDouble, kubeconfig: Path):
+    seed_ledger(cluster, 25, 26, 27, 30)
+    assert switch(kubeconfig).exit_code == 0
+
+
+def test_the_gke_window_is_one_per_four_hours(double: KubeDouble, kubeconfig: Path):
+    make_volume(double, driver="pd.csi.storage.gke.io")
+    make_class(double, "fast", driver="pd.csi.storage.gke.io", iops="5000")
+    seeded = seed_ledger(double, 1)
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "pd.csi.storage.gke.io allows 1 per 4 h" in result.stderr
+    assert f"the next from {seeded[0].at + timedelta(hours=4):%Y-%m-%dT%H:%M:%SZ}" in result.stderr
+
+
+def test_a_hand_written_annotation_is_refused_unless_forced(cluster: KubeDouble, kubeconfig: Path):
+    cluster.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: (
+            c["metadata"]
+            .setdefault("annotations", {})
+            .update({LEDGER_ANNOTATION: "switched twice yesterday"})
+        ),
+    )
+    result = switch(kubeconfig)
+    assert result.exit_code == 3, result.output
+    assert "is not a ledger of switches" in result.stderr
+    forced = switch(kubeconfig, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert [e.to_class for e in ledger(cluster)] == ["fast"]
+
+
+@pytest.fixture
+def ebs_cluster(cluster: KubeDouble, ec2: Ec2) -> KubeDouble:
+    cluster.update(
+        "PersistentVolume",
+        "pvc-0001",
+        None,
+        lambda pv: pv["spec"]["csi"].__setitem__("volumeHandle", ec2.volume_id),
+    )
+    cluster.resizer.on_modify = modify_from_class(ec2)
+    return cluster
+
+
+def test_the_provider_is_a_second_source_and_the_stricter_wins(
+    ebs_cluster: KubeDouble, kubeconfig: Path, ec2: Ec2, use_ebs
+):
+    # EC2 saw 4 modifications just now (the next fits in 24 h); the ledger 4 from 20-23 h
+    # ago (the next fits in 1 h): EC2's later time wins.
+    for iops in (3100, 3200, 3300, 3400):
+        ec2.client.modify_volume(VolumeId=ec2.volume_id, Iops=iops)
+    seed_ledger(ebs_cluster, 20, 21, 22, 23)
+    use_ebs(Stepper(since=datetime.now(UTC) + timedelta(seconds=1)))
+    result = switch(kubeconfig, "--settle", "provider")
+    assert result.exit_code == 3, result.output
+    assert "has 4 switches in the last 24 h" in result.stderr  # the ledger's refusal
+    assert "modified 4 times in the last 24 h" in result.stderr  # EC2's refusal
+    ec2_next = max(
+        m["StartTime"]
+        for m in ec2.client.describe_volumes_modifications(VolumeIds=[ec2.volume_id])[
+            "VolumesModifications"
+        ]
+    )
+    assert "the stricter: the next switch is allowed from " in result.stderr
+    stricter = result.stderr.split("the stricter: the next switch is allowed from ")[1][:20]
+    assert stricter > f"{datetime.now(UTC) + timedelta(hours=23):%Y-%m-%dT%H:%M:%SZ}"
+    assert ec2_next  # EC2 has the history the stricter time comes from
+
+
+def test_the_ledger_refuses_where_the_provider_sees_nothing(
+    ebs_cluster: KubeDouble, kubeconfig: Path, use_ebs
+):
+    # AWS may list only a volume's latest modification: the ledger still counts all four.
+    seed_ledger(ebs_cluster, 1, 2, 3, 4)
+    use_ebs(Stepper(since=datetime.now(UTC) + timedelta(seconds=1)))
+    result = switch(kubeconfig, "--settle", "provider")
+    assert result.exit_code == 3, result.output
+    assert "has 4 switches in the last 24 h" in result.stderr
+
+
+# ------------------------------------------------------------------------------ the Lease
+
+
+def test_a_switch_takes_the_lease_and_renews_its_own(cluster: KubeDouble, kubeconfig: Path):
+    first = switch(kubeconfig)
+    assert first.exit_code == 0, first.output
+    lease = cluster.lease()
+    assert lease["spec"]["holderIdentity"] == "pipeline-a"
+    assert lease["spec"]["leaseDurationSeconds"] == 6 * 3600
+    assert "took Lease ml-team/storage-profile-training-checkpoints as pipeline-a" in first.stderr
+    second = switch(kubeconfig, to="baseline")
+    assert second.exit_code == 0, second.output
+    renewed = cluster.lease()
+    assert "renewed Lease" in second.stderr
+    assert renewed["spec"]["renewTime"] > lease["spec"]["renewTime"]
+    assert renewed["spec"]["acquireTime"] == lease["spec"]["acquireTime"]
+    assert renewed["spec"]["leaseTransitions"] == 0
+
+
+def test_another_holders_fresh_lease_refuses_naming_holder_and_expiry(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    make_lease(cluster, "pipeline-b", renewed_ago=60, duration=3600)
+    for extra in ((), ("--dry-run",)):
+        result = switch(kubeconfig, *extra)
+        assert result.exit_code == 3, result.output
+        assert "is held by pipeline-b until " in result.stderr
+        expires = result.stderr.split("is held by pipeline-b until ")[1][:20]
+        expected = datetime.now(UTC) + timedelta(seconds=3540)
+        assert abs(datetime.fromisoformat(expires.replace("Z", "+00:00")) - expected) < timedelta(
+            seconds=30
+        )
+    assert cluster.claim_writes() == []
+    assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
+
+
+def test_an_expired_lease_is_taken_over(cluster: KubeDouble, kubeconfig: Path):
+    make_lease(cluster, "pipeline-b", renewed_ago=7200, duration=3600)
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert "took over Lease ml-team/storage-profile-training-checkpoints from pipeline-b" in (
+        result.stderr
+    )
+    spec = cluster.lease()["spec"]
+    assert spec["holderIdentity"] == "pipeline-a" and spec["leaseTransitions"] == 1
+
+
+def test_release_gives_the_lease_up_for_the_next_pipeline(cluster: KubeDouble, kubeconfig: Path):
+    assert switch(kubeconfig).exit_code == 0
+    other = release(kubeconfig, "pipeline-b")
+    assert other.exit_code == 3, other.output
+    assert "is held by pipeline-a until" in other.stderr and "not released" in other.stderr
+    mine = release(kubeconfig, "pipeline-a")
+    assert mine.exit_code == 0, mine.output
+    assert "released Lease ml-team/storage-profile-training-checkpoints" in mine.stdout
+    assert "holderIdentity" not in cluster.lease()["spec"]
+    again = release(kubeconfig, "pipeline-a")
+    assert again.exit_code == 0 and "nothing to release" in again.stdout
+    # The next pipeline can switch now.
+    nxt = switch(kubeconfig, "--holder", "pipeline-b", to="baseline")
+    assert nxt.exit_code == 0, nxt.output
+    assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
+
+
+def test_release_without_a_lease_or_of_an_expired_one_is_a_no_op(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    none = release(kubeconfig, "pipeline-a")
+    assert none.exit_code == 0 and "nothing to release" in none.stdout
+    make_lease(cluster, "pipeline-b", renewed_ago=7200, duration=3600)
+    expired = release(kubeconfig, "pipeline-a")
+    assert expired.exit_code == 0 and "expired" in expired.stdout
+    assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
+
+
+def test_release_on_the_local_backend_is_a_no_op():
+    result = run_hook(
+        "release", "--backend", "local", "-n", "sandbox", "--claim", CLAIM, "--holder", "x"
+    )
+    assert result.exit_code == 0, result.output
+    assert "no Lease" in result.stdout
+
+
+def test_least_privilege_rbac_covers_the_lease_and_no_other(cluster: KubeDouble, kubeconfig: Path):
+    cluster.rbac = Rbac.from_manifests(
+        ROOT / "connections" / "rbac-storage-profile.yaml", "ml-team:storage-profile-hook"
+    )
+    assert switch(kubeconfig).exit_code == 0  # create
+    assert switch(kubeconfig, to="baseline").exit_code == 0  # get + update
+    assert release(kubeconfig, "pipeline-a").exit_code == 0
+    assert all(r.status != 403 for r in cluster.requests)
+    # Another claim's Lease is out of reach (get and update are restricted by name).
+    result = release(kubeconfig, "pipeline-a", claim="someone-else")
+    assert result.exit_code == 3, result.output
+    assert "cannot read Lease ml-team/storage-profile-someone-else" in result.stderr
+
+
+def test_status_shows_the_lease_and_the_ledger(cluster: KubeDouble, kubeconfig: Path):
+    assert switch(kubeconfig).exit_code == 0
+    args = ("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    data = json.loads(run_hook(*args, "--json").stdout)
+    assert data["lease"]["holder"] == "pipeline-a"
+    assert [(e["from"], e["to"]) for e in data["ledger"]] == [("baseline", "fast")]
+    text = run_hook(*args).stdout
+    assert "lease          storage-profile-training-checkpoints: pipeline-a, until" in text
+    assert "baseline -> fast (pipeline-a)" in text
+
+
+def test_the_default_holder():
+    def pipeline(owner: str, project: str, run: str) -> str | None:
+        assert (owner, project) == ("acme", "bench")
+        return {"run-1": "pipeline-9"}.get(run)
+
+    inside = {"POLYAXON_RUN_INSTANCE": "acme.bench.runs.run-1"}
+    assert default_holder(inside, pipeline) == "pipeline-9"
+    alone = {"POLYAXON_RUN_INSTANCE": "acme.bench.runs.run-2"}
+    assert default_holder(alone, pipeline) == "run-2"  # a run outside a pipeline
+    outside = default_holder({}, pipeline)
+    assert "@" in outside and outside.split("@")[1]
+
+
+@pytest.mark.parametrize("holder", ["", "   ", "a\nb"])
+def test_a_blank_or_unprintable_holder_is_a_usage_error(holder: str):
+    result = run_hook("switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--holder", holder)
+    assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize("seconds", ["0.5", "2147483648", "1e10"])
+def test_a_lease_duration_the_api_cannot_store_is_a_usage_error(seconds: str):
+    # leaseDurationSeconds is an int32 greater than 0: kube-apiserver refuses 0 (422) and
+    # cannot even decode more than 2^31-1 (400), so the hook refuses both before asking.
+    result = run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--lease-duration", seconds
+    )
+    assert result.exit_code == 2, result.output
+    assert "--lease-duration must be 1 to 2147483647 seconds" in result.stderr
+
+
+def test_a_fractional_lease_duration_is_rounded_up(cluster: KubeDouble, kubeconfig: Path):
+    result = switch(kubeconfig, "--lease-duration", "90.2")
+    assert result.exit_code == 0, result.output
+    assert cluster.lease()["spec"]["leaseDurationSeconds"] == 91

@@ -1,0 +1,313 @@
+"""Helpers for the tier that runs against the real control plane (tests/kube/controlplane.py).
+
+Objects are handled as the API's JSON (camelCase dicts), like the hook does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from tests.kube.controlplane import NODE_NAME, ControlPlane, write_kubeconfig
+
+REPO = Path(__file__).resolve().parents[2]
+CONNECTIONS = REPO / "connections"
+NAMESPACE = "ml-team"
+CLAIM = "training-checkpoints"
+SERVICE_ACCOUNT = "storage-profile-hook"
+BASELINE, THROUGHPUT = "checkpoint-baseline", "checkpoint-throughput"
+# A class the driver refuses: `tier` is not in --accepted-mutable-parameter-names.
+REFUSED = "checkpoint-refused"
+STORAGE_CLASS_FILE = CONNECTIONS / "storageclass-hostpath.yaml"
+CLASSES_FILE = CONNECTIONS / "vac-hostpath.yaml"
+RBAC_FILE = CONNECTIONS / "rbac-storage-profile.yaml"
+CLAIM_FILE = CONNECTIONS / "claim-training-checkpoints.yaml"
+FIELD_MANAGER = "checkpoint-storage-bench-tests"
+
+
+def load_docs(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def is_manifest(doc: Any) -> bool:
+    return isinstance(doc, dict) and "apiVersion" in doc and "kind" in doc
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2) -> Any:
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+@dataclass
+class HookRun:
+    argv: list[str]
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def __str__(self) -> str:
+        return f"$ {' '.join(self.argv)}\nexit {self.exit_code}\n{self.output}"
+
+
+class Cluster:
+    """The admin's view of a started :class:`ControlPlane`, plus what the tests share."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self.api = config.new_client_from_config(str(plane.admin_kubeconfig))
+        self.core = client.CoreV1Api(self.api)
+        self.storage = client.StorageV1Api(self.api)
+        self.dynamic = DynamicClient(self.api)
+
+    # -- raw JSON access -----------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None, **query: str) -> Any:
+        """One API call as the admin; returns the decoded JSON body (raises ApiException)."""
+        headers = {"Accept": "application/json"}
+        if method == "PATCH":
+            headers["Content-Type"] = "application/merge-patch+json"
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        resp = self.api.call_api(
+            path,
+            method,
+            query_params=list(query.items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+        data = resp.data
+        return json.loads(data) if data else None
+
+    def claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> dict | None:
+        try:
+            return self.request(
+                "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def pv(self, name: str) -> dict | None:
+        try:
+            return self.request("GET", f"/api/v1/persistentvolumes/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_claim(self, patch: dict, name: str = CLAIM, namespace: str = NAMESPACE) -> dict:
+        return self.request(
+            "PATCH", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}", patch
+        )
+
+    def events(self, name: str = CLAIM, namespace: str = NAMESPACE) -> list[dict]:
+        listing = self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/events",
+            fieldSelector=f"involvedObject.name={name},involvedObject.kind=PersistentVolumeClaim",
+        )
+        return listing["items"]
+
+    # -- manifests -------------------------------------------------------------------------------
+
+    def apply(self, doc: dict, *, dry_run: bool = False, strict: bool = True) -> dict:
+        """Server-side apply one object (fieldValidation=Strict: unknown fields are errors)."""
+        resource = self.dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        kwargs: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "force_conflicts": True,
+            "query_params": [("fieldValidation", "Strict" if strict else "Ignore")],
+        }
+        if dry_run:
+            kwargs["dry_run"] = "All"
+        return self.dynamic.server_side_apply(resource, body=doc, **kwargs).to_dict()
+
+    def apply_file(self, path: Path, **kwargs: Any) -> list[dict]:
+        return [self.apply(doc, **kwargs) for doc in load_docs(path) if is_manifest(doc)]
+
+    def create_dry_run(self, doc: dict) -> dict:
+        """POST with dryRun=All and fieldValidation=Strict: admission and validation, no write."""
+        resource = self.dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        return self.dynamic.create(
+            resource,
+            body=doc,
+            namespace=doc.get("metadata", {}).get("namespace"),
+            dry_run="All",
+            query_params=[("fieldValidation", "Strict")],
+        ).to_dict()
+
+    # -- the cluster's fixed parts ---------------------------------------------------------------
+
+    def bootstrap(self) -> None:
+        """Namespace, node, the hostpath StorageClass and classes, the hook's RBAC."""
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other-team"}})
+        # No kubelet: a Node object only, for volume.kubernetes.io/selected-node to name.
+        self.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": NODE_NAME, "labels": {"kubernetes.io/hostname": NODE_NAME}},
+            }
+        )
+        self.apply_file(STORAGE_CLASS_FILE)
+        self.apply_file(CLASSES_FILE)
+        self.apply_file(RBAC_FILE)
+        # A class of the same driver with a parameter the driver does not accept.
+        self.apply(
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "VolumeAttributesClass",
+                "metadata": {"name": REFUSED},
+                "driverName": "hostpath.csi.k8s.io",
+                "parameters": {"iops": "9000", "throughput": "500", "tier": "gold"},
+            }
+        )
+
+    def storage_class_name(self) -> str:
+        return load_docs(STORAGE_CLASS_FILE)[0]["metadata"]["name"]
+
+    def shipped_claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> dict:
+        """connections/claim-training-checkpoints.yaml with only storageClassName changed
+        (to the hostpath class), and optionally another name/namespace for bystanders."""
+        (doc,) = load_docs(CLAIM_FILE)
+        doc["metadata"]["name"] = name
+        doc["metadata"]["namespace"] = namespace
+        doc["spec"]["storageClassName"] = self.storage_class_name()
+        return doc
+
+    def create_bound_claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> dict:
+        """Apply the claim, select the node as the scheduler would, wait until it is Bound
+        and its volume settled on the class it was created with."""
+        self.apply(self.shipped_claim(name, namespace))
+        self.patch_claim(
+            {"metadata": {"annotations": {"volume.kubernetes.io/selected-node": NODE_NAME}}},
+            name,
+            namespace,
+        )
+        return wait_for(
+            f"claim {namespace}/{name} bound",
+            lambda: _bound(self.claim(name, namespace)),
+            timeout=60,
+        )
+
+    def delete_claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> None:
+        """Delete the claim, then wait until it and its (Delete-policy) volume are gone."""
+        claim = self.claim(name, namespace)
+        if claim is None:
+            return
+        pv_name = claim["spec"].get("volumeName")
+        try:
+            self.request("DELETE", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        wait_for(f"claim {namespace}/{name} deleted", lambda: self.claim(name, namespace) is None)
+        if pv_name:
+            wait_for(f"volume {pv_name} deleted", lambda: self.pv(pv_name) is None, timeout=60)
+
+    def settled(self, cls: str, name: str = CLAIM, namespace: str = NAMESPACE) -> dict | None:
+        """The claim, if spec and current class are ``cls`` and no modification is pending."""
+        claim = self.claim(name, namespace)
+        if claim is None:
+            return None
+        status = claim.get("status") or {}
+        if (
+            claim["spec"].get("volumeAttributesClassName") == cls
+            and status.get("currentVolumeAttributesClassName") == cls
+            and not status.get("modifyVolumeStatus")
+        ):
+            return claim
+        return None
+
+    # -- the hook's identity -------------------------------------------------------------------
+
+    def token(self, service_account: str = SERVICE_ACCOUNT, namespace: str = NAMESPACE) -> str:
+        """A TokenRequest token for the service account (what a pod's projected token is)."""
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        )
+        answer = self.core.create_namespaced_service_account_token(
+            service_account, namespace, request
+        )
+        return answer.status.token
+
+    def service_account_kubeconfig(self, path: Path) -> Path:
+        return write_kubeconfig(
+            path,
+            self.plane.server,
+            self.plane.pki.ca_crt,
+            user={"token": self.token()},
+            user_name=f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}",
+            namespace=NAMESPACE,
+        )
+
+
+def _bound(claim: dict | None) -> dict | None:
+    if claim and (claim.get("status") or {}).get("phase") == "Bound":
+        return claim
+    return None
+
+
+def run_hook(kubeconfig: Path, *args: str, timeout: float = 120) -> HookRun:
+    """``python -m hooks.storage_profile ARGS --kubeconfig K`` as a subprocess from the repo root."""
+    sub, *rest = args
+    argv = [sys.executable, "-m", "hooks.storage_profile", sub, "--kubeconfig", str(kubeconfig)]
+    argv += rest
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    done = subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    return HookRun(argv, done.returncode, done.stdout, done.stderr)
+
+
+def switch(kubeconfig: Path, target: str, *extra: str, timeout: float = 120) -> HookRun:
+    return run_hook(
+        kubeconfig,
+        "switch",
+        "--namespace",
+        NAMESPACE,
+        "--claim",
+        CLAIM,
+        "--to",
+        target,
+        "--settle",
+        "kubernetes",
+        # The hook's own deadline (exit 5) comes well before the subprocess timeout.
+        "--timeout",
+        str(int(timeout / 2)),
+        *extra,
+        timeout=timeout,
+    )
+
+
+def names(items: Iterable[dict]) -> list[str]:
+    return [i["metadata"]["name"] for i in items]

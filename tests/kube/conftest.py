@@ -1,0 +1,171 @@
+"""The `kube` tier: one real control plane on 127.0.0.1 for the whole session.
+
+Binaries come from scripts/controlplane.sh's cache. When they are not built the tier skips
+with one line saying what is missing, unless ``CI`` is set: then the fixture builds them
+(``scripts/controlplane.sh build``) or fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kube.cluster import BASELINE, CLAIM, NAMESPACE, REPO, Cluster, wait_for
+from tests.kube.controlplane import ControlPlane, ControlPlaneError, stop_recorded
+
+SCRIPT = REPO / "scripts" / "controlplane.sh"
+# Per-session state dirs live under here (short: the CSI socket is in them).
+STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
+BUILD_TIMEOUT = 3600
+
+
+def _script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _go_available() -> bool:
+    return bool(os.environ.get("GO") or shutil.which("go") or Path("/usr/local/go/bin/go").exists())
+
+
+def _missing() -> str | None:
+    """Why the tier cannot run here (one line), or None when the binaries are built."""
+    check = _script("check")
+    if check.returncode == 0:
+        return None
+    missing = check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "?"
+    if not _go_available():
+        return f"kube tier: no Go toolchain (go, GO=) to build the control plane; {missing}"
+    return f"kube tier: {missing}"
+
+
+class _TierSkipped(pytest.Item):
+    """Stands for the whole tier when it cannot run: one SKIPPED line instead of one per test."""
+
+    def __init__(self, *, reason: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reason = reason
+        self.add_marker(pytest.mark.kube)
+
+    def runtest(self) -> None:
+        pytest.skip(self.reason)
+
+    def reportinfo(self):
+        return self.path, None, "kube tier"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the stand-in is marked `kube` too
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    tier = [item for item in items if here in item.path.parents]
+    if not tier or os.environ.get("CI"):
+        return  # under CI the fixture builds (or fails) instead of skipping
+    reason = _missing()
+    if reason is None:
+        return
+    parent = tier[0].parent
+    while parent is not None and parent.path != here:
+        parent = parent.parent
+    stand_in = _TierSkipped.from_parent(parent or tier[0].parent, name="kube-tier", reason=reason)
+    items[items.index(tier[0])] = stand_in
+    for item in tier[1:]:
+        items.remove(item)
+    config.hook.pytest_deselected(items=tier)
+
+
+_build_failure: list[str] = []  # a failed CI build, so that it is tried once per session
+
+
+def _binaries() -> Path:
+    """The binary directory, built; skips (or, under CI, builds or fails) otherwise."""
+    if _build_failure:
+        pytest.fail(_build_failure[0], pytrace=False)
+    reason = _missing()
+    if reason is not None:
+        if not os.environ.get("CI"):
+            pytest.skip(reason)
+        build = _script("build", timeout=BUILD_TIMEOUT)
+        if build.returncode != 0:
+            _build_failure.append(
+                "kube tier (CI): scripts/controlplane.sh build failed:\n" + build.stderr[-4000:]
+            )
+            pytest.fail(_build_failure[0], pytrace=False)
+    return Path(_script("bin-dir").stdout.strip())
+
+
+def _clean_stale_sessions() -> None:
+    """Stop what earlier, killed sessions left (their pytest pid is gone)."""
+    if not STATE_ROOT.exists():
+        return
+    for session in STATE_ROOT.iterdir():
+        if session.name.isdigit() and not Path(f"/proc/{session.name}").exists():
+            stop_recorded(session)
+            shutil.rmtree(session, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    bin_dir = _binaries()
+    _clean_stale_sessions()
+    state = STATE_ROOT / str(os.getpid())
+    shutil.rmtree(state, ignore_errors=True)
+    plane = ControlPlane(bin_dir, state, die_with_parent=True)
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"kube tier: the control plane did not start: {exc}", pytrace=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        if not os.environ.get("KUBE_TIER_KEEP_STATE"):
+            shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(control_plane: ControlPlane) -> Cluster:
+    """The admin client, with the namespace, node, StorageClass, classes and RBAC applied."""
+    cluster = Cluster(control_plane)
+    cluster.bootstrap()
+    # The service-account controller creates `default`; the ServiceAccount admission plugin
+    # wants it before pods in the namespace can be created (even as a dry run).
+    wait_for(
+        "the default ServiceAccount in ml-team",
+        lambda: (
+            cluster.core.list_namespaced_service_account(
+                NAMESPACE, field_selector="metadata.name=default"
+            ).items
+        ),
+    )
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def hook_kubeconfig(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig with a TokenRequest token of the shipped storage-profile-hook account."""
+    return cluster.service_account_kubeconfig(tmp_path_factory.mktemp("sa") / "kubeconfig")
+
+
+@pytest.fixture
+def claim(cluster: Cluster) -> dict:
+    """training-checkpoints in ml-team: Bound and settled on checkpoint-baseline.
+
+    Reused when a previous test left it so; otherwise deleted and created again.
+    """
+    settled = cluster.settled(BASELINE)
+    if settled is not None:
+        return settled
+    cluster.delete_claim(CLAIM, NAMESPACE)
+    cluster.create_bound_claim(CLAIM, NAMESPACE)
+    return wait_for("the claim settled on checkpoint-baseline", lambda: cluster.settled(BASELINE))

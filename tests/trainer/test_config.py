@@ -1,0 +1,163 @@
+"""TrainConfig is the one source of the trainer's options: the CLI is generated from it."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import MISSING, dataclass, fields
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from checkpoint_storage_bench.errors import BenchError
+from checkpoint_storage_bench.retry import Backoff
+from trainer import cli
+from trainer.ckpt.upload import Uploader
+from trainer.config import TrainConfig, field_docs, flag
+from trainer.errors import EXIT_CODES, ConfigError, TrainerError, UploadError
+
+
+def options() -> dict[str, click.Option]:
+    return {p.name: p for p in cli.main.params if isinstance(p, click.Option) and p.name != "help"}
+
+
+def test_every_field_is_an_option_with_its_docstring_as_help():
+    opts, docs = options(), field_docs(TrainConfig)
+    assert list(opts) == [f.name for f in fields(TrainConfig)]
+    for f in fields(TrainConfig):
+        assert docs[f.name], f.name
+        assert opts[f.name].help == docs[f.name]
+        assert opts[f.name].required == (f.default is MISSING)
+        if f.default is not MISSING:
+            assert opts[f.name].default == f.default, f.name
+
+
+def test_choices_come_from_the_literal_types():
+    hints = typing.get_type_hints(TrainConfig)
+    opts = options()
+    for name in ("device", "format", "durability"):
+        assert typing.get_origin(hints[name]) is typing.Literal
+        assert tuple(opts[name].type.choices) == typing.get_args(hints[name])
+
+
+def test_a_field_without_a_docstring_is_refused():
+    @dataclass
+    class Undocumented:
+        documented: int = 1
+        """Has help."""
+
+        bare: int = 2
+
+    with pytest.raises(TypeError, match="Undocumented.bare has no docstring"):
+        cli.config_options(Undocumented)(lambda **kw: None)
+
+
+def test_help_lists_every_option_and_the_exit_codes():
+    result = CliRunner().invoke(cli.main, ["--help"])
+    assert result.exit_code == 0
+    for f in fields(TrainConfig):
+        assert flag(f.name) in result.output or f.name == "async_checkpoint", f.name
+    assert "--async / --sync" in result.output
+    assert "[env var: STORAGE_PROFILE" in result.output
+    assert "Exit codes:" in result.output
+    for code, text in EXIT_CODES.items():
+        assert f"{code} {' '.join(text.split())}" in " ".join(result.output.split()), code
+
+
+def test_every_error_has_a_listed_exit_code():
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    errors = list(subclasses(TrainerError))
+    assert errors and all(issubclass(e, BenchError) for e in errors)
+    assert {e.exit_code for e in errors} <= set(EXIT_CODES)
+    assert TrainerError.prog == "trainer"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "0"], "--steps must be positive"),
+        (["--lr", "nan"], "--lr must be a positive number"),
+        (["--keep", "0"], "--keep must be at least 1"),
+        (["--model-size", "1k"], "--model-size must be at least 64KiB"),
+    ],
+)
+def test_a_config_error_exits_2_with_the_programs_name(tmp_path, args, message):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    result = CliRunner().invoke(cli.main, ["--checkpoint-dir", str(ckpt_dir), *args])
+    assert result.exit_code == 2, result.output
+    assert f"trainer: error: {message}" in result.output
+    assert list(ckpt_dir.iterdir()) == []
+
+
+def test_config_validates_without_the_cli(tmp_path):
+    with pytest.raises(ConfigError, match="unknown --format 'zip'"):
+        TrainConfig(checkpoint_dir=tmp_path, format="zip")
+    cfg = TrainConfig(checkpoint_dir=str(tmp_path), model_size="1MiB", summary_json="s.json")
+    assert cfg.model_size == 2**20
+    assert cfg.record()["summary_json"] == "s.json"
+
+
+class Refusing:
+    """A store that refuses every write as a missing bucket would."""
+
+    calls = 0
+
+    def makedirs(self, path, exist_ok=False):
+        Refusing.calls += 1
+        raise FileNotFoundError(f"bucket of {path} does not exist")
+
+
+def test_upload_retries_are_data_and_a_missing_bucket_is_not_retried(tmp_path):
+    slept: list[float] = []
+    uploader = Uploader(
+        f"file://{tmp_path}/store", backoff=Backoff(delays=(0.25, 0.5)), sleep=slept.append
+    )
+    uploader.fs = Refusing()
+    with pytest.raises(UploadError, match="does not exist"):
+        uploader.upload(tmp_path, ["x"])
+    assert Refusing.calls == 1 and slept == []
+
+    class Flaky(Refusing):
+        def makedirs(self, path, exist_ok=False):
+            Refusing.calls += 1
+            raise ConnectionError("reset by peer")
+
+    Refusing.calls = 0
+    uploader.fs = Flaky()
+    with pytest.raises(UploadError, match="failed after 3 attempts: ConnectionError"):
+        uploader.upload(tmp_path, ["x"])
+    assert Refusing.calls == 3 and slept == [0.25, 0.5]
+
+
+@pytest.mark.parametrize("module", ["trainer.provenance", "trainer.progress"])
+def test_doctests(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0
+
+
+def test_cpu_count_honours_a_cgroup_limit(monkeypatch, tmp_path):
+    from trainer import provenance
+
+    real_read = provenance.Path.read_text
+
+    def cgroup(limit: str):
+        def read_text(self, *args, **kwargs):
+            if str(self) == "/sys/fs/cgroup/cpu.max":
+                return limit
+            return real_read(self, *args, **kwargs)
+
+        return read_text
+
+    monkeypatch.setattr(provenance.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(provenance.Path, "read_text", cgroup("150000 100000\n"))
+    assert provenance.cpu_count() == 2  # limits.cpu 1.5, rounded up
+    monkeypatch.setattr(provenance.Path, "read_text", cgroup("max 100000\n"))
+    assert provenance.cpu_count() == 16
