@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import click
 
-from checkpoint_storage_bench.contract import CHECKPOINT_METRICS, DISTRIBUTED_CHECKPOINT_METRICS
+from checkpoint_storage_bench.contract import (
+    CHECKPOINT_METRICS,
+    DISTRIBUTED_CHECKPOINT_METRICS,
+    IMAGE_INPUT,
+)
 from checkpoint_storage_bench.tracking import Tracker, tracked_run
 from checkpoint_storage_bench.units import significant
 from trainer import provenance
@@ -60,7 +64,7 @@ def run_job(cfg: TrainConfig) -> None:
     with tracked_run(f"train-{cfg.storage_profile}", tags=tags, enabled=enabled) as tracker:
         tracker.log_inputs(**run_inputs(cfg))
         prov = provenance.collect(resolve_device(cfg.device)) if main else {}
-        tracker.log_meta(**{k: v for k, v in prov.items() if k != "image"})
+        tracker.log_meta(**{k: v for k, v in prov.items() if k != IMAGE_INPUT})
         url = upload_url(cfg, tracker) if main else None
         if url != cfg.upload_to and main:
             echo(f"upload: --upload-to {cfg.upload_to} is {url}")

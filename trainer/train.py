@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from checkpoint_storage_bench.contract import WORLD_SIZE
 from checkpoint_storage_bench.retry import Backoff
 from trainer import distributed
 from trainer.ckpt import sharded, store
@@ -348,6 +349,6 @@ def run_inputs(cfg: TrainConfig) -> dict[str, Any]:
         "resume": cfg.resume,
         "upload_to": cfg.upload_to,
         "image": image_ref(),
-        "world_size": world,
+        WORLD_SIZE: world,
         "parallel": distributed.effective_parallel(cfg.parallel, world),
     }
