@@ -23,10 +23,9 @@ from checkpoint_compare.errors import NotComparable
 from checkpoint_compare.grouping import ProfileRuns
 from checkpoint_compare.records import RunRecord, Series
 from checkpoint_storage_bench.contract import (
-    AGGREGATE_GBPS_METRIC,
+    DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
     RESUMED_FROM_STEP,
-    SLOWEST_PAUSE_METRIC,
     STAGES,
     VAC_PARAMETER_PREFIX,
     WORLD_SIZE,
@@ -227,7 +226,7 @@ def _median_or_none(values: list[float | None]) -> float | None:
 
 def _outputs_stage(run: RunRecord, stage: str) -> StageFigures | None:
     """A stage from the run's summary outputs (a source without per-checkpoint events)."""
-    slowest = _num(run.outputs.get(f"{SLOWEST_PAUSE_METRIC}_median"))
+    slowest = _num(run.outputs.get(f"{DISTRIBUTED_CHECKPOINT_METRICS['slowest_pause_s']}_median"))
     if stage == "pause" and slowest is not None:
         return StageFigures(slowest, slowest, slowest)
     median = _num(run.outputs.get(f"ckpt_{stage}_s_median"))
@@ -261,8 +260,8 @@ def _hook_figures(hook: RunRecord | None) -> dict[str, Any]:
 def _stage_metric(run: RunRecord, stage: str) -> str:
     """The metric that holds a stage per checkpoint: for the pause of a distributed run,
     the slowest rank's."""
-    if stage == "pause" and run.metrics.get(SLOWEST_PAUSE_METRIC):
-        return SLOWEST_PAUSE_METRIC
+    if stage == "pause" and run.metrics.get(DISTRIBUTED_CHECKPOINT_METRICS["slowest_pause_s"]):
+        return DISTRIBUTED_CHECKPOINT_METRICS["slowest_pause_s"]
     return f"ckpt_{stage}_s"
 
 
@@ -321,10 +320,11 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
         loss_problem=loss_problem,
         write_gbps_median=_median_metric(run, "ckpt_write_gbps"),
         upload_gbps_median=_median_metric(run, "ckpt_upload_gbps"),
-        aggregate_gbps_median=_median_metric(run, AGGREGATE_GBPS_METRIC),
+        aggregate_gbps_median=_median_metric(run, DISTRIBUTED_CHECKPOINT_METRICS["aggregate_gbps"]),
         world_size=int(world) if (world := _num(run.outputs.get(WORLD_SIZE))) else None,
-        slowest_rank=bool(run.metrics.get(SLOWEST_PAUSE_METRIC))
-        or _num(run.outputs.get(f"{SLOWEST_PAUSE_METRIC}_median")) is not None,
+        slowest_rank=bool(run.metrics.get(DISTRIBUTED_CHECKPOINT_METRICS["slowest_pause_s"]))
+        or _num(run.outputs.get(f"{DISTRIBUTED_CHECKPOINT_METRICS['slowest_pause_s']}_median"))
+        is not None,
         resumed_from_step=int(step)
         if (step := _num(run.outputs.get(RESUMED_FROM_STEP))) is not None
         else None,

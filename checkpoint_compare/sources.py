@@ -29,13 +29,12 @@ from checkpoint_compare.records import (
     parse_time,
 )
 from checkpoint_storage_bench.contract import (
-    AGGREGATE_GBPS_METRIC,
     CHECKPOINT_METRICS,
+    DISTRIBUTED_CHECKPOINT_METRICS,
     FIO_METRIC,
     IMAGE_INPUT,
     LOSS_METRIC,
-    PROVENANCE_META,
-    SLOWEST_PAUSE_METRIC,
+    PROVENANCE_KEYS,
     SUMMARY_SCHEMA,
 )
 from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
@@ -44,10 +43,7 @@ log = logging.getLogger(__name__)
 
 # What a summary's checkpoint records → the metric the tracked run logs for it: the stages,
 # and for a distributed run the slowest rank's pause and the aggregate rate.
-SUMMARY_CHECKPOINT_FIELDS = CHECKPOINT_METRICS | {
-    "slowest_pause_s": SLOWEST_PAUSE_METRIC,
-    "aggregate_gbps": AGGREGATE_GBPS_METRIC,
-}
+SUMMARY_CHECKPOINT_FIELDS = CHECKPOINT_METRICS | DISTRIBUTED_CHECKPOINT_METRICS
 METRIC_NAMES = (*SUMMARY_CHECKPOINT_FIELDS.values(), LOSS_METRIC)
 _FAILED = ("failed", "upstream_failed", "stopped")
 
@@ -202,7 +198,7 @@ def load_summary(profile: str, path: Path) -> RunRecord:
     meta = {
         "code_revision": data.get("code_revision"),
         "image_digest": inputs.get("image_digest"),
-    } | {k: provenance[k] for k in PROVENANCE_META if k in provenance}
+    } | {k: provenance[k] for k in PROVENANCE_KEYS if k in provenance and k != IMAGE_INPUT}
     if provenance.get(IMAGE_INPUT):
         inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(

@@ -53,15 +53,65 @@ STAGE_OUTPUTS = tuple(f"ckpt_{s}_s_median" for s in STAGES) + (
 )
 """Outputs summarizing the per-checkpoint figures (comparison-view columns)."""
 
-RESUMED_OUTPUT = "resumed_from_step"
-"""The step a run continued from (0: it started at step 0). A resumed run's timings cover
-only part of the run; the summary holds the same as ``resumed_from_step`` (null: step 0)."""
+# Many ranks under torchrun (issue 16): every rank writes its shard, rank 0 commits.
 
-TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_OUTPUT,)
+PARALLEL_MODES = ("none", "ddp", "fsdp")
+"""``--parallel``: one process; DDP (replicated model, the checkpoint split across ranks);
+FSDP2 ``fully_shard`` (each rank writes its local shards)."""
+
+WORLD_SIZE = "world_size"
+"""Ranks that wrote each checkpoint (1 for one process): trainer input and output, and a key
+of the summary (top level, and per checkpoint of several ranks)."""
+
+DISTRIBUTED_CHECKPOINT_METRICS = {
+    "aggregate_gbps": "ckpt_aggregate_gbps",
+    "slowest_pause_s": "ckpt_slowest_pause_s",
+}
+"""Per-checkpoint field of a checkpoint several ranks wrote → the Polyaxon metric rank 0 logs
+(none for one process): all ranks' bytes / wall time from the first rank's first write to the
+commit; the slowest rank's pause, the one training waits on. Each has the output
+``<metric>_median``."""
+
+DISTRIBUTED_CHECKPOINT_KEYS = (WORLD_SIZE, "ranks", *DISTRIBUTED_CHECKPOINT_METRICS, "commit_s")
+"""Extra keys of a checkpoint written by several ranks, in the summary's ``checkpoints``:
+``ranks`` is the list of per-rank stage dicts (:data:`RANK_STAGE_KEYS`)."""
+
+RANK_STAGE_KEYS = (
+    "rank",
+    "bytes",
+    "serialize_s",
+    "write_s",
+    "fsync_s",
+    "upload_s",
+    "pause_s",
+    "total_s",
+    "write_gbps",
+    "io_mode",
+)
+"""One rank's figures of one checkpoint (an entry of ``ranks``)."""
+
+DISTRIBUTED_INPUTS = (WORLD_SIZE, "parallel")
+"""Trainer inputs recorded by every run (1 and none for one process)."""
+
+DISTRIBUTED_OUTPUTS = (
+    WORLD_SIZE,
+    *(f"{metric}_median" for metric in DISTRIBUTED_CHECKPOINT_METRICS.values()),
+)
+"""Run-level outputs: ``world_size`` always; the medians only when several ranks wrote."""
+
+RESUMED_FROM_STEP = "resumed_from_step"
+"""Trainer output and summary key: the step a resumed run continued from (output 0 and
+summary null: it started at step 0). A resumed run's timings cover only part of the run."""
+
+TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP,) + DISTRIBUTED_OUTPUTS
 """Every output the training job logs, hence every output its component declares."""
 
+IMAGE_INPUT = "image"
+"""Trainer input: the image reference the run was started with (``repo:tag`` or
+``repo@sha256:…``; env ``IMAGE_REF``)."""
+
 PROVENANCE_KEYS = (
-    "image",
+    IMAGE_INPUT,
     "code_revision",
     "image_digest",
     "node_name",
@@ -71,8 +121,8 @@ PROVENANCE_KEYS = (
     "torch_version",
     "cpu_count",
 )
-"""What ran where: the summary's ``provenance``. ``image`` (the image reference the run was
-started with, env ``IMAGE_REF``) is a run input; the others are run meta."""
+"""What ran where: the summary's ``provenance``. :data:`IMAGE_INPUT` is a run input; the
+others are run meta."""
 
 # ------------------------------------------------------------- what makes runs comparable
 
@@ -88,10 +138,12 @@ COMPARABLE_INPUTS = (
     "batch_size",
     "seq_len",
     "device",
+    *DISTRIBUTED_INPUTS,
 )
 """Trainer inputs that must be equal for two runs to be compared. The seed says "keep the
 checkpoint format, model, dataset, and durability requirements fixed"; the step counts and
-device belong to "the whole run" being the same run."""
+device belong to "the whole run" being the same run; a run of 8 ranks writes 8 streams at
+once, so it is no baseline for a run of one (world size and parallel mode)."""
 
 REQUIRED_INPUTS = ("model_size_bytes", "dataset_seed", "checkpoint_format", "durability")
 """Without these a comparison cannot be vouched for, so a training run must record them."""
@@ -132,13 +184,17 @@ FIO_METRIC = re.compile(r"^fio[.-](?P<case>.+)[.-](?P<measure>bw_mbps|iops|lat_p
 
 SWITCH_SCHEMA = "storage-profile-switch/1"
 HOOK_INPUTS = ("claim", "namespace", "driver", "volume_handle", "previous_class", "target_class")
+LEDGER_OUTPUT = "ledger"
+"""The hook logs the claim's ledger after its switch (the value of :data:`LEDGER_ANNOTATION`,
+as :func:`format_ledger` writes it) as this output: the verdict refuses a profile whose
+claim was switched to another class inside a training run's measured interval."""
 HOOK_OUTPUTS = (
     "applied_class",
     "k8s_settle_s",
     "provider_settle_s",
     "total_settle_s",
     "unbound_noop",
-    "ledger",
+    LEDGER_OUTPUT,
 )
 VAC_PARAMETER_PREFIX = "vac_"
 """Each of the target class's parameters is recorded as ``vac_<parameter>``."""
@@ -218,43 +274,6 @@ MODIFICATION_WINDOWS: dict[str, tuple[int, float]] = {
 """CSI driver → (modifications allowed, per rolling window in seconds). EBS: 4 per 24 h
 since 2026-01-15, each after the previous one completed; GKE Hyperdisk: once per 4 h. A
 driver not listed has no known limit."""
-
-# --------------------------------------------- what the verdict reads from the other parts
-# Agreed names (issues 12, 13, 16): the hook, the trainer and its distributed mode write
-# these; the verdict refuses or adjusts a comparison by them.
-
-LEDGER_OUTPUT = "ledger"
-"""The hook logs the claim's ledger after its switch (the value of :data:`LEDGER_ANNOTATION`,
-as :func:`format_ledger` writes it) as this output: the verdict refuses a profile whose
-claim was switched to another class inside a training run's measured interval."""
-
-IMAGE_INPUT = "image"
-"""Trainer input: the image reference the run was started with (``repo:tag`` or
-``repo@sha256:…``)."""
-
-PROVENANCE_META = (
-    "code_revision",
-    "image_digest",
-    "node_name",
-    "gpu_model",
-    "gpu_count",
-    "cuda_version",
-    "torch_version",
-    "cpu_count",
-)
-"""Trainer meta (and the summary's ``"provenance"``): what ran, and where."""
-
-RESUMED_FROM_STEP = "resumed_from_step"
-"""Trainer output / summary key: the step a resumed run continued from (absent or null for
-an uninterrupted run); its timings cover only part of the run."""
-
-WORLD_SIZE = "world_size"
-SLOWEST_PAUSE_METRIC = "ckpt_slowest_pause_s"
-"""Per checkpoint of a distributed run: the slowest rank's pause, the one training waits on
-(summary checkpoint key ``slowest_pause_s``; output ``ckpt_slowest_pause_s_median``)."""
-AGGREGATE_GBPS_METRIC = "ckpt_aggregate_gbps"
-"""Per checkpoint of a distributed run: all ranks' bytes / wall time (summary checkpoint key
-``aggregate_gbps``; output ``ckpt_aggregate_gbps_median``)."""
 
 # ------------------------------------------------------------ sandbox storage profiles
 # ``connections/sandbox-profiles.yaml`` (docs/contracts.md): read by the hook's local

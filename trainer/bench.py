@@ -567,6 +567,14 @@ def _parse_streams(value: str) -> tuple[int, ...]:
 )
 @click.option("--train-model-size", default="32MiB", show_default=True)
 @click.option(
+    "--ranks",
+    type=int,
+    default=1,
+    show_default=True,
+    help="N > 1: N processes write shards of one state at once (the trainer's sharded "
+    "checkpoint), against fio numjobs=N (trainer.bench_ranks); the other cases are not run.",
+)
+@click.option(
     "--device",
     type=click.Choice(["cpu", "cuda"]),
     default="cpu",
@@ -589,6 +597,7 @@ def main(
     streams: str,
     train_steps: int,
     train_model_size: str,
+    ranks: int,
     device: str,
     json_path: Path | None,
 ) -> None:
@@ -599,6 +608,11 @@ def main(
         raise click.BadParameter(str(exc), param_hint="--size") from None
     if repeats < 1:
         raise click.BadParameter("must be at least 1", param_hint="--repeats")
+    if ranks < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--ranks")
+    if ranks > 1 and device == "cuda":
+        # The ranks' shards are staged from CPU state over gloo (trainer.bench_ranks).
+        raise click.BadParameter("--ranks above 1 runs on the CPU only", param_hint="--device")
     sweep = _parse_streams(streams)
     if device == "cuda" and not torch.cuda.is_available():
         raise click.ClickException("--device cuda: torch sees no CUDA device here")
@@ -609,6 +623,14 @@ def main(
     try:
         if shutil.disk_usage(work).free < 6 * nbytes:
             raise click.ClickException(f"{work} needs about {format_bytes(6 * nbytes)} free")
+        if ranks > 1:  # many writers at once (issue 16)
+            from trainer import bench_ranks
+
+            result = bench_ranks.run_ranks(work, nbytes, ranks, repeats)
+            click.echo(bench_ranks.render(result))
+            if json_path:
+                json_path.write_text(json.dumps(result, indent=2))
+            return
         info = machine(base)
         info["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         bench = Bench(work, nbytes, threads, sweep, dev)

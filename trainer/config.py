@@ -27,11 +27,14 @@ Device = Literal["auto", "cpu", "cuda"]
 Format = Literal["raw", "torch", "dcp", "safetensors"]
 Durability = Literal["fsync", "none"]
 Resume = Literal["never", "auto", "always"]
+# Many ranks (issue 16): how the model is spread over torchrun's processes.
+Parallel = Literal["none", "ddp", "fsdp"]
 
 DEVICES: tuple[str, ...] = get_args(Device)
 FORMATS: tuple[str, ...] = get_args(Format)
 DURABILITY: tuple[str, ...] = get_args(Durability)
 RESUME: tuple[str, ...] = get_args(Resume)
+PARALLEL: tuple[str, ...] = get_args(Parallel)
 
 RUN_ARTIFACTS_TARGETS = {"run-artifacts": False, "run-artifacts-store": True}
 """``--upload-to`` names for the tracked run's own outputs → whether the upload goes straight
@@ -152,6 +155,17 @@ class TrainConfig:
     """Record the run with Polyaxon tracking (the current run inside Polyaxon, else an
     offline run)."""
 
+    # -- many ranks (issue 16); used only under torchrun with more than one process
+    parallel: Parallel = "none"
+    """Under torchrun with several processes: ddp (replicated model, the checkpoint split
+    across ranks) or fsdp (FSDP2 fully_shard, each rank writes its local shards); none for
+    one process. A world of one process always runs the single-process path."""
+
+    checkpoint_timeout: float = 600.0
+    """Under torchrun: seconds rank 0 waits for every rank to report its checkpoint shard
+    durable (and a rank for rank 0's answer); past it nothing is committed and the run
+    fails (exit 7)."""
+
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
         if self.summary_json is not None:
@@ -185,6 +199,7 @@ class TrainConfig:
             ("format", FORMATS),
             ("durability", DURABILITY),
             ("resume", RESUME),
+            ("parallel", PARALLEL),
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(
@@ -192,6 +207,10 @@ class TrainConfig:
                 )
         if not self.storage_profile:
             raise ConfigError("--storage-profile must not be empty")
+        if not self.checkpoint_timeout > 0:
+            raise ConfigError(
+                f"--checkpoint-timeout must be positive, got {self.checkpoint_timeout}"
+            )
 
     def check_checkpoint_dir(self) -> None:
         """Fail early, before any training, when the checkpoint directory is unusable."""

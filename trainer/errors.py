@@ -12,6 +12,7 @@ EXIT_CHECKPOINT_DIR = 3
 EXIT_STORAGE_FULL = 4
 EXIT_UPLOAD = 5
 EXIT_CORRUPT = 6
+EXIT_RANK_FAILED = 7
 
 EXIT_CODES = {
     EXIT_OK: "success",
@@ -22,6 +23,8 @@ EXIT_CODES = {
     EXIT_STORAGE_FULL: "no space left on the checkpoint volume (ENOSPC/EDQUOT)",
     EXIT_UPLOAD: "upload to the artifact store failed after retries (local checkpoint kept)",
     EXIT_CORRUPT: "no usable checkpoint to resume, or corrupt data",
+    EXIT_RANK_FAILED: "under torchrun: another rank failed, died or timed out during a "
+    "checkpoint; nothing committed",
 }
 
 
@@ -60,3 +63,18 @@ class CheckpointCorruptError(TrainerError):
     """A checkpoint is incomplete or fails its checksum, or none is usable for resuming."""
 
     exit_code = EXIT_CORRUPT
+
+
+# ------------------------------------------------------- many ranks (torchrun), issue 16
+
+
+class RankFailedError(TrainerError):
+    """Under torchrun: another rank failed, died or timed out during a checkpoint, so
+    nothing was committed (the rank that failed exits with its own code)."""
+
+    exit_code = EXIT_RANK_FAILED
+
+
+class WorldSizeError(ConfigError):
+    """Resuming a checkpoint written by another number of ranks (or another --parallel
+    mode): shards are not resharded (exit 2, like any option that does not fit)."""

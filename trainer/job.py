@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import click
 
-from checkpoint_storage_bench.contract import CHECKPOINT_METRICS
+from checkpoint_storage_bench.contract import (
+    CHECKPOINT_METRICS,
+    DISTRIBUTED_CHECKPOINT_METRICS,
+    IMAGE_INPUT,
+)
 from checkpoint_storage_bench.tracking import Tracker, tracked_run
 from checkpoint_storage_bench.units import significant
 from trainer import provenance
@@ -42,17 +46,28 @@ def upload_url(cfg: TrainConfig, tracker: Tracker) -> str | None:
 
 
 def run_job(cfg: TrainConfig) -> None:
-    """Train under a tracked Polyaxon run and report."""
+    """Train under a tracked Polyaxon run and report.
+
+    Under torchrun every rank trains; only rank 0 (the main process) tracks, prints and
+    writes the summary, and resolves ``--upload-to run-artifacts`` (train() hands its URL
+    to the other ranks).
+    """
+    from trainer.distributed import is_main_process
     from trainer.train import resolve_device, run_inputs, train  # torch: not for --help
 
+    main = is_main_process()
+    echo = click.echo if main else lambda *args, **kwargs: None
+    # A single process's record has no aggregate: getattr gives None, which is not logged.
+    metrics = CHECKPOINT_METRICS | DISTRIBUTED_CHECKPOINT_METRICS
     tags = ["checkpoint-training", cfg.storage_profile, cfg.format]
-    with tracked_run(f"train-{cfg.storage_profile}", tags=tags, enabled=cfg.track) as tracker:
+    enabled = cfg.track and main
+    with tracked_run(f"train-{cfg.storage_profile}", tags=tags, enabled=enabled) as tracker:
         tracker.log_inputs(**run_inputs(cfg))
-        prov = provenance.collect(resolve_device(cfg.device))
-        tracker.log_meta(**{k: v for k, v in prov.items() if k != "image"})
-        url = upload_url(cfg, tracker)
-        if url != cfg.upload_to:
-            click.echo(f"upload: --upload-to {cfg.upload_to} is {url}")
+        prov = provenance.collect(resolve_device(cfg.device)) if main else {}
+        tracker.log_meta(**{k: v for k, v in prov.items() if k != IMAGE_INPUT})
+        url = upload_url(cfg, tracker) if main else None
+        if url != cfg.upload_to and main:
+            echo(f"upload: --upload-to {cfg.upload_to} is {url}")
 
         def on_checkpoint(r) -> None:
             # Rounded like the outputs: Polyaxon copies each metric's last value into the
@@ -60,25 +75,32 @@ def run_job(cfg: TrainConfig) -> None:
             tracker.log_metrics(
                 r.step,
                 {
-                    metric: significant(v) if isinstance(v := getattr(r, field), float) else v
-                    for field, metric in CHECKPOINT_METRICS.items()
+                    metric: significant(v) if isinstance(v := getattr(r, field, None), float) else v
+                    for field, metric in metrics.items()
                 },
             )
             upload = f" upload {r.upload_s:.3f}s" if r.upload_s is not None else ""
-            click.echo(
+            echo(
                 f"checkpoint step {r.step}: {r.bytes / 1e6:.1f} MB serialize {r.serialize_s:.3f}s "
                 f"write {r.write_s:.3f}s ({r.write_gbps:.2f} GB/s) fsync {r.fsync_s:.3f}s{upload} "
                 f"pause {r.pause_s:.3f}s total {r.total_s:.3f}s [{r.io_mode}]"
             )
+            if hasattr(r, "aggregate_gbps"):
+                echo(
+                    f"  {r.world_size} ranks: aggregate {r.aggregate_gbps:.2f} GB/s, slowest "
+                    f"pause {r.slowest_pause_s:.3f}s, commit {r.commit_s:.3f}s"
+                )
 
         summary = train(
             cfg,
             on_checkpoint=on_checkpoint,
             on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": significant(loss, 6)}),
-            say=click.echo,
+            say=echo,
             on_progress=tracker.log_progress,
             upload_url=url,
         )
+        if not main:
+            return  # rank 0 reports for the job
         summary.provenance = prov
         # Known only once the model is built.
         tracker.log_inputs(

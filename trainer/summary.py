@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint_storage_bench.contract import RESUMED_OUTPUT, RUN_OUTPUTS, STAGES, SUMMARY_SCHEMA
+from checkpoint_storage_bench.contract import (
+    DISTRIBUTED_CHECKPOINT_METRICS,
+    RESUMED_FROM_STEP,
+    RUN_OUTPUTS,
+    STAGES,
+    SUMMARY_SCHEMA,
+    WORLD_SIZE,
+)
 from checkpoint_storage_bench.units import significant
 from trainer.ckpt.checkpointer import CheckpointRecord
 
@@ -32,6 +39,7 @@ class RunSummary:
     checkpoints: list[CheckpointRecord]
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     resumed_from: int | None = None
+    world_size: int = 1
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def stage_stats(self) -> dict[str, dict[str, float]]:
@@ -63,7 +71,8 @@ class RunSummary:
             "final_loss": loss if loss is not None and math.isfinite(loss) else None,
             # Set when the run continued from a checkpoint: its timings cover only the
             # steps after it, so it is no whole run to rank against an uninterrupted one.
-            "resumed_from_step": self.resumed_from,
+            RESUMED_FROM_STEP: self.resumed_from,
+            WORLD_SIZE: self.world_size,
             "provenance": self.provenance,
             "checkpoint_count": len(self.checkpoints),
             "checkpoint_bytes": self.checkpoints[-1].bytes if self.checkpoints else 0,
@@ -88,9 +97,15 @@ class RunSummary:
             values = [v for r in self.checkpoints if (v := getattr(r, rate)) is not None]
             if values:
                 out[f"ckpt_{rate}_median"] = statistics.median(values)
+        # Many ranks (issue 16): the whole job's write rate and its slowest rank's pause.
+        out[WORLD_SIZE] = self.world_size
+        for name in DISTRIBUTED_CHECKPOINT_METRICS:
+            values = [v for r in self.checkpoints if (v := getattr(r, name, None)) is not None]
+            if values:
+                out[f"ckpt_{name}_median"] = statistics.median(values)
         # A column shows what a figure can tell, not float noise (1.6497099000000617 s).
         out = {k: significant(v) if isinstance(v, float) else v for k, v in out.items()}
-        out[RESUMED_OUTPUT] = self.resumed_from or 0  # 0: started at step 0
+        out[RESUMED_FROM_STEP] = self.resumed_from or 0  # 0: started at step 0
         return out
 
 

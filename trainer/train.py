@@ -11,8 +11,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from checkpoint_storage_bench.contract import WORLD_SIZE
 from checkpoint_storage_bench.retry import Backoff
-from trainer.ckpt import store
+from trainer import distributed
+from trainer.ckpt import sharded, store
 from trainer.ckpt.checkpointer import Checkpointer, CheckpointRecord
 from trainer.ckpt.formats import WriteOptions, load_verified, make_format
 from trainer.ckpt.fs import LocalFS
@@ -75,6 +77,8 @@ def restore_latest(
     refs = store.list_checkpoints(cfg.checkpoint_dir)
     for ref in refs:
         try:
+            # Shards of several ranks are refused (exit 2), never misread as one file.
+            sharded.check_world(store.read_manifest(ref.path), ref.path.name, 1, "none")
             manifest, data = store.read_verified(fs, ref.path, buffer)
             if manifest["format"] != cfg.format:
                 raise CheckpointCorruptError(
@@ -169,28 +173,48 @@ def train(
     """
     fs = fs or LocalFS()
     cfg.check_checkpoint_dir()
-    device = resolve_device(cfg.device)
+    # Under torchrun with several processes (issue 16); None: the single-process path.
+    ranks = distributed.setup(cfg)
+    device = ranks.device if ranks else resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
     model = TinyGPT(shape, cfg.seq_len).to(device)
+    if ranks:
+        model = distributed.wrap(model, ranks)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     param_count = sum(p.numel() for p in model.parameters())
     say(
         f"model: d_model={shape.d_model} layers={shape.n_layers} params={param_count:,} "
         f"({param_count * 4 / 2**20:.1f} MiB fp32) on {device}"
+        + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks else "")
     )
 
     start = 0
     check_resume_mode(cfg, store.list_checkpoints(cfg.checkpoint_dir))
     resumed = None
-    if cfg.resume != "never":
+    if cfg.resume != "never" and ranks:
+        resumed = sharded.restore(
+            cfg.checkpoint_dir,
+            cfg.format,
+            make_format(cfg.format),
+            fs,
+            model,
+            opt,
+            ranks,
+            say,
+            check_config=lambda saved, name: _check_same_model(cfg, saved, name),
+        )
+    elif cfg.resume != "never":
         resumed = restore_latest(cfg, fs, model, opt, say)
+    if cfg.resume != "never":
         if resumed is None:
             say("resume: no complete checkpoint found; starting from step 0")
         start = resumed or 0
     inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
     if start >= cfg.steps:
         say(f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do")
+        if ranks:
+            ranks.close()
         return RunSummary(
             storage_profile=cfg.storage_profile,
             checkpoint_dir=str(Path(cfg.checkpoint_dir)),
@@ -200,17 +224,25 @@ def train(
             final_loss=None,
             checkpoints=[],
             resumed_from=start or None,
+            world_size=ranks.world_size if ranks else 1,
         )
     if cfg.durability == "none":
         say(
             f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
             "made durable must not replace an older one"
         )
-    removed, left = store.remove_stale_tmp(fs, cfg.checkpoint_dir)
+    if ranks:
+        removed, left = sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
+    else:
+        removed, left = store.remove_stale_tmp(fs, cfg.checkpoint_dir)
     for path in removed:
         say(f"removed {path.name}, left by an earlier process of this run")
     for path in left:
         say(f"left {path.name} alone: not this run's (another run, host or writer)")
+    if ranks:
+        # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
+        # shard to where rank 0's URL points.
+        upload_url = ranks.broadcast(upload_url)
     if upload_url is None and cfg.upload_to in RUN_ARTIFACTS_TARGETS:
         raise ConfigError(
             f"--upload-to {cfg.upload_to} names a Polyaxon run's artifacts: only a tracked run has them"
@@ -218,19 +250,36 @@ def train(
     uploader = None
     if upload_url := upload_url or cfg.upload_to:
         uploader = Uploader(upload_url, upload_backoff, say=say, progress_every_s=progress_every_s)
-    ckpt = Checkpointer(
-        cfg.checkpoint_dir,
-        make_format(cfg.format, pin=device.type == "cuda"),
-        fs,
-        durable=cfg.durability == "fsync",
-        keep=cfg.keep,
-        uploader=uploader,
-        asynchronous=cfg.async_checkpoint,
-        device=device,
-        verified=() if resumed is None else (resumed,),
-        options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
-    )
+    verified = () if resumed is None else (resumed,)
+    ckpt: Checkpointer | sharded.ShardedCheckpointer
+    if ranks:
+        ckpt = sharded.ShardedCheckpointer(
+            cfg.checkpoint_dir,
+            make_format(cfg.format, pin=device.type == "cuda"),
+            fs,
+            durable=cfg.durability == "fsync",
+            keep=cfg.keep,
+            ranks=ranks,
+            uploader=uploader,
+            asynchronous=cfg.async_checkpoint,
+            verified=verified,
+        )
+    else:
+        ckpt = Checkpointer(
+            cfg.checkpoint_dir,
+            make_format(cfg.format, pin=device.type == "cuda"),
+            fs,
+            durable=cfg.durability == "fsync",
+            keep=cfg.keep,
+            uploader=uploader,
+            asynchronous=cfg.async_checkpoint,
+            device=device,
+            verified=verified,
+            options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
+        )
     data = SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len)
+    if ranks:
+        data = distributed.RankData(data, ranks)  # each rank its own batches
     records: list[CheckpointRecord] = []
     curve: list[tuple[int, float]] = []
 
@@ -251,7 +300,7 @@ def train(
             loss.backward()
             opt.step()
             if step % cfg.log_every == 0 or step == cfg.steps:
-                loss_value = loss.item()
+                loss_value = ranks.mean(loss) if ranks else loss.item()
                 curve.append((step, loss_value))
                 on_loss(step, loss_value)
             if step % cfg.checkpoint_every == 0:
@@ -264,6 +313,8 @@ def train(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     runtime = time.monotonic() - t_start
+    if ranks:
+        ranks.close()
     return RunSummary(
         storage_profile=cfg.storage_profile,
         checkpoint_dir=str(Path(cfg.checkpoint_dir)),
@@ -274,11 +325,13 @@ def train(
         checkpoints=records,
         loss_curve=curve,
         resumed_from=start or None,
+        world_size=ranks.world_size if ranks else 1,
     )
 
 
 def run_inputs(cfg: TrainConfig) -> dict[str, Any]:
     """The inputs that decide whether two runs are comparable (logged to Polyaxon)."""
+    world = distributed.world_env().world_size
     return {
         "storage_profile": cfg.storage_profile,
         "checkpoint_dir": str(cfg.checkpoint_dir),
@@ -296,4 +349,6 @@ def run_inputs(cfg: TrainConfig) -> dict[str, Any]:
         "resume": cfg.resume,
         "upload_to": cfg.upload_to,
         "image": image_ref(),
+        WORLD_SIZE: world,
+        "parallel": distributed.effective_parallel(cfg.parallel, world),
     }

@@ -56,6 +56,7 @@ def train_argv(run: str, profile: str) -> list[str]:
         *["--seed", "0", "--format", "raw", "--durability", "fsync", "--sync"],
         *["--device", "auto", "--batch-size", "8", "--seq-len", "64", "--lr", "0.0003"],
         *["--log-every", "10", "--resume", "auto", "--io-streams", "1", "--parallel", "none"],
+        *["--checkpoint-timeout", "600.0"],
     ]
 
 

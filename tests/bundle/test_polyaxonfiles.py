@@ -181,7 +181,7 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "parallel": "fsdp",
             "checkpoint_format": "dcp",
             "io_streams": 4,
-            "overlap": False,
+            "no_overlap": True,
             "resume": "never",
         },
     ],

@@ -27,7 +27,12 @@ FIELD_OF_INPUT = {"checkpoint_format": "format"}
 """Component input → TrainConfig field, where the names differ."""
 
 NOT_SETTINGS = {
-    "image": "the job image the component runs; the trainer records it from env IMAGE_REF"
+    "image": "the job image the component runs; the trainer records it from env IMAGE_REF",
+    "nproc_per_node": "ranks per pod: torchrun's --nproc-per-node and the GPU limit",
+    "repeat": "which of a stage's repeated runs this is: recorded with the run, not a setting",
+    "node_selector": "pod placement (Kubernetes nodeSelector)",
+    "tolerations": "pod placement (Kubernetes tolerations)",
+    "affinity": "pod placement (Kubernetes affinity)",
 }
 """Inputs that are no TrainConfig field, and why."""
 

@@ -75,7 +75,10 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
     assert report["verdict"] in (*PROFILES, NO_DIFFERENCE)
     assert f"VERDICT: {report['verdict']}" in result.output
 
-    # The figures recomputed from the metric events agree with what the trainer reported.
+    # The figures recomputed from the metric events agree with what the trainer reported, to
+    # the 4 significant digits the trainer logs metrics and outputs with (the summary JSON
+    # keeps full precision; a median of two rounded values is off by up to one rounding).
+    rounded = 1e-3
     for profile in PROFILES:
         summary = json.loads((tmp_path / f"{profile}.json").read_text())
         figures = report["profiles"][profile]
@@ -83,10 +86,10 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
         assert [s for s, _ in figures["pause_per_checkpoint"]] == [5, 10, 15, 20]
         for stat in ("median", "min", "max"):
             assert figures["stages"]["pause"][stat] == pytest.approx(
-                summary["stages"]["pause_s"][stat]
+                summary["stages"]["pause_s"][stat], rel=rounded
             )
-        assert figures["runtime_s"] == pytest.approx(summary["runtime_s"])
-        assert figures["final_loss"] == pytest.approx(summary["final_loss"])
+        assert figures["runtime_s"] == pytest.approx(summary["runtime_s"], rel=rounded)
+        assert figures["final_loss"] == pytest.approx(summary["final_loss"], rel=rounded)
 
     # The compare op logged its verdict as outputs of a (here offline) Polyaxon run.
     compare_runs = [
@@ -114,9 +117,10 @@ def test_compare_real_trainer_runs(tmp_path: Path, runs_root: Path) -> None:
     from_summaries = json.loads((out / "summaries.json").read_text())
     assert from_summaries["verdict"] == report["verdict"]
     for profile in PROFILES:
-        assert (
-            from_summaries["profiles"][profile]["stages"] == report["profiles"][profile]["stages"]
-        )
+        stages = report["profiles"][profile]["stages"]
+        assert from_summaries["profiles"][profile]["stages"].keys() == stages.keys()
+        for stage, stats in from_summaries["profiles"][profile]["stages"].items():
+            assert stats == pytest.approx(stages[stage], rel=rounded), stage
 
     # A run that fails (resuming from corrupted checkpoints) is reported, not used.
     for state in (tmp_path / "volumes" / "checkpoint-throughput").glob("*/state.ckpt"):
