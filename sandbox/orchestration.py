@@ -231,6 +231,21 @@ def compare_op(ops: list[Any]) -> Any | None:
     return found[-1] if found else None
 
 
+def profile_list(value: Any) -> list[str]:
+    """The compare op's ``profiles`` input: a list as the pipeline passed it, or the
+    comma-separated string the verdict records in its place once it ran (or JSON)."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if not isinstance(value, str) or not value.strip():
+        return []
+    if value.lstrip().startswith("["):
+        try:
+            return [str(v) for v in json.loads(value)]
+        except ValueError:
+            pass
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 def verdict_args(compare: Any) -> list[str] | None:
     """The verdict's arguments as the pipeline's compare op had them: the runs its joins
     gathered (``runs``), the profiles (the first the baseline, each one expected) and the
@@ -240,7 +255,7 @@ def verdict_args(compare: Any) -> list[str] | None:
     if not runs:
         return None
     args = [f"--run={uuid}" for uuid in runs]
-    profiles = list(dict.fromkeys(inputs.get("profiles") or []))
+    profiles = list(dict.fromkeys(profile_list(inputs.get("profiles"))))
     if profiles:
         args.append(f"--baseline={profiles[0]}")
         args += [f"--expect={p}" for p in profiles]
@@ -260,6 +275,7 @@ def recommendation_lines(compare: Any | None) -> list[str]:
     return [
         "the pipeline's verdict (its compare op's outputs):",
         f"  verdict:             {out.get('verdict') or '-'}",
+        # The verdict records the string "none" when no profile meets the budget.
         f"  recommended profile: {out.get('recommended_profile') or 'none'}",
         f"  why:                 {out.get('recommendation_reason') or '-'}",
     ]
@@ -291,8 +307,11 @@ def print_comparison(
         if not reported:
             echo("sandbox: checkpoint_compare failed; the raw outputs instead:")
     if not reported:
-        jobs = [op for op in ops if op.kind == "job"]
-        echo(comparison([get_run(sb.client, DEFAULT_OWNER, project, op.uuid) for op in jobs]))
+        full = [
+            get_run(sb.client, DEFAULT_OWNER, project, op.uuid) if op.kind == "job" else op
+            for op in ops
+        ]
+        echo(comparison(full))
     echo("")
     for line in recommendation_lines(compare):
         echo(line)

@@ -264,25 +264,46 @@ def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
     return "-"
 
 
+def _stage_of(run: Any, by_uuid: dict[str, Any]) -> str | None:
+    """The uuid of the nearest DAG above ``run`` (its stage in a nested pipeline, the
+    pipeline itself in a flat one)."""
+    node, seen = run, set()
+    while node is not None and node.pipeline and node.uuid not in seen:
+        seen.add(node.uuid)
+        parent = by_uuid.get(node.pipeline.uuid)
+        if parent is None or parent.kind == "dag":
+            return node.pipeline.uuid
+        node = parent
+    return None
+
+
 def comparison(ops: list[Any]) -> str:
     """A profile-by-profile table of the training runs: pause, stages, fio, runtime, loss.
 
-    ``ops`` in the order they were created. A training op is one with a
-    ``ckpt_pause_s_total`` output; its fio op is the last fio op created before it (every
-    stage runs its fio sweep, then its training runs, one stage after the other).
+    ``ops``: the runs below a pipeline (nested DAGs and matrices included, so each job's
+    stage can be found). A training op is a job with a ``ckpt_pause_s_total`` output; its
+    fio op is the last fio op of the same stage (the nearest DAG above both) that started
+    before it and after that stage's last switch. Runs are taken in the order they started
+    (the server creates a mapping's runs ahead of running them).
     """
+    by_uuid = {op.uuid: op for op in ops if op.uuid}
+    jobs = [op for op in ops if (op.kind or "job") == "job"]
+    order = {id(op): i for i, op in enumerate(jobs)}
+    jobs.sort(key=lambda op: (op.started_at is None, op.started_at or 0, order[id(op)]))
     rows = []
-    fio_op = None
-    for op in ops:
+    fio_of: dict[str | None, Any] = {}  # stage -> its latest fio op
+    for op in jobs:
         out = op.outputs or {}
+        stage = _stage_of(op, by_uuid)
         if op.name.startswith("switch"):
-            fio_op = None  # a new stage: its own fio sweep follows
+            fio_of.pop(stage, None)  # a new stage: its own fio sweep follows
         if op.name.startswith("fio"):
-            fio_op = op
+            fio_of[stage] = op
         if "ckpt_pause_s_total" not in out:
             continue
         inputs = op.inputs or {}
         suffix = op.name.split("-", 1)[-1]
+        fio_op = fio_of.get(stage)
         fio = (fio_op.outputs if fio_op else None) or {}
         bw = {k: v for k, v in fio.items() if k.endswith("_bw_mbps")}
         headline = max(bw.items(), key=lambda kv: kv[1], default=None)
@@ -320,15 +341,18 @@ TABLE_COLUMNS = (
     "out.ckpt_fsync_s_median",
     "out.runtime_s",
     "out.final_loss",
+    "out.fio_seqwrite_1m_bw_mbps",
+    "out.recommended_profile",
 )
 
 
 def runs_table_url(
     host: str, owner: str, project: str, pipeline: str | None = None, columns=TABLE_COLUMNS
 ) -> str:
-    """The UI's runs table with the comparison columns chosen (and the pipeline's ops only)."""
+    """The UI's runs table with the comparison columns chosen (and the pipeline's jobs only,
+    at any depth: its ``controller`` is the pipeline, its nested DAGs and matrices left out)."""
     search: dict[str, str] = {"columns": ",".join(columns)}
     if pipeline:
-        search["query"] = f"pipeline.uuid:{pipeline}"
+        search["query"] = f"controller:{pipeline}, kind:job"
     token = base64.b64encode(json.dumps(search).encode()).decode()
     return f"{host}/ui/{owner}/{project}/runs?" + urllib.parse.urlencode({"search": token})

@@ -154,7 +154,7 @@ def test_runs_table_url_selects_columns_and_pipeline():
     url = runs_table_url("http://h:1", "default", "p", "abc")
     token = url.split("search=")[1].replace("%3D", "=")
     search = json.loads(base64.b64decode(token))
-    assert search["query"] == "pipeline.uuid:abc"
+    assert search["query"] == "controller:abc, kind:job"  # every job, however deeply nested
     assert "in.storage_profile" in search["columns"].split(",")
 
 
@@ -600,28 +600,38 @@ def _run(key, name, kind, parent=None, **kw):
     return V1Run(uuid=U(key), name=name, kind=kind, pipeline=pipeline, **kw)
 
 
+T0 = 1_700_000_000  # started_at, seconds: the order the runs ran in
+
+
+def _at(minute: int) -> dict:
+    from datetime import UTC, datetime
+
+    return {"started_at": datetime.fromtimestamp(T0 + 60 * minute, tz=UTC)}
+
+
 # The tree the CE server makes for checkpoint-storage-profiles with two profiles and two
 # repeats: plan, stages (a mapping of stage DAGs), each with switch, fio and a mapping of
-# training runs; compare and release. "r" is the submitted pipeline (the controller).
+# training runs; compare and release. "r" is the submitted pipeline (the controller). In
+# creation order: the server creates every stage's switch and fio ahead of running them.
 NESTED = [
-    _run("p", "plan", "job", "r"),
+    _run("p", "plan", "job", "r", **_at(0)),
     _run("m", "stages", "matrix", "r"),
     _run("s0", "stages", "dag", "m", inputs={"profile": "checkpoint-baseline", "stage": 0}),
-    _run("w0", "switch", "job", "s0"),
-    _run("f0", "fio", "job", "s0", outputs={"fio_seqwrite_1m_bw_mbps": 131.0}),
+    _run("w0", "switch", "job", "s0", **_at(1)),
+    _run("f0", "fio", "job", "s0", outputs={"fio_seqwrite_1m_bw_mbps": 131.0}, **_at(2)),
+    _run("s1", "stages", "dag", "m", inputs={"profile": "checkpoint-throughput", "stage": 1}),
+    _run("w1", "switch", "job", "s1", **_at(5)),
+    _run("f1", "fio", "job", "s1", outputs={"fio_seqwrite_1m_bw_mbps": 262.0}, **_at(6)),
     _run("t0", "train", "matrix", "s0"),
     _run("t00", "train", "job", "t0", inputs={"repeat": 0, "storage_profile": "checkpoint-baseline"},
-         outputs={"ckpt_pause_s_total": 6.0, "ckpt_pause_s_median": 0.7}),
+         outputs={"ckpt_pause_s_total": 6.0, "ckpt_pause_s_median": 0.7}, **_at(3)),
     _run("t01", "train", "job", "t0", inputs={"repeat": 1, "storage_profile": "checkpoint-baseline"},
-         outputs={"ckpt_pause_s_total": 6.2, "ckpt_pause_s_median": 0.72}),
-    _run("s1", "stages", "dag", "m", inputs={"profile": "checkpoint-throughput", "stage": 1}),
-    _run("w1", "switch", "job", "s1"),
-    _run("f1", "fio", "job", "s1", outputs={"fio_seqwrite_1m_bw_mbps": 262.0}),
+         outputs={"ckpt_pause_s_total": 6.2, "ckpt_pause_s_median": 0.72}, **_at(4)),
     _run("t1", "train", "matrix", "s1"),
     _run("t10", "train", "job", "t1", inputs={"repeat": 0, "storage_profile": "checkpoint-throughput"},
-         outputs={"ckpt_pause_s_total": 3.0, "ckpt_pause_s_median": 0.4}),
-    _run("c", "compare", "job", "r"),
-    _run("l", "release", "job", "r"),
+         outputs={"ckpt_pause_s_total": 3.0, "ckpt_pause_s_median": 0.4}, **_at(7)),
+    _run("c", "compare", "job", "r", **_at(8)),
+    _run("l", "release", "job", "r", **_at(9)),
 ]  # fmt: skip
 
 
@@ -686,6 +696,10 @@ def test_the_verdict_is_rerun_with_the_compare_ops_joined_runs_and_budget():
         "--expect=c", "--max-pause-s=0.6", "--checkpoints-per-month=2000.0",
     ]  # fmt: skip
     assert verdict_args(_run("c", "compare", "job", "r", inputs={})) is None
+    # Once it ran, the verdict records the profiles it compared as one string in the input.
+    for recorded in ("a,b,c", '["a", "b", "c"]'):
+        ran = compare.model_copy(update={"inputs": {"runs": ["x"], "profiles": recorded}})
+        assert verdict_args(ran)[1:] == ["--baseline=a", "--expect=a", "--expect=b", "--expect=c"]
     lines = recommendation_lines(compare)
     assert "  recommended profile: b" in lines and any("cheapest" in line for line in lines)
     assert recommendation_lines(None) == ["the pipeline's compare op left no verdict"]
