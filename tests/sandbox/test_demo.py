@@ -193,8 +193,10 @@ def test_demo_on_plain_media_runs_the_pipeline_twice_and_stop_leaves_nothing():
             assert train.outputs["ckpt_pause_s_total"] > 0
             fio = stage["fio"].outputs
             assert any(k.endswith("_bw_mbps") and v for k, v in fio.items())
-        # The comparison is printed profile by profile, and the recommendation.
-        assert "profile checkpoint-throughput (train)" in out
+        # The comparison is printed (the verdict's report on the runs the compare op
+        # gathered), then the pipeline's own verdict and recommendation.
+        assert "== Comparison" in out and "checkpoint-throughput vs checkpoint-baseline" in out
+        assert "the pipeline's verdict (its compare op's outputs):" in out
         recommended = jobs["compare"].outputs["recommended_profile"]
         assert f"recommended profile: {recommended}" in out
         # The two profiles really were different media: baseline on disk, throughput on shm.
