@@ -334,7 +334,8 @@ class SandboxProfiles:
         namespace: The claim's namespace.
         claim_path: The symlink the sandbox agent mounts at the claim's mount path.
         profiles: Name → profile, in the file's order (the first is where a fresh claim starts).
-        classes_file: The VolumeAttributesClass manifests the emulated profiles come from.
+        classes_file: The (first) VolumeAttributesClass manifests file the emulated profiles
+            come from.
     """
 
     source: Path
@@ -454,11 +455,24 @@ def load_sandbox_profiles(path: Path, root: Path) -> SandboxProfiles:
         raise bad("profiles must be a non-empty mapping of name -> {path, description}")
     classes_file = None
     classes: dict[str, dict] = {}
+    where: dict[str, Path] = {}  # class name -> the file that defines it
     if data.get("classesFile") is not None:
-        if not isinstance(data["classesFile"], str) or not data["classesFile"].strip():
-            raise bad("classesFile must be a path")
-        classes_file = (Path(path).resolve().parent / data["classesFile"]).resolve()
-        classes = _read_classes(classes_file)
+        # One file, or a list: the cluster's manifests plus, e.g., a sandbox-only class.
+        names = data["classesFile"]
+        names = [names] if isinstance(names, str) else names
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(n, str) and n.strip() for n in names)
+        ):
+            raise bad("classesFile must be a path or a non-empty list of paths")
+        for name in names:
+            one = (Path(path).resolve().parent / name).resolve()
+            for vac, doc in _read_classes(one).items():
+                if vac in classes:
+                    raise bad(f"VolumeAttributesClass {vac} is in both {where[vac]} and {one}")
+                classes[vac], where[vac] = doc, one
+        classes_file = (Path(path).resolve().parent / names[0]).resolve()
     profiles = {}
     for name, spec in data["profiles"].items():
         if not isinstance(spec, dict):
@@ -477,14 +491,15 @@ def load_sandbox_profiles(path: Path, root: Path) -> SandboxProfiles:
                 raise bad(f"profile {name} emulates class {vac}, but there is no classesFile")
             if vac not in classes:
                 raise bad(
-                    f"profile {name}: no VolumeAttributesClass {vac} in {classes_file} "
+                    f"profile {name}: no VolumeAttributesClass {vac} in "
+                    f"{', '.join(str(p) for p in dict.fromkeys(where.values())) or classes_file} "
                     f"(it has: {', '.join(sorted(classes)) or 'none'})"
                 )
             parameters = {k: str(v) for k, v in (classes[vac].get("parameters") or {}).items()}
             try:
                 limits = IoLimits.from_class_parameters(parameters)
             except ValueError as exc:
-                raise bad(f"profile {name}: class {vac} in {classes_file}: {exc}") from exc
+                raise bad(f"profile {name}: class {vac} in {where[vac]}: {exc}") from exc
             emulated = dict(
                 volume_attributes_class=str(vac),
                 driver=classes[vac].get("driverName"),

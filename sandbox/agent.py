@@ -95,6 +95,20 @@ def downward_api_env(content: Any) -> dict[str, str | None]:
     return found
 
 
+def without_downward_api(content: Any) -> str:
+    """The compiled operation without the main container's ``valueFrom`` env vars.
+
+    Polyaxon's local converter cannot parse them ("Could not parse env var value ...
+    valueFrom") when the container has plain ``value`` vars too, and fails the whole
+    conversion; the agent answers them itself (:func:`downward_api_env`).
+    """
+    spec = json.loads(content) if isinstance(content, str | bytes) else dict(content or {})
+    container = ((spec or {}).get("run") or {}).get("container") or {}
+    if container.get("env"):
+        container["env"] = [item for item in container["env"] if not item.get("valueFrom")]
+    return json.dumps(spec)
+
+
 def _mount_pattern(mount: str) -> re.Pattern[str]:
     # The mount path as a whole path component: /checkpoints, /checkpoints/x, "=/checkpoints"
     # but not /checkpoints-old or /data/checkpoints.
@@ -283,7 +297,7 @@ class LocalAgent:
             project_name=project,
             run_name=run_data[2],
             run_uuid=uuid,
-            content=run_data[3],
+            content=without_downward_api(run_data[3]),
             default_auth=False,
             agent_content=self._agent_config.to_json(),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import shlex
 import subprocess
 import sys
@@ -34,21 +35,31 @@ from sandbox.server import Sandbox
 
 Echo = Callable[[str], None]
 
-DEFAULT_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-pipeline.yaml"
+# The general pipeline: every profile of the sandbox's profiles file, in its order.
+DEFAULT_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-profiles.yaml"
 DEFAULT_COMPONENTS = REPO_ROOT / "components"
 # Small enough for a 2-core laptop to finish the whole pipeline in a few minutes. Only the
-# ones the pipeline declares as inputs are passed. A 32 MiB model makes an 88 MB checkpoint
+# ones the pipeline declares as inputs are passed. size_scale 0.05: fio's seqwrite_1m
+# writes 205 MiB, 0.4 s even at the fastest class's 500 MiB/s; at 0.02 (82 MiB, 0.16 s)
+# the throttle's first slice, let through at once, put that class's figure 24% above its
+# limit (648 vs 524 MB/s). A 32 MiB model makes an 88 MB checkpoint
 # (weights and optimizer state): about 0.7 s of writing at the baseline class's 125 MiB/s
 # and 0.35 s at 250 MiB/s, well above the noise of a shared CPU; 12 checkpoints give the
 # verdict a median to compare, not one sample.
 DEMO_PARAMS = {
     "backend": "local",
-    "size_scale": "0.02",
+    "size_scale": "0.05",
     "fio_runtime": "2",
     "model_size": "32MiB",
     "steps": "60",
     "checkpoint_every": "5",
     "device": "cpu",
+    # A pause budget, so the verdict recommends a profile: the cheapest whose median pause
+    # is below 0.6 s with confidence. At the demo's sizes the baseline class (125 MiB/s,
+    # ~0.7 s to write 88 MB) misses it and both faster classes meet it.
+    "max_pause_s": "0.6",
+    # The cadence that prices each profile's month (GPU time paused + storage).
+    "checkpoints_per_month": "2000",
 }
 
 
@@ -134,19 +145,35 @@ def start_all(
     return sb
 
 
-def demo_params(sb: Sandbox, pipeline: Path, overrides: dict[str, str]) -> dict[str, str]:
-    """The demo's pipeline inputs: small sizes, the local hook backend, this sandbox's API."""
+def declared_inputs(polyaxonfile: Path) -> set[str]:
+    """The inputs a polyaxonfile declares; an operation file (``pathRef``) declares its
+    component's.
+
+    Raises:
+        ConfigError: The file (or the component it references) cannot be read.
+    """
     try:
-        spec = yaml.safe_load(pipeline.read_text()) or {}
+        spec = yaml.safe_load(polyaxonfile.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read pipeline {pipeline}: {exc}") from exc
-    declared = {i.get("name") for i in spec.get("inputs") or []}
+        raise ConfigError(f"cannot read pipeline {polyaxonfile}: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{polyaxonfile} is not a polyaxonfile")
+    if spec.get("pathRef") and not spec.get("inputs"):
+        return declared_inputs(polyaxonfile.parent / str(spec["pathRef"]))
+    return {i.get("name") for i in spec.get("inputs") or [] if isinstance(i, dict)}
+
+
+def demo_params(sb: Sandbox, pipeline: Path, overrides: dict[str, str]) -> dict[str, str]:
+    """The demo's pipeline inputs: small sizes, the local hook backend, this sandbox's API,
+    and every profile of the profiles file, in its order (a pipeline that takes a list)."""
+    declared = declared_inputs(pipeline)
     values = dict(DEMO_PARAMS, api_host=sb.url)
     profiles = sb.agent.profiles
     if sb.agent.profiles_file:
         values["profiles_file"] = str(sb.agent.profiles_file)
     if profiles:
         values.update(namespace=profiles.namespace, claim=profiles.claim)
+        values["profiles"] = json.dumps(list(profiles.profiles))
     values = {k: v for k, v in values.items() if k in declared}
     values.update(overrides)
     return values
@@ -190,23 +217,107 @@ def submit_and_follow(
     return uuid, follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
 
 
+# The compare op's inputs that are the verdict's flags (the component's own mapping).
+COMPARE_FLAGS = {
+    "gpu_hourly": "--gpu-hourly",
+    "max_pause_s": "--max-pause-s",
+    "max_pause_share": "--max-pause-share",
+    "checkpoints_per_month": "--checkpoints-per-month",
+    "warmup": "--warmup",
+    "practical_floor_s": "--practical-floor-s",
+}
+
+
+def compare_op(ops: list[Any]) -> Any | None:
+    """The pipeline's verdict op (the last job named ``compare``), if it ran."""
+    found = [op for op in ops if op.kind == "job" and op.name == "compare"]
+    return found[-1] if found else None
+
+
+def profile_list(value: Any) -> list[str]:
+    """The compare op's ``profiles`` input: a list as the pipeline passed it, or the
+    comma-separated string the verdict records in its place once it ran (or JSON)."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if not isinstance(value, str) or not value.strip():
+        return []
+    if value.lstrip().startswith("["):
+        try:
+            return [str(v) for v in json.loads(value)]
+        except ValueError:
+            pass
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def verdict_args(compare: Any) -> list[str] | None:
+    """The verdict's arguments as the pipeline's compare op had them: the runs its joins
+    gathered (``runs``), the profiles (the first the baseline, each one expected) and the
+    budget; None when the op has no joined runs (it never got that far)."""
+    inputs = compare.inputs or {}
+    runs = inputs.get("runs") or []
+    if not runs:
+        return None
+    args = [f"--run={uuid}" for uuid in runs]
+    profiles = list(dict.fromkeys(profile_list(inputs.get("profiles"))))
+    if profiles:
+        args.append(f"--baseline={profiles[0]}")
+        args += [f"--expect={p}" for p in profiles]
+    for name, flag in COMPARE_FLAGS.items():
+        if inputs.get(name) is not None:
+            args.append(f"{flag}={inputs[name]}")
+    if inputs.get("allow_resumed"):
+        args.append("--allow-resumed")
+    return args
+
+
+def recommendation_lines(compare: Any | None) -> list[str]:
+    """The pipeline's own verdict and recommendation: the compare op's outputs."""
+    out = (compare.outputs if compare is not None else None) or {}
+    if not out.get("verdict") and "recommended_profile" not in out:
+        return ["the pipeline's compare op left no verdict"]
+    return [
+        "the pipeline's verdict (its compare op's outputs):",
+        f"  verdict:             {out.get('verdict') or '-'}",
+        # The verdict records the string "none" when no profile meets the budget.
+        f"  recommended profile: {out.get('recommended_profile') or 'none'}",
+        f"  why:                 {out.get('recommendation_reason') or '-'}",
+    ]
+
+
 def print_comparison(
     sb: Sandbox, project: str, pipeline: str, ops: list[Any], echo: Echo = print
 ) -> None:
-    """The verdict module's report when it exists, else our own profile-by-profile table."""
-    if importlib.util.find_spec("checkpoint_compare") is not None:
+    """The verdict module's report on the runs the pipeline's compare op gathered, else
+    our own profile-by-profile table; then the compare op's verdict and recommendation.
+
+    ``ops`` are every run below the pipeline (nested stages included), oldest first.
+    """
+    # The list of runs may leave out outputs and inputs: read the ones used in full.
+    compare = compare_op(ops)
+    if compare is not None:
+        compare = get_run(sb.client, DEFAULT_OWNER, project, compare.uuid)
+    args = verdict_args(compare) if compare is not None else None
+    reported = False
+    if args and importlib.util.find_spec("checkpoint_compare") is not None:
         # --no-track: the pipeline's own compare op already logged the verdict to its run.
         done = subprocess.run(
             [sys.executable, "-m", "checkpoint_compare", "--api-host", sb.url, "--no-track"]
-            + ["--project", f"{DEFAULT_OWNER}/{project}", "--pipeline", pipeline],
+            + ["--project", f"{DEFAULT_OWNER}/{project}", *args],
             cwd=REPO_ROOT,
             check=False,
         )
-        if done.returncode == 0:
-            return
-        echo("sandbox: checkpoint_compare failed; the raw outputs instead:")
-    # The list of a pipeline's ops may leave out outputs: read each op in full.
-    echo(comparison([get_run(sb.client, DEFAULT_OWNER, project, op.uuid) for op in ops]))
+        reported = done.returncode == 0
+        if not reported:
+            echo("sandbox: checkpoint_compare failed; the raw outputs instead:")
+    if not reported:
+        full = [
+            get_run(sb.client, DEFAULT_OWNER, project, op.uuid) if op.kind == "job" else op
+            for op in ops
+        ]
+        echo(comparison(full))
+    echo("")
+    for line in recommendation_lines(compare):
+        echo(line)
 
 
 def run_demo(

@@ -114,8 +114,50 @@ def list_runs(client: Any, owner: str, project: str, query: str | None = None) -
 
 
 def pipeline_ops(client: Any, owner: str, project: str, pipeline: str) -> list[Any]:
-    """The ops of a pipeline (``V1Run``), in the order they were created."""
-    return list_runs(client, owner, project, query=f"pipeline.uuid:{pipeline}")
+    """Every run below a pipeline (``V1Run``), at any depth, in the order they were created.
+
+    A nested pipeline (a DAG op whose component is a DAG, a matrix mapping of runs) makes
+    runs whose ``pipeline`` is their direct parent; the server sets ``controller`` to the
+    outermost run for all of them, so that is what selects the whole tree.
+    """
+    return list_runs(client, owner, project, query=f"controller:{pipeline}")
+
+
+def labels(runs: list[Any], root: str) -> dict[str, str]:
+    """A readable path for each run below ``root``: ``stages[1]/train[0]``.
+
+    The path follows each run's ``pipeline`` (its parent) up to ``root``. A matrix run is
+    left out of its children's paths (they carry its name with their index among its
+    children, in creation order); a run of a mapping whose inputs name a ``profile`` shows
+    it too, so a stage reads ``stages[1] checkpoint-throughput``.
+    """
+    by_uuid = {r.uuid: r for r in runs}
+    index: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for run in runs:  # oldest first: the index is the order the mapping made them in
+        parent = run.pipeline.uuid if run.pipeline else None
+        if parent in by_uuid and by_uuid[parent].kind == "matrix":
+            index[run.uuid] = counts.get(parent, 0)
+            counts[parent] = index[run.uuid] + 1
+
+    def own(run: Any) -> str:
+        if run.uuid in index:
+            return f"{run.name}[{index[run.uuid]}]"
+        return str(run.name)
+
+    found: dict[str, str] = {}
+    for run in runs:
+        parts, node, seen = [], run, set()
+        while node is not None and node.uuid != root and node.uuid not in seen:
+            seen.add(node.uuid)
+            if node.kind != "matrix" or node is run:
+                parts.append(own(node))
+            parent = node.pipeline.uuid if node.pipeline else None
+            node = by_uuid.get(parent)
+        label = "/".join(reversed(parts))
+        profile = (run.inputs or {}).get("profile") if run.uuid in index else None
+        found[run.uuid] = f"{label} {profile}" if profile else label
+    return found
 
 
 def stop_run(client: Any, owner: str, project: str, uuid: str) -> None:
@@ -151,10 +193,12 @@ def follow(
     while True:
         pipeline = get_run(client, owner, project, uuid)
         ops = pipeline_ops(client, owner, project, uuid)
+        names = labels(ops, uuid)
         for op in ops:
-            if seen.get(op.uuid) != op.status:
+            # A matrix's own status adds nothing to its children's lines.
+            if op.kind != "matrix" and seen.get(op.uuid) != op.status:
                 seen[op.uuid] = op.status
-                echo(f"  {op.name:<22} {op.status}")
+                echo(f"  {names[op.uuid]:<40} {op.status}")
         if pipeline.status in DONE_STATUSES:
             break
         if time.monotonic() > deadline:
@@ -175,19 +219,25 @@ def follow(
 def failure_report(client: Any, owner: str, project: str, pipeline: Any, ops: list[Any]) -> str:
     """Which op failed, its status message and its log tail."""
     lines = [f"pipeline {pipeline.name} ({pipeline.uuid}) ended {pipeline.status}"]
-    for op in ops:
-        if op.status not in ("failed", "stopped"):
-            continue
+    names = labels(ops, pipeline.uuid)
+    # The jobs that failed say why; a nested pipeline's own message only counts them.
+    failed = [op for op in ops if op.status in ("failed", "stopped")]
+    jobs = [op for op in failed if op.kind not in ("dag", "matrix")]
+    for op in jobs or failed:
         runs = run_client(client, owner, project, op.uuid)
         _, conditions = sdk_call(f"read the statuses of {op.uuid}", runs.get_statuses)
         message = next(
             (c.message for c in reversed(list(conditions)) if c.type == op.status and c.message),
             "",
         )
-        lines.append(f"op {op.name} {op.status}: {message}")
-        logs = _logs_when_uploaded(client, owner, project, op.uuid)
+        lines.append(f"op {names.get(op.uuid, op.name)} {op.status}: {message}")
+        logs = (
+            _logs_when_uploaded(client, owner, project, op.uuid)
+            if op.kind not in ("dag", "matrix")
+            else []
+        )
         if logs:
-            lines.append(f"last lines of {op.name}'s log:")
+            lines.append(f"last lines of {names.get(op.uuid, op.name)}'s log:")
             lines += ["  " + line for line in logs[-20:]]
     return "\n".join(lines)
 
@@ -214,21 +264,46 @@ def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
     return "-"
 
 
+def _stage_of(run: Any, by_uuid: dict[str, Any]) -> str | None:
+    """The uuid of the nearest DAG above ``run`` (its stage in a nested pipeline, the
+    pipeline itself in a flat one)."""
+    node, seen = run, set()
+    while node is not None and node.pipeline and node.uuid not in seen:
+        seen.add(node.uuid)
+        parent = by_uuid.get(node.pipeline.uuid)
+        if parent is None or parent.kind == "dag":
+            return node.pipeline.uuid
+        node = parent
+    return None
+
+
 def comparison(ops: list[Any]) -> str:
     """A profile-by-profile table of the training runs: pause, stages, fio, runtime, loss.
 
-    The training op is the one with a ``ckpt_pause_s_total`` output; its fio op is the op
-    whose name has the same suffix (``train-baseline`` -> ``fio-baseline``).
+    ``ops``: the runs below a pipeline (nested DAGs and matrices included, so each job's
+    stage can be found). A training op is a job with a ``ckpt_pause_s_total`` output; its
+    fio op is the last fio op of the same stage (the nearest DAG above both) that started
+    before it and after that stage's last switch. Runs are taken in the order they started
+    (the server creates a mapping's runs ahead of running them).
     """
-    by_suffix = {op.name.split("-", 1)[-1]: op for op in ops if op.name.startswith("fio")}
+    by_uuid = {op.uuid: op for op in ops if op.uuid}
+    jobs = [op for op in ops if (op.kind or "job") == "job"]
+    order = {id(op): i for i, op in enumerate(jobs)}
+    jobs.sort(key=lambda op: (op.started_at is None, op.started_at or 0, order[id(op)]))
     rows = []
-    for op in ops:
+    fio_of: dict[str | None, Any] = {}  # stage -> its latest fio op
+    for op in jobs:
         out = op.outputs or {}
+        stage = _stage_of(op, by_uuid)
+        if op.name.startswith("switch"):
+            fio_of.pop(stage, None)  # a new stage: its own fio sweep follows
+        if op.name.startswith("fio"):
+            fio_of[stage] = op
         if "ckpt_pause_s_total" not in out:
             continue
         inputs = op.inputs or {}
         suffix = op.name.split("-", 1)[-1]
-        fio_op = by_suffix.get(suffix)
+        fio_op = fio_of.get(stage)
         fio = (fio_op.outputs if fio_op else None) or {}
         bw = {k: v for k, v in fio.items() if k.endswith("_bw_mbps")}
         headline = max(bw.items(), key=lambda kv: kv[1], default=None)
@@ -266,15 +341,18 @@ TABLE_COLUMNS = (
     "out.ckpt_fsync_s_median",
     "out.runtime_s",
     "out.final_loss",
+    "out.fio_seqwrite_1m_bw_mbps",
+    "out.recommended_profile",
 )
 
 
 def runs_table_url(
     host: str, owner: str, project: str, pipeline: str | None = None, columns=TABLE_COLUMNS
 ) -> str:
-    """The UI's runs table with the comparison columns chosen (and the pipeline's ops only)."""
+    """The UI's runs table with the comparison columns chosen (and the pipeline's jobs only,
+    at any depth: its ``controller`` is the pipeline, its nested DAGs and matrices left out)."""
     search: dict[str, str] = {"columns": ",".join(columns)}
     if pipeline:
-        search["query"] = f"pipeline.uuid:{pipeline}"
+        search["query"] = f"controller:{pipeline}, kind:job"
     token = base64.b64encode(json.dumps(search).encode()).decode()
     return f"{host}/ui/{owner}/{project}/runs?" + urllib.parse.urlencode({"search": token})

@@ -224,7 +224,10 @@ def _emulated_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "sandbox"
     (root / "connections").mkdir(parents=True)
     spec = yaml.safe_load((ROOT / "connections" / "sandbox-profiles.yaml").read_text())
-    spec["classesFile"] = str(ROOT / "connections" / "vac-ebs-gp3.yaml")
+    # The shipped classes files (one, or a list), made absolute for the copied profiles file.
+    files = spec["classesFile"]
+    files = [files] if isinstance(files, str) else files
+    spec["classesFile"] = [str(ROOT / "connections" / f) for f in files]
     (root / "connections" / "sandbox-profiles.yaml").write_text(yaml.safe_dump(spec))
     (root / ".sandbox" / "volumes" / "training-checkpoints").mkdir(parents=True)
     monkeypatch.setenv("SANDBOX_ROOT", str(root))

@@ -65,9 +65,11 @@ def needs_throttle(path: Path, name: str) -> tuple[Cgroup, BlockDevice]:
 
 
 def emulated_profiles(root: Path) -> Path:
-    """The shipped, emulating profiles file, its classes file made absolute, under ``root``."""
+    """The shipped, emulating profiles file, its classes files made absolute, under ``root``."""
     spec = yaml.safe_load((REPO_ROOT / "connections" / "sandbox-profiles.yaml").read_text())
-    spec["classesFile"] = str(REPO_ROOT / "connections" / spec["classesFile"])
+    files = spec["classesFile"]
+    files = [files] if isinstance(files, str) else files
+    spec["classesFile"] = [str(REPO_ROOT / "connections" / f) for f in files]
     path = root / "emulated-profiles.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
