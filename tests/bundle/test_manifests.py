@@ -51,13 +51,17 @@ def test_strict_validation_catches_a_misspelled_field() -> None:
 
 
 def test_the_seed_profiles_for_ebs_gp3() -> None:
-    classes = {
-        name: doc["parameters"] for name, doc in by_name_per_driver()["ebs.csi.aws.com"].items()
-    }
+    # The cluster's two classes, as the seed gives them (the sandbox's third gp3 class lives
+    # in its own file, sandbox-vac-extra.yaml).
+    docs = load_yaml_documents(CONNECTIONS / "vac-ebs-gp3.yaml")
+    classes = {doc["metadata"]["name"]: doc["parameters"] for doc in docs}
+    assert {doc["driverName"] for doc in docs} == {"ebs.csi.aws.com"}
     assert classes == {
         "checkpoint-baseline": {"type": "gp3", "iops": "3000", "throughput": "125"},
         "checkpoint-throughput": {"type": "gp3", "iops": "6000", "throughput": "250"},
     }
+    sandbox = by_name_per_driver()["ebs.csi.aws.com"]
+    assert set(sandbox) - set(classes) == {"checkpoint-gp3-500"}
 
 
 def test_a_gke_hyperdisk_pair() -> None:
