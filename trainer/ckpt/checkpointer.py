@@ -62,7 +62,54 @@ def _gbps(nbytes: int, seconds: float | None) -> float | None:
     return nbytes / max(seconds, 1e-9) / 1e9
 
 
-class Checkpointer:
+class OneInFlight:
+    """At most one checkpoint persisting in the background (``asynchronous``), or none
+    (every save persists before it returns): what both writers, one process or many ranks,
+    share. A subclass calls :meth:`_start` with its persist function and arguments.
+    """
+
+    def __init__(self, asynchronous: bool) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
+        self._inflight: Future[CheckpointRecord] | None = None
+        self._done: list[CheckpointRecord] = []
+
+    def _start(self, persist: Callable[..., CheckpointRecord], *args: Any, **kwargs: Any) -> None:
+        """Persist now, or in the background when asynchronous."""
+        if self._pool is None:
+            self._done.append(persist(*args, **kwargs))
+        else:
+            self._inflight = self._pool.submit(persist, *args, **kwargs)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a background checkpoint is still being written."""
+        return self._inflight is not None and not self._inflight.done()
+
+    def poll(self) -> list[CheckpointRecord]:
+        """Raise a background failure now, and hand over finished records (newest last)."""
+        self._drain(wait=False)
+        done, self._done = self._done, []
+        return done
+
+    def finish(self) -> list[CheckpointRecord]:
+        """Wait for the checkpoint in flight; returns the records not yet handed over."""
+        try:
+            self._drain(wait=True)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+        done, self._done = self._done, []
+        return done
+
+    def _drain(self, wait: bool) -> None:
+        future = self._inflight
+        if future is None or (not wait and not future.done()):
+            return
+        self._inflight = None
+        self._done.append(future.result())  # re-raises the background failure here
+
+
+class Checkpointer(OneInFlight):
     """Writes checkpoints of one run into ``directory``.
 
     Args:
@@ -101,9 +148,7 @@ class Checkpointer:
         self.uploader = uploader
         self.device = device or torch.device("cpu")
         self.options = replace(options or WriteOptions(), durable=durable, background=asynchronous)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
-        self._inflight: Future[CheckpointRecord] | None = None
-        self._done: list[CheckpointRecord] = []
+        super().__init__(asynchronous)
         self._good = set(verified)
         # One owner for every temporary name this writer makes (run, pod, pid), so a
         # restarted run can tell its predecessors' leftovers from another run's.
@@ -128,12 +173,8 @@ class Checkpointer:
         except BaseException as exc:
             self._failed(exc, tmp_dir, final_dir)
             raise
-        if self._pool is None:
-            self._done.append(self._persist(step, inflight, tmp_dir, t_request, pause_end=None))
-        else:
-            self._inflight = self._pool.submit(
-                self._persist, step, inflight, tmp_dir, t_request, pause_end=time.monotonic()
-            )
+        pause_end = None if self._pool is None else time.monotonic()
+        self._start(self._persist, step, inflight, tmp_dir, t_request, pause_end=pause_end)
 
     def _failed(self, exc: BaseException, tmp_dir: Path, final_dir: Path) -> None:
         """Delete the half-written checkpoint; raise the trainer's error for a known cause."""
@@ -146,34 +187,6 @@ class Checkpointer:
                 raise CheckpointDirError(
                     f"access refused while writing checkpoint {final_dir.name}: {exc}"
                 ) from exc
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether a background checkpoint is still being written."""
-        return self._inflight is not None and not self._inflight.done()
-
-    def poll(self) -> list[CheckpointRecord]:
-        """Raise a background failure now, and hand over finished records (newest last)."""
-        self._drain(wait=False)
-        done, self._done = self._done, []
-        return done
-
-    def finish(self) -> list[CheckpointRecord]:
-        """Wait for the checkpoint in flight; returns the records not yet handed over."""
-        try:
-            self._drain(wait=True)
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-        done, self._done = self._done, []
-        return done
-
-    def _drain(self, wait: bool) -> None:
-        future = self._inflight
-        if future is None or (not wait and not future.done()):
-            return
-        self._inflight = None
-        self._done.append(future.result())  # re-raises the background failure here
 
     def _persist(
         self,

@@ -45,7 +45,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from typing import Any
 import torch
 
 from trainer.ckpt import store
-from trainer.ckpt.checkpointer import CheckpointRecord
+from trainer.ckpt.checkpointer import CheckpointRecord, OneInFlight
 from trainer.ckpt.formats import RawFormat, Staged, TorchFormat, flatten, unflatten
 from trainer.ckpt.fs import LocalFS, raise_if_full
 from trainer.ckpt.io import ALIGN, AlignedBuffer, read_file, write_file
@@ -321,7 +320,7 @@ class _Times:
     pause_s: float | None = None  # known at save() in async mode
 
 
-class ShardedCheckpointer:
+class ShardedCheckpointer(OneInFlight):
     """Writes this rank's shard of each checkpoint; rank 0 also commits and reports.
 
     The same interface as :class:`trainer.ckpt.checkpointer.Checkpointer` (``save``,
@@ -363,9 +362,7 @@ class ShardedCheckpointer:
         # single writer's, so remove_stale_tmp tells this run's leftovers from another's.
         self.owner: store.Owner = ranks.broadcast(store.Owner.current())
         self._good = set(verified)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-bg") if asynchronous else None
-        self._inflight: Future[CheckpointRecord] | None = None
-        self._done: list[CheckpointRecord] = []
+        super().__init__(asynchronous)
 
     def tmp_dir(self, step: int) -> Path:
         return self.directory / store.tmp_name(step, self.owner)
@@ -379,38 +376,9 @@ class ShardedCheckpointer:
         w0, t0 = time.time(), time.monotonic()
         staged = self.fmt.stage(split_state(state_fn(), self.ranks, step))
         times = _Times(w_request, t_request, w0, t0, time.monotonic() - t0)
-        if self._pool is None:
-            self._done.append(self._persist(step, staged, times))
-        else:
+        if self._pool is not None:
             times.pause_s = time.monotonic() - t_request
-            self._inflight = self._pool.submit(self._persist, step, staged, times)
-
-    @property
-    def in_flight(self) -> bool:
-        return self._inflight is not None and not self._inflight.done()
-
-    def poll(self) -> list[CheckpointRecord]:
-        """Raise a background failure now, and hand over finished records (newest last)."""
-        self._drain(wait=False)
-        done, self._done = self._done, []
-        return done
-
-    def finish(self) -> list[CheckpointRecord]:
-        """Wait for the checkpoint in flight; returns the records not yet handed over."""
-        try:
-            self._drain(wait=True)
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-        done, self._done = self._done, []
-        return done
-
-    def _drain(self, wait: bool) -> None:
-        future = self._inflight
-        if future is None or (not wait and not future.done()):
-            return
-        self._inflight = None
-        self._done.append(future.result())  # re-raises the background failure here
+        self._start(self._persist, step, staged, times)
 
     # -------------------------------------------------------------- one checkpoint
 
