@@ -175,16 +175,20 @@ def switch(**options: Any) -> None:
     commands.run_switch(cfg, provider_for=PROVIDER_FOR)
 
 
-@main.command(epilog=EPILOG)
-@_target_options
-@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
-@click.option(
+# release, status and plan only read (or drop a Lease): one short deadline for all of them.
+_read_timeout = click.option(
     "--timeout",
     type=float,
     default=60.0,
     show_default=True,
     help="Overall deadline in seconds for every API call.",
 )
+
+
+@main.command(epilog=EPILOG)
+@_target_options
+@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@_read_timeout
 def release(**options: Any) -> None:
     """Release the claim's Lease (the pipeline's last op): only its holder can."""
     commands.run_release(config_or_usage_error(ReleaseConfig, backoff=BACKOFF, **options))
@@ -193,13 +197,7 @@ def release(**options: Any) -> None:
 @main.command(epilog=EPILOG)
 @_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the block.")
-@click.option(
-    "--timeout",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="Overall deadline in seconds for every API call.",
-)
+@_read_timeout
 def status(**options: Any) -> None:
     """Desired and current class, modify status, conditions and recent events of a claim."""
     commands.run_status(config_or_usage_error(StatusConfig, backoff=BACKOFF, **options))
@@ -228,13 +226,7 @@ def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> li
 @click.option(
     "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
 )
-@click.option(
-    "--timeout",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="Overall deadline in seconds for every API call.",
-)
+@_read_timeout
 def plan(**options: Any) -> None:
     """How many volume modifications the run over the profiles needs, and whether the
     provider's window allows them now (else exit 3 naming when); changes nothing."""
