@@ -14,21 +14,10 @@ from click.testing import CliRunner
 from checkpoint_compare.cli import main
 from checkpoint_storage_bench.contract import LEDGER_OUTPUT, LedgerEntry, format_ledger
 from tests.checkpoint_compare.recorded import write_hook_run, write_training_run
+from tests.checkpoint_compare.test_profiles import run_cli
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 PAUSES = {BASE: [2.5] + [2.0, 2.02, 1.98] * 2, FAST: [1.5] + [1.0, 1.02, 0.98] * 2}
-
-
-def run_cli(runs_root: Path, pricing: Path, *args: str) -> tuple[int, str, dict | None]:
-    out = runs_root.parent / "report.json"
-    out.unlink(missing_ok=True)
-    result = CliRunner().invoke(
-        main,
-        ["--offline-root", str(runs_root), "--pricing", str(pricing), *args,
-         "--json", str(out), "--no-track"],
-    )  # fmt: skip
-    report = json.loads(out.read_text()) if out.exists() and result.exit_code == 0 else None
-    return result.exit_code, result.output, report
 
 
 def _interval(runs_root: Path, run_uuid: str) -> tuple[datetime, datetime]:
