@@ -25,7 +25,6 @@ from checkpoint_compare.records import RunRecord, Series
 from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
-    RESUMED_FROM_STEP,
     STAGES,
     VAC_PARAMETER_PREFIX,
     WORLD_SIZE,
@@ -325,9 +324,7 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
         slowest_rank=bool(run.metrics.get(DISTRIBUTED_CHECKPOINT_METRICS["slowest_pause_s"]))
         or _num(run.outputs.get(f"{DISTRIBUTED_CHECKPOINT_METRICS['slowest_pause_s']}_median"))
         is not None,
-        resumed_from_step=int(step)
-        if (step := _num(run.outputs.get(RESUMED_FROM_STEP))) is not None
-        else None,
+        resumed_from_step=run.resumed_from_step,
     )
 
 

@@ -101,7 +101,13 @@ DISTRIBUTED_OUTPUTS = (
 
 RESUMED_FROM_STEP = "resumed_from_step"
 """Trainer output and summary key: the step a resumed run continued from (output 0 and
-summary null: it started at step 0). A resumed run's timings cover only part of the run."""
+summary null: it started at step 0, so only a step past 0 is a resume). A resumed run's
+timings cover only part of the run."""
+
+SIGNED_FIGURES = frozenset({"final_loss", LOSS_METRIC})
+"""The only numbers of a training run that may be negative (a loss). Every other number it
+records (outputs, per-checkpoint metrics, summary figures: seconds, bytes, rates, shares,
+counts, steps) is >= 0, and ``runtime_s`` > 0: a run that took no time measured nothing."""
 
 TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP,) + DISTRIBUTED_OUTPUTS
 """Every output the training job logs, hence every output its component declares."""
