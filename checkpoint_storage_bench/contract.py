@@ -144,12 +144,17 @@ COMPARABLE_INPUTS = (
     "batch_size",
     "seq_len",
     "device",
+    "io_streams",
+    "overlap",
+    "upload_to",
     *DISTRIBUTED_INPUTS,
 )
 """Trainer inputs that must be equal for two runs to be compared. The seed says "keep the
 checkpoint format, model, dataset, and durability requirements fixed"; the step counts and
 device belong to "the whole run" being the same run; a run of 8 ranks writes 8 streams at
-once, so it is no baseline for a run of one (world size and parallel mode)."""
+once, so it is no baseline for a run of one (world size and parallel mode); and the writer's
+own settings (streams per checkpoint, serialize/write overlap, an upload stage) change the
+pause as much as a volume can, so a difference in them would be credited to the storage."""
 
 REQUIRED_INPUTS = ("model_size_bytes", "dataset_seed", "checkpoint_format", "durability")
 """Without these a comparison cannot be vouched for, so a training run must record them."""

@@ -61,6 +61,23 @@ def test_runs_that_all_started_at_step_0_are_shown_as_uninterrupted(
     assert "resumed from step" not in output
 
 
+# ------------------------------------------------------- 9: the writer's own settings differ
+
+
+@pytest.mark.parametrize(
+    ("key", "base", "fast"),
+    [("io_streams", 1, 8), ("overlap", True, False), ("upload_to", None, "s3://bucket/ckpt")],
+)
+def test_runs_of_different_writer_settings_are_refused(
+    runs_root: Path, pricing_file, key: str, base: Any, fast: Any
+) -> None:
+    write_training_run(BASE, PAUSES[BASE], runtime_s=100.0, **{key: base})
+    write_training_run(FAST, PAUSES[FAST], runtime_s=92.0, **{key: fast})
+    code, output, _ = run_cli(runs_root, pricing_file())
+    assert code == 3, output
+    assert f"{key} differs" in output and repr(fast) in output
+
+
 # --------------------------------------------- 11: a zero runtime, negative figures
 
 
