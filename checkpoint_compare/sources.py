@@ -203,7 +203,8 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(
         RunRecord(
-            uuid=f"summary:{path.name}",
+            # The path, not the file name: repeats may be summary.json in two directories.
+            uuid=f"summary:{path}",
             name=path.stem,
             status="succeeded",
             inputs=inputs,
@@ -213,6 +214,28 @@ def load_summary(profile: str, path: Path) -> RunRecord:
             meta={k: v for k, v in meta.items() if v is not None},
         )
     )
+
+
+def load_summaries(summaries: list[tuple[str, Path]]) -> list[RunRecord]:
+    """One record per ``(profile, path)``, in the order given: several of one profile are
+    its repeats.
+
+    Raises:
+        BadInput: A summary cannot be used (:func:`load_summary`), or one file is given
+            twice: one run counted twice would pass for a repeat (or for two profiles).
+    """
+    records: list[RunRecord] = []
+    given: dict[Path, str] = {}
+    for profile, path in summaries:
+        same = path.resolve()
+        if same in given:
+            raise BadInput(
+                f"summary {path} is given more than once ({given[same]} and {profile}): "
+                "one run counts once"
+            )
+        given[same] = profile
+        records.append(load_summary(profile, path))
+    return records
 
 
 # -------------------------------------------------------------------------------- API
@@ -400,7 +423,7 @@ def load_runs(sources: Sources) -> Loaded:
         SourceUnavailable: The Polyaxon API did not answer.
     """
     if sources.summaries:
-        return Loaded([load_summary(p, path) for p, path in sources.summaries.items()])
+        return Loaded(load_summaries(sources.summaries))
     if sources.offline_root:
         records = load_offline(sources.offline_root)
         if sources.runs:

@@ -78,6 +78,36 @@ def test_runs_of_different_writer_settings_are_refused(
     assert f"{key} differs" in output and repr(fast) in output
 
 
+# ------------------------------------------------- 10: several summaries of one profile
+
+
+def test_several_summaries_of_a_profile_are_its_repeats(tmp_path: Path, pricing_file) -> None:
+    first = _summary(tmp_path, "base-1", BASE, 100.0)
+    # The same file name in another directory is another run.
+    second = _summary(tmp_path, "again/base-1", BASE, 101.0)
+    fast = _summary(tmp_path, "fast", FAST, 92.0)
+    code, output, report = _invoke(
+        "--summary", f"{BASE}={first}", "--summary", f"{BASE}={second}",
+        "--summary", f"{FAST}={fast}", "--baseline", BASE, "--pricing", str(pricing_file()),
+        json_out=tmp_path / "report.json",
+    )  # fmt: skip
+    assert code == 0, output
+    runs = report["profiles"][BASE]["training_runs"]
+    assert [r["runtime_s"] for r in runs] == [100.0, 101.0]
+    assert len({r["uuid"] for r in runs}) == 2
+
+
+def test_one_summary_given_twice_is_refused(tmp_path: Path) -> None:
+    base = _summary(tmp_path, "base", BASE, 100.0)
+    fast = _summary(tmp_path, "fast", FAST, 92.0)
+    code, output, _ = _invoke(
+        "--summary", f"{BASE}={base}", "--summary", f"{FAST}={base}",
+        "--summary", f"{FAST}={fast}", "--baseline", BASE,
+    )  # fmt: skip
+    assert code == 2, output
+    assert str(base) in output and "more than once" in output
+
+
 # --------------------------------------------- 11: a zero runtime, negative figures
 
 
