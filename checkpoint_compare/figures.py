@@ -25,6 +25,7 @@ from checkpoint_compare.records import RunRecord, Series
 from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
+    LOSS_METRIC,
     STAGES,
     VAC_PARAMETER_PREFIX,
     WORLD_SIZE,
@@ -269,6 +270,31 @@ def pause_series(run: RunRecord) -> Series:
     return sorted(run.metrics.get(_stage_metric(run, "pause"), []))
 
 
+DIVERGED = "the training diverged"
+"""Said of every run without a finite loss to end with (reports, notes, recommendation)."""
+
+
+def _final_loss(run: RunRecord) -> tuple[float | None, str | None]:
+    """The run's final loss, or None and why there is none to compare.
+
+    The trainer writes a loss that is not finite as null (the summary) or leaves the output
+    out (Polyaxon keeps no null outputs); its loss events, or the summary's curve, still
+    show that the loss went non-finite: then the run diverged, it did not just not say.
+    """
+    curve = run.metrics.get(LOSS_METRIC, [])
+    loss = _num(run.outputs.get("final_loss"))
+    if loss is None and curve:
+        broken = [(step, v) for step, v in curve if not math.isfinite(v)]
+        loss = broken[0][1] if broken else curve[-1][1]
+        if broken:
+            return None, f"has a non-finite loss ({loss}) from step {broken[0][0]} on ({DIVERGED})"
+    if loss is None:
+        return None, "recorded no final loss"
+    if not math.isfinite(loss):
+        return None, f"ended with a final loss of {loss} ({DIVERGED})"
+    return loss, None
+
+
 def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
     """The figures of one training run.
 
@@ -298,14 +324,7 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
     share = _num(run.outputs.get("ckpt_pause_share"))
     if share is None and pause_total is not None and runtime:
         share = pause_total / runtime
-    loss = _num(run.outputs.get("final_loss"))
-    if loss is None and run.metrics.get("loss"):
-        loss = run.metrics["loss"][-1][1]
-    loss_problem = None
-    if loss is None:
-        loss_problem = "recorded no final loss"
-    elif not math.isfinite(loss):
-        loss_problem, loss = f"ended with a final loss of {loss} (the training diverged)", None
+    loss, loss_problem = _final_loss(run)
     return RunFigures(
         run=run,
         runtime_s=runtime,

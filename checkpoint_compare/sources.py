@@ -183,6 +183,8 @@ def load_summary(profile: str, path: Path) -> RunRecord:
                         f"{path}: checkpoints[{i}].{field_name} = {value!r} is not a finite number"
                     )
                 metrics.setdefault(metric, []).append((step, float(value)))
+    if loss := _loss_curve(data.get("loss_curve"), path):
+        metrics[LOSS_METRIC] = loss
     outputs = {
         k: v for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
@@ -236,6 +238,26 @@ def load_summaries(summaries: list[tuple[str, Path]]) -> list[RunRecord]:
         given[same] = profile
         records.append(load_summary(profile, path))
     return records
+
+
+def _loss_curve(curve: Any, path: Path) -> list[tuple[int, float]]:
+    """The summary's ``loss_curve`` as the loss metric. The trainer writes a loss that is
+    not finite as null: it is NaN here, as in the run's loss events, so that a diverged run
+    is seen as diverged and not as one that recorded no loss.
+
+    Raises:
+        BadInput: It is not a list of ``[step, loss]`` pairs.
+    """
+    if curve is not None and not isinstance(curve, list):
+        raise BadInput(f"{path}: loss_curve must be a list, not {type(curve).__name__}")
+    series: list[tuple[int, float]] = []
+    for i, point in enumerate(curve or []):
+        step, value = point if isinstance(point, list) and len(point) == 2 else (None, None)
+        number = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+        if isinstance(step, bool) or not isinstance(step, int) or not number:
+            raise BadInput(f"{path}: loss_curve[{i}] is not a [step, loss] pair: {point!r}")
+        series.append((step, math.nan if value is None else float(value)))
+    return sorted(series, key=lambda point: point[0])
 
 
 # -------------------------------------------------------------------------------- API

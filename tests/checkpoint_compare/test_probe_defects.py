@@ -1,4 +1,5 @@
-"""The verdict's defects found by probing the landed code (issue 22, items 8–11)."""
+"""The verdict's defects found by probing the landed code (issue 22, items 8–11), and a
+diverged run as the trainer now records it (null for every non-finite figure)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,54 @@ def test_a_negative_recorded_output_exits_2(runs_root: Path, pricing_file) -> No
     code, output, _ = run_cli(runs_root, pricing_file())
     assert code == 2, output
     assert "runtime_s" in output and bad[:8] in output
+
+
+# ------------------------------------ a diverged run, as the trainer records it: nulls
+
+
+def _diverged(tmp_path: Path, profile: str, runtime_s: float) -> Path:
+    """The summary of a run whose loss went to NaN: every non-finite figure is null."""
+    data = summary_json(profile, PAUSES[profile], runtime_s)
+    data.update(final_loss=None, loss_curve=[[10, 7.1], [20, 3.2e12], [30, None], [40, None]])
+    path = tmp_path / f"{profile}-diverged.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_diverged_summary_is_reported_as_diverged_and_never_crowned(
+    tmp_path: Path, pricing_file
+) -> None:
+    # The baseline class is the cheaper one: "the cheapest to keep" would be the diverged run.
+    base = _diverged(tmp_path, BASE, 100.0)
+    fast = _summary(tmp_path, "fast", FAST, 92.0, loss_curve=[[10, 7.1], [40, 2.5]])
+    for extra in ((), ("--checkpoints-per-month", "1000"), ("--max-pause-s", "5")):
+        code, output, report = _invoke(
+            "--summary", f"{BASE}={base}", "--summary", f"{FAST}={fast}", "--baseline", BASE,
+            "--pricing", str(pricing_file()), *extra, json_out=tmp_path / "report.json",
+        )  # fmt: skip
+        assert code == 0, output
+        assert report["verdict"] not in (BASE, FAST)  # nothing shows they trained alike
+        assert report["recommendation"]["profile"] != BASE, (extra, report["recommendation"])
+        assert "diverged" in report["profiles"][BASE]["loss_problem"]
+        assert "diverged" in report["recommendation"]["reason"]
+        assert "diverged" in output
+
+
+def test_a_diverged_offline_run_is_never_recommended(runs_root: Path, pricing_file) -> None:
+    write_training_run(BASE, PAUSES[BASE], runtime_s=100.0, final_loss=float("nan"))
+    write_training_run(FAST, PAUSES[FAST], runtime_s=92.0)
+    code, output, report = run_cli(runs_root, pricing_file())
+    assert code == 0, output
+    assert report["recommendation"]["profile"] == FAST
+    assert "diverged" in report["recommendation"]["reason"]
+
+
+def test_when_every_profile_diverged_none_is_recommended(tmp_path: Path, pricing_file) -> None:
+    base, fast = _diverged(tmp_path, BASE, 100.0), _diverged(tmp_path, FAST, 92.0)
+    code, output, report = _invoke(
+        "--summary", f"{BASE}={base}", "--summary", f"{FAST}={fast}", "--baseline", BASE,
+        "--pricing", str(pricing_file()), json_out=tmp_path / "report.json",
+    )  # fmt: skip
+    assert code == 0, output
+    assert report["recommendation"]["profile"] == "none"
+    assert "diverged" in report["recommendation"]["reason"]
