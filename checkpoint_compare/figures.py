@@ -271,7 +271,8 @@ def pause_series(run: RunRecord) -> Series:
 
 
 DIVERGED = "the training diverged"
-"""Said of every run without a finite loss to end with (reports, notes, recommendation)."""
+"""What the reports, the notes and the recommendation say of a run whose loss went
+non-finite."""
 
 
 def _final_loss(run: RunRecord) -> tuple[float | None, str | None]:
@@ -279,7 +280,8 @@ def _final_loss(run: RunRecord) -> tuple[float | None, str | None]:
 
     The trainer writes a loss that is not finite as null (the summary) or leaves the output
     out (Polyaxon keeps no null outputs); its loss events, or the summary's curve, still
-    show that the loss went non-finite: then the run diverged, it did not just not say.
+    show that the loss went non-finite: such a run diverged, which is more than a run that
+    recorded no loss.
     """
     curve = run.metrics.get(LOSS_METRIC, [])
     loss = _num(run.outputs.get("final_loss"))
