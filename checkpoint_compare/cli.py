@@ -44,10 +44,11 @@ class FiniteFloat(click.ParamType):
         return number
 
 
-def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str | None]:
-    """Parse ``KEY=VALUE`` options into value → key; with ``need_key=False`` a bare VALUE
-    maps to None."""
-    result: dict[str, str | None] = {}
+def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> list[tuple[str | None, str]]:
+    """Parse ``KEY=VALUE`` options into (key, value) pairs in the order given; with
+    ``need_key=False`` a bare VALUE has the key None. A repeated key is kept: several
+    summaries of one profile are its repeats."""
+    result: list[tuple[str | None, str]] = []
     for text in values:
         key, sep, value = text.partition("=")
         if not sep:
@@ -56,7 +57,7 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
             key, value = "", text
         if not value or (sep and not key):
             raise click.BadParameter(f"empty profile or value in {text!r}", param_hint=what)
-        result[value] = key or None
+        result.append((key or None, value))
     return result
 
 
@@ -70,7 +71,8 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> dict[str, str 
     "summaries",
     multiple=True,
     metavar="PROFILE=PATH",
-    help="Trainer summary JSON of a profile (repeat per profile).",
+    help="Trainer summary JSON of a profile (repeat per profile; several of one profile "
+    "are its repeats).",
 )
 @click.option("--api-host", help="Polyaxon server URL (not needed inside a Polyaxon run).")
 @click.option("--project", help="OWNER/NAME on the server.")
@@ -196,14 +198,14 @@ def main(
 ) -> None:
     """Compare the training runs of storage profiles and say which one to keep."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    summary_paths = {p: Path(v) for v, p in _pairs(summaries, "--summary", True).items()}
+    summary_paths = [(str(p), Path(v)) for p, v in _pairs(summaries, "--summary", True)]
     sources = Sources(
         offline_root=offline_root,
         summaries=summary_paths,
         api_host=api_host,
         project=project,
         pipeline=pipeline,
-        runs=_pairs(runs, "--run", False),
+        runs={v: p for p, v in _pairs(runs, "--run", False)},
         token=token,
     )
     config = CompareConfig(

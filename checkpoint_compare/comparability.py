@@ -17,7 +17,6 @@ from checkpoint_storage_bench.contract import (
     COMPARABLE_META,
     IMAGE_INPUT,
     REQUIRED_INPUTS,
-    RESUMED_FROM_STEP,
     WORLD_SIZE,
 )
 
@@ -105,9 +104,7 @@ def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> 
 
 def _resumed(runs: list[tuple[str, RunRecord]], allow: bool) -> list[str]:
     resumed = [
-        (label, run, step)
-        for label, run in runs
-        if _recorded(step := run.outputs.get(RESUMED_FROM_STEP))
+        (label, run, step) for label, run in runs if (step := run.resumed_from_step) is not None
     ]
     if not resumed or len(resumed) == len(runs):
         return []  # nothing resumed, or every run was: like against like

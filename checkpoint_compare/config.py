@@ -21,7 +21,8 @@ class Sources:
 
     Attributes:
         offline_root: Offline Polyaxon runs.
-        summaries: Profile → trainer summary JSON.
+        summaries: (profile, trainer summary JSON) pairs in the order given; several of
+            one profile are its repeats.
         api_host: Polyaxon server URL (None inside a Polyaxon run).
         project: ``owner/name`` on the server.
         pipeline: Uuid of the pipeline whose runs to compare.
@@ -30,7 +31,7 @@ class Sources:
     """
 
     offline_root: Path | None = None
-    summaries: dict[str, Path] = field(default_factory=dict)
+    summaries: list[tuple[str, Path]] = field(default_factory=list)
     api_host: str | None = None
     project: str | None = None
     pipeline: str | None = None

@@ -25,7 +25,7 @@ from checkpoint_compare.records import RunRecord, Series
 from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
-    RESUMED_FROM_STEP,
+    LOSS_METRIC,
     STAGES,
     VAC_PARAMETER_PREFIX,
     WORLD_SIZE,
@@ -270,6 +270,33 @@ def pause_series(run: RunRecord) -> Series:
     return sorted(run.metrics.get(_stage_metric(run, "pause"), []))
 
 
+DIVERGED = "the training diverged"
+"""What the reports, the notes and the recommendation say of a run whose loss went
+non-finite."""
+
+
+def _final_loss(run: RunRecord) -> tuple[float | None, str | None]:
+    """The run's final loss, or None and why there is none to compare.
+
+    The trainer writes a loss that is not finite as null (the summary) or leaves the output
+    out (Polyaxon keeps no null outputs); its loss events, or the summary's curve, still
+    show that the loss went non-finite: such a run diverged, which is more than a run that
+    recorded no loss.
+    """
+    curve = run.metrics.get(LOSS_METRIC, [])
+    loss = _num(run.outputs.get("final_loss"))
+    if loss is None and curve:
+        broken = [(step, v) for step, v in curve if not math.isfinite(v)]
+        loss = broken[0][1] if broken else curve[-1][1]
+        if broken:
+            return None, f"has a non-finite loss ({loss}) from step {broken[0][0]} on ({DIVERGED})"
+    if loss is None:
+        return None, "recorded no final loss"
+    if not math.isfinite(loss):
+        return None, f"ended with a final loss of {loss} ({DIVERGED})"
+    return loss, None
+
+
 def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
     """The figures of one training run.
 
@@ -299,14 +326,7 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
     share = _num(run.outputs.get("ckpt_pause_share"))
     if share is None and pause_total is not None and runtime:
         share = pause_total / runtime
-    loss = _num(run.outputs.get("final_loss"))
-    if loss is None and run.metrics.get("loss"):
-        loss = run.metrics["loss"][-1][1]
-    loss_problem = None
-    if loss is None:
-        loss_problem = "recorded no final loss"
-    elif not math.isfinite(loss):
-        loss_problem, loss = f"ended with a final loss of {loss} (the training diverged)", None
+    loss, loss_problem = _final_loss(run)
     return RunFigures(
         run=run,
         runtime_s=runtime,
@@ -325,9 +345,7 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
         slowest_rank=bool(run.metrics.get(DISTRIBUTED_CHECKPOINT_METRICS["slowest_pause_s"]))
         or _num(run.outputs.get(f"{DISTRIBUTED_CHECKPOINT_METRICS['slowest_pause_s']}_median"))
         is not None,
-        resumed_from_step=int(step)
-        if (step := _num(run.outputs.get(RESUMED_FROM_STEP))) is not None
-        else None,
+        resumed_from_step=run.resumed_from_step,
     )
 
 

@@ -124,7 +124,10 @@ def _fit(
         pause = _effective_pause(figures, comparisons)
         gpu = budget.checkpoints_per_month * pause * pricing.gpu_hourly_usd / 3600
     meets, why = None, ""
-    if budget.has_limit:
+    if figures.loss_problem:
+        meets = False if budget.has_limit else None
+        why = f"not recommended: {figures.loss_problem}"
+    elif budget.has_limit:
         if high is None:
             meets = False
             why = (
@@ -192,52 +195,69 @@ def recommend(
     pricing: Pricing,
     confidence: float,
 ) -> Recommendation:
-    """Recommend a profile (``profiles`` baseline first)."""
+    """Recommend a profile (``profiles`` baseline first).
+
+    A profile with a run that has no finite final loss (it diverged, or did not say) is
+    never recommended, whatever its pauses and price: nothing shows it trained the model.
+    """
     by_candidate = {c.candidate.profile: c for c in comparisons}
     fits = [_fit(f, costs[f.profile], budget, pricing, by_candidate, confidence) for f in profiles]
     rec = Recommendation(NONE_MEETS, "", budget, confidence, fits)
+    unusable = [f"{p.profile}: {p.loss_problem}" for p in profiles if p.loss_problem]
+    left_out = f" ({'; '.join(unusable)}: not recommended)" if unusable else ""
+    eligible = [fit for fit, p in zip(fits, profiles, strict=True) if not p.loss_problem]
+    if not eligible:
+        rec.reason = "no profile can be recommended: " + "; ".join(unusable)
+        return rec
+    rec.reason = _choose(rec, fits, eligible, verdict_profile, budget, confidence) + left_out
+    return rec
+
+
+def _choose(
+    rec: Recommendation,
+    fits: list[ProfileFit],
+    eligible: list[ProfileFit],
+    verdict_profile: str | None,
+    budget: Budget,
+    confidence: float,
+) -> str:
+    """Set ``rec.profile`` from the eligible fits (``fits`` baseline first); return why."""
     level = f"{confidence:.0%} confidence"
     if budget.has_limit:
-        meeting = [f for f in fits if f.meets]
+        meeting = [f for f in eligible if f.meets]
         if not meeting:
-            rec.reason = f"no profile meets the budget with {level}: " + "; ".join(
+            return f"no profile meets the budget with {level}: " + "; ".join(
                 f"{f.profile}: {f.why}" for f in fits
             )
-            return rec
         best = _cheapest(meeting)
         of = f" (of {len(meeting)} that do)" if len(meeting) > 1 else ""
         rec.profile = best.profile
-        rec.reason = (
+        return (
             f"{best.profile} meets the budget with {level} ({best.why}) and is the cheapest "
             f"that does{of}: {_cost_words(best, budget)}"
         )
-        return rec
-    priced = [f for f in fits if f.monthly is not None]
+    priced = [f for f in eligible if f.monthly is not None]
     if budget.checkpoints_per_month is not None and priced:
         best = _cheapest(priced)
         base = fits[0]
         rec.profile = best.profile
         if best is base:
-            rec.reason = (
+            return (
                 f"{best.profile} (the baseline) has the best net cost: no other profile saves "
                 f"more GPU time than its storage costs; {_cost_words(best, budget)}"
             )
-        else:
-            saving = (base.monthly or 0.0) - (best.monthly or 0.0)
-            rec.reason = (
-                f"{best.profile} has the best net cost, {_usd(saving)} a month less than "
-                f"{base.profile}: {_cost_words(best, budget)}"
-            )
-        return rec
+        saving = (base.monthly or 0.0) - (best.monthly or 0.0)
+        return (
+            f"{best.profile} has the best net cost, {_usd(saving)} a month less than "
+            f"{base.profile}: {_cost_words(best, budget)}"
+        )
     hint = "no pause budget (--max-pause-s, --max-pause-share) or cadence (--checkpoints-per-month) given"
     if verdict_profile:
         rec.profile = verdict_profile
-        rec.reason = f"{hint}: the verdict's profile, on the cost of one run"
-        return rec
-    best = _cheapest(priced) if priced else fits[0]
+        return f"{hint}: the verdict's profile, on the cost of one run"
+    best = _cheapest(priced) if priced else eligible[0]
     rec.profile = best.profile
-    rec.reason = (
+    return (
         f"{hint}; no profile is measurably different, so the cheapest to keep: "
         f"{_cost_words(best, budget)}"
     )
-    return rec

@@ -14,14 +14,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from checkpoint_storage_bench.contract import FIO_METRIC, FIO_OUTPUT, LOSS_METRIC, output_key
+from checkpoint_storage_bench.contract import (
+    FIO_METRIC,
+    FIO_OUTPUT,
+    RESUMED_FROM_STEP,
+    SIGNED_FIGURES,
+    output_key,
+)
 
 # A metric series: (step, value) pairs in step order.
 Series = list[tuple[int, float]]
 
 # The loss of a run that diverged is NaN or infinite: a result of training, reported as such
-# (the run cannot win), not malformed input. Every other recorded number must be finite.
-LOSS_KEYS = frozenset({"final_loss", LOSS_METRIC})
+# (the run cannot win), not malformed input. Every other recorded number must be finite
+# (and, in a training run, >= 0: the loss is also the only figure that may be negative).
+LOSS_KEYS = SIGNED_FIGURES
 
 
 class RunKind(enum.Enum):
@@ -83,22 +90,39 @@ class RunRecord:
         return RunKind.OTHER
 
     def check_numbers(self) -> None:
-        """Refuse non-finite numbers (NaN, ±inf, or ``1e400`` read as inf) anywhere but the loss.
+        """Refuse non-finite numbers (NaN, ±inf, or ``1e400`` read as inf) anywhere but the
+        loss, and, in a training run, a negative figure or a runtime that is not positive
+        (``contract.SIGNED_FIGURES``): the trainer writes null for what it cannot tell, so a
+        negative one is made up, and it would be ranked as the fastest.
 
         Raises:
             ValueError: Naming the field and the value.
         """
+        training = self.kind is RunKind.TRAINING
         for section, values in (("inputs", self.inputs), ("outputs", self.outputs),
                                 ("meta", self.meta)):  # fmt: skip
             for key, value in values.items():
                 if key not in LOSS_KEYS and not _finite(value):
                     raise ValueError(f"{section} {key} = {value!r} is not a finite number")
+                if training and section == "outputs" and (why := _unsigned_problem(key, value)):
+                    raise ValueError(f"{section} {key} = {value!r} {why}")
         for name, series in self.metrics.items():
             for step, value in series:
                 if name not in LOSS_KEYS and not _finite(value):
                     raise ValueError(
                         f"metric {name} at step {step} = {value!r} is not a finite number"
                     )
+                if training and (why := _unsigned_problem(name, value)):
+                    raise ValueError(f"metric {name} at step {step} = {value!r} {why}")
+
+    @property
+    def resumed_from_step(self) -> int | None:
+        """The step a resumed run continued from; None for a run that started at step 0
+        (the trainer's output is 0 then, its summary null)."""
+        step = self.outputs.get(RESUMED_FROM_STEP)
+        if isinstance(step, bool) or not isinstance(step, int | float) or not step > 0:
+            return None
+        return int(step)
 
     @property
     def succeeded(self) -> bool:
@@ -130,6 +154,17 @@ class RunRecord:
 
 def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
+
+
+def _unsigned_problem(key: str, value: Any) -> str | None:
+    """Why a training run's figure cannot be what it says (None: it can)."""
+    if key in LOSS_KEYS or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if key == "runtime_s" and not value > 0:
+        return "is not > 0 (a run that took no time measured nothing)"
+    if value < 0:
+        return "is negative (a training run's figures are >= 0)"
+    return None
 
 
 def parse_metric_events(text: str) -> Series:

@@ -183,6 +183,8 @@ def load_summary(profile: str, path: Path) -> RunRecord:
                         f"{path}: checkpoints[{i}].{field_name} = {value!r} is not a finite number"
                     )
                 metrics.setdefault(metric, []).append((step, float(value)))
+    if loss := _loss_curve(data.get("loss_curve"), path):
+        metrics[LOSS_METRIC] = loss
     outputs = {
         k: v for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
@@ -203,7 +205,8 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(
         RunRecord(
-            uuid=f"summary:{path.name}",
+            # The path, not the file name: repeats may be summary.json in two directories.
+            uuid=f"summary:{path}",
             name=path.stem,
             status="succeeded",
             inputs=inputs,
@@ -213,6 +216,48 @@ def load_summary(profile: str, path: Path) -> RunRecord:
             meta={k: v for k, v in meta.items() if v is not None},
         )
     )
+
+
+def load_summaries(summaries: list[tuple[str, Path]]) -> list[RunRecord]:
+    """One record per ``(profile, path)``, in the order given: several of one profile are
+    its repeats.
+
+    Raises:
+        BadInput: A summary cannot be used (:func:`load_summary`), or one file is given
+            twice: one run counted twice would pass for a repeat (or for two profiles).
+    """
+    records: list[RunRecord] = []
+    given: dict[Path, str] = {}
+    for profile, path in summaries:
+        same = path.resolve()
+        if same in given:
+            raise BadInput(
+                f"summary {path} is given more than once ({given[same]} and {profile}): "
+                "one run counts once"
+            )
+        given[same] = profile
+        records.append(load_summary(profile, path))
+    return records
+
+
+def _loss_curve(curve: Any, path: Path) -> list[tuple[int, float]]:
+    """The summary's ``loss_curve`` as the loss metric. The trainer writes a loss that is
+    not finite as null: it is NaN here, as in the run's loss events, so that a diverged run
+    is seen as diverged and not as one that recorded no loss.
+
+    Raises:
+        BadInput: It is not a list of ``[step, loss]`` pairs.
+    """
+    if curve is not None and not isinstance(curve, list):
+        raise BadInput(f"{path}: loss_curve must be a list, not {type(curve).__name__}")
+    series: list[tuple[int, float]] = []
+    for i, point in enumerate(curve or []):
+        step, value = point if isinstance(point, list) and len(point) == 2 else (None, None)
+        number = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+        if isinstance(step, bool) or not isinstance(step, int) or not number:
+            raise BadInput(f"{path}: loss_curve[{i}] is not a [step, loss] pair: {point!r}")
+        series.append((step, math.nan if value is None else float(value)))
+    return sorted(series, key=lambda point: point[0])
 
 
 # -------------------------------------------------------------------------------- API
@@ -400,7 +445,7 @@ def load_runs(sources: Sources) -> Loaded:
         SourceUnavailable: The Polyaxon API did not answer.
     """
     if sources.summaries:
-        return Loaded([load_summary(p, path) for p, path in sources.summaries.items()])
+        return Loaded(load_summaries(sources.summaries))
     if sources.offline_root:
         records = load_offline(sources.offline_root)
         if sources.runs:

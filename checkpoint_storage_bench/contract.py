@@ -101,7 +101,13 @@ DISTRIBUTED_OUTPUTS = (
 
 RESUMED_FROM_STEP = "resumed_from_step"
 """Trainer output and summary key: the step a resumed run continued from (output 0 and
-summary null: it started at step 0). A resumed run's timings cover only part of the run."""
+summary null: it started at step 0, so only a step past 0 is a resume). A resumed run's
+timings cover only part of the run."""
+
+SIGNED_FIGURES = frozenset({"final_loss", LOSS_METRIC})
+"""The only numbers of a training run that may be negative (a loss). Every other number it
+records (outputs, per-checkpoint metrics, summary figures: seconds, bytes, rates, shares,
+counts, steps) is >= 0, and ``runtime_s`` > 0: a run that took no time measured nothing."""
 
 TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP,) + DISTRIBUTED_OUTPUTS
 """Every output the training job logs, hence every output its component declares."""
@@ -138,12 +144,17 @@ COMPARABLE_INPUTS = (
     "batch_size",
     "seq_len",
     "device",
+    "io_streams",
+    "overlap",
+    "upload_to",
     *DISTRIBUTED_INPUTS,
 )
 """Trainer inputs that must be equal for two runs to be compared. The seed says "keep the
 checkpoint format, model, dataset, and durability requirements fixed"; the step counts and
 device belong to "the whole run" being the same run; a run of 8 ranks writes 8 streams at
-once, so it is no baseline for a run of one (world size and parallel mode)."""
+once, so it is no baseline for a run of one (world size and parallel mode); and the writer's
+own settings (streams per checkpoint, serialize/write overlap, an upload stage) change the
+pause as much as a volume can, so a difference in them would be credited to the storage."""
 
 REQUIRED_INPUTS = ("model_size_bytes", "dataset_seed", "checkpoint_format", "durability")
 """Without these a comparison cannot be vouched for, so a training run must record them."""
