@@ -40,8 +40,8 @@ ENDPOINT_ENV = "STORAGE_PROFILE_COMPUTE_ENDPOINT"
 SCOPES = ("https://www.googleapis.com/auth/compute.readonly",)
 # The driver's volume handle: a zonal or a regional (replicated) disk.
 _HANDLE = re.compile(
-    r"^projects/(?P<project>[^/]+)/(?P<scope>zones|regions)/(?P<location>[^/]+)"
-    r"/disks/(?P<disk>[^/]+)$"
+    r"projects/(?P<project>[^/\s]+)/(?P<scope>zones|regions)/(?P<location>[^/\s]+)"
+    r"/disks/(?P<disk>[^/\s]+)"
 )
 MIB = 2**20
 CONNECT_TIMEOUT = 10.0
@@ -68,7 +68,7 @@ def disk_path(volume_handle: str) -> str:
     Raises:
         ComputeApiError: Not a handle of this driver.
     """
-    if not _HANDLE.match(volume_handle or ""):
+    if not _HANDLE.fullmatch(volume_handle or ""):
         raise ComputeApiError(
             f"volume handle {volume_handle!r} is not a Compute Engine disk "
             "(expected projects/P/zones/Z/disks/D or projects/P/regions/R/disks/D)"

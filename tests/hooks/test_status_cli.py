@@ -225,3 +225,25 @@ def test_every_option_has_help_text():
         for param in command.params:
             if isinstance(param, click.Option):
                 assert param.help, f"{name} {param.opts}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["switch", "-n", f"{NS}\n", "--claim", CLAIM, "--to", "fast"],
+        ["switch", "-n", NS, "--claim", f"{CLAIM}\n", "--to", "fast"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "fast\n"],
+        ["status", "-n", NS, "--claim", f"{CLAIM}\n"],
+        ["plan", "-n", NS, "--claim", f"{CLAIM}\n", "--profiles", "fast"],
+    ],
+    ids=["namespace", "claim", "class", "status-claim", "plan-claim"],
+)
+def test_a_name_with_a_trailing_newline_is_refused_before_any_request(
+    double: KubeDouble, kubeconfig: Path, args: list[str]
+):
+    make_volume(double)
+    make_class(double, "fast", iops="6000")
+    result = run_hook(*args, "--kubeconfig", str(kubeconfig))
+    assert result.exit_code == 2, result.output
+    assert "is not a valid" in result.stderr and "\\n'" in result.stderr
+    assert double.requests == []
