@@ -31,7 +31,7 @@ CLAIM = {"/checkpoints": "training-checkpoints"}
 
 HOOK = ["python", "-m", "hooks.storage_profile"]
 CLAIM_ARGS = ["--namespace", "ml-team", "--claim", "training-checkpoints"]
-WAIT_ARGS = ["--timeout", "1800", "--pending-grace", "120", "--settle", "provider"]
+WAIT_ARGS = ["--timeout", "14400", "--pending-grace", "120", "--settle", "provider"]
 SWITCH_TAIL = [*WAIT_ARGS, "--on-infeasible", "fail", "--backend", "kubernetes"]
 
 # The two-profile pipeline nests the general one (a mapping of one run), which maps the
