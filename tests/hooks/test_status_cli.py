@@ -15,7 +15,7 @@ import click
 import pytest
 
 from tests.hooks.helpers import run_hook, write_kubeconfig
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,3 +247,25 @@ def test_a_name_with_a_trailing_newline_is_refused_before_any_request(
     assert result.exit_code == 2, result.output
     assert "is not a valid" in result.stderr and "\\n'" in result.stderr
     assert double.requests == []
+
+
+def test_status_without_permission_to_list_events_shows_the_claim_and_says_so(
+    double: KubeDouble, kubeconfig: Path
+):
+    make_volume(double)
+    double.rbac = Rbac.from_manifests(
+        ROOT / "connections" / "rbac-storage-profile.yaml", "ml-team:storage-profile-hook"
+    )
+    for rules in double.rbac.namespaced.values():
+        rules[:] = [r for r in rules if "events" not in r["resources"]]
+    target = ("-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    text = run_hook("status", *target)
+    assert text.exit_code == 0, text.output
+    assert "current class  baseline" in text.stdout
+    [line] = [ln for ln in text.stdout.splitlines() if ln.startswith("  events")]
+    assert line.startswith("  events         not shown: cannot list events of claim ml-team/")
+    assert 'cannot list resource "events"' in line
+    assert "HTTP response headers" not in text.output
+    data = json.loads(run_hook("status", *target, "--json").stdout)
+    assert data["events"] == [] and data["currentClass"] == "baseline"
+    assert 'cannot list resource "events"' in data["eventsError"]
