@@ -269,3 +269,47 @@ def test_status_without_permission_to_list_events_shows_the_claim_and_says_so(
     data = json.loads(run_hook("status", *target, "--json").stdout)
     assert data["events"] == [] and data["currentClass"] == "baseline"
     assert 'cannot list resource "events"' in data["eventsError"]
+
+
+def kubeconfig_doc(server: object = "http://127.0.0.1:1", user: object = None) -> dict:
+    cluster = {} if server is None else {"server": server}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": "t"} if user is None else user}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        (kubeconfig_doc(user="bob"), "users[u].user must be a mapping, not str"),
+        (
+            kubeconfig_doc(server=None),
+            "clusters[].cluster.server of the current context is missing",
+        ),
+        (kubeconfig_doc(server="http://[::1"), "'http://[::1' is not a URL"),
+        (kubeconfig_doc(server="http://host:abc"), "'http://host:abc' is not a URL"),
+        (kubeconfig_doc(server="ftp://host"), "is not an http:// or https:// URL"),
+        (kubeconfig_doc(server=6443), "clusters[c].cluster.server must be a string"),
+    ],
+    ids=["user-string", "no-server", "bad-ipv6", "bad-port", "not-http", "server-number"],
+)
+@pytest.mark.parametrize("command", ["switch", "status"])
+def test_an_unusable_kubeconfig_is_refused_at_once_naming_the_field(
+    tmp_path: Path, doc: dict, field: str, command: str
+):
+    import yaml
+
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump(doc))
+    extra = ("--to", "fast") if command == "switch" else ()
+    result = run_hook(
+        command, "-n", NS, "--claim", CLAIM, *extra, "--kubeconfig", str(config), "--timeout", "3"
+    )
+    assert result.exit_code == 3, result.output
+    assert f"no usable Kubernetes configuration in {config}" in result.stderr
+    assert field in result.stderr
