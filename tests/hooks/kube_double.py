@@ -248,7 +248,9 @@ class KubeDouble:
             the stream), ``"gone-http"`` (HTTP 410 before any stream), ``"drop"`` (cut the
             connection mid-stream), ``"hang"`` (never answer, not even headers),
             ``"stall"`` (headers, then silence past ``timeoutSeconds``), ``"trickle"``
-            (headers, then a blank line now and then, never ending) or None (behave).
+            (headers, then a blank line now and then, never ending), ``"close"`` (headers,
+            then the end of the stream at once, without an event, as an overloaded server
+            or a proxy may) or None (behave).
         on_patch: Called (on the server thread) after each accepted PATCH of a claim.
         rbac: When set, requests its rules do not allow get 403.
     """
@@ -981,6 +983,13 @@ class KubeDouble:
                             await resp.write(b"\n")
                         except (ConnectionResetError, RuntimeError):
                             break
+            return resp
+        if fault == "close":
+            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write_eof()
             return resp
         if fault == "gone-http":
             return self._answer(
