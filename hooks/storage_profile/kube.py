@@ -26,6 +26,7 @@ from checkpoint_storage_bench.retry import (
     DeadlineExceeded,
     TemporaryError,
     retry,
+    within,
 )
 from hooks.storage_profile.errors import HookError, PreflightRefused
 
@@ -55,8 +56,11 @@ def request_timeout(read: float, deadline: Deadline | None) -> float | tuple[flo
     return max(0.05, left)
 
 
-def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+def load_api_client(kubeconfig: str | None, deadline: Deadline | None = None) -> client.ApiClient:
     """An API client from ``kubeconfig``, else in-cluster config, else the default kubeconfig.
+
+    Loading ends by ``deadline``: a kubeconfig's ``exec`` credential plugin runs here, for
+    as long as it likes.
 
     Raises:
         PreflightRefused: No usable configuration (missing, or a kubeconfig that does not
@@ -64,20 +68,24 @@ def load_api_client(kubeconfig: str | None) -> client.ApiClient:
     """
     configuration = client.Configuration()
     source = f" in {kubeconfig}" if kubeconfig else ""
-    server_field = "clusters[].cluster.server of the current context"
-    try:
+    server_field = ["clusters[].cluster.server of the current context"]
+
+    def load() -> None:
         if kubeconfig:
             _check_kubeconfig_shape(Path(kubeconfig))
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-                server_field = "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT"
-            except ConfigException:
-                default = Path(os.path.expanduser(config.KUBE_CONFIG_DEFAULT_LOCATION))
-                if os.pathsep not in config.KUBE_CONFIG_DEFAULT_LOCATION and default.is_file():
-                    _check_kubeconfig_shape(default)
-                config.load_kube_config(client_configuration=configuration)
+            return
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            server_field[0] = "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT"
+        except ConfigException:
+            default = Path(os.path.expanduser(config.KUBE_CONFIG_DEFAULT_LOCATION))
+            if os.pathsep not in config.KUBE_CONFIG_DEFAULT_LOCATION and default.is_file():
+                _check_kubeconfig_shape(default)
+            config.load_kube_config(client_configuration=configuration)
+
+    try:
+        within(load, what=f"loading the Kubernetes configuration{source}", deadline=deadline)
     except (
         ConfigException,
         OSError,
@@ -94,7 +102,7 @@ def load_api_client(kubeconfig: str | None) -> client.ApiClient:
     if problem is not None:
         # Retrying cannot cure it: refused at once instead of at the deadline.
         raise PreflightRefused(
-            f"no usable Kubernetes configuration{source}: {server_field} {problem}"
+            f"no usable Kubernetes configuration{source}: {server_field[0]} {problem}"
         )
     # urllib3 would retry each request 3 more times by itself, each with the full timeout
     # and outside our deadline: the shared retry loop is the only one.

@@ -41,18 +41,22 @@ def switch_kubernetes(
     report: Report,
     provider_for: ProviderFactory = default_provider,
     echo: Callable[[str], None] = print,
+    deadline: BeatingDeadline | None = None,
 ) -> Report:
     """Switch the claim's class and wait until it settled; fill ``report`` on the way.
 
     Args:
         cfg: The switch; ``cfg.holder`` is set (the CLI fills in the default).
+        deadline: The switch's ``--timeout``, if it started before (the CLI's did, when it
+            looked up the holder); else it starts now.
 
     Raises:
         BenchError: Any refusal or failure, with its exit code; ``report`` holds what was
             known until then.
     """
     assert cfg.holder is not None and cfg.timeout is not None
-    deadline = BeatingDeadline(cfg.timeout)
+    if deadline is None:
+        deadline = BeatingDeadline(cfg.timeout)
     heartbeat = Heartbeat(echo, interval=cfg.heartbeat, deadline=deadline)
     deadline.heartbeat = heartbeat
     plan = preflight(kube, cfg.namespace, cfg.claim, cfg.target, deadline, cfg.force)
