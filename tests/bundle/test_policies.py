@@ -296,7 +296,7 @@ COMMAND_LINES: list[tuple[str, dict[str, Any], list[str]]] = [
             *["python", "-m", "hooks.storage_profile", "switch", "--namespace", "ml-team"],
             *["--claim", "training-checkpoints", "--to", "checkpoint-throughput"],
             *["--timeout", "14400", "--pending-grace", "120", "--settle", "provider"],
-            *["--on-infeasible", "fail", "--backend", "kubernetes"],
+            *["--on-infeasible", "fail", "--lease-duration", "21600", "--backend", "kubernetes"],
         ],
     ),
     (
@@ -312,7 +312,7 @@ COMMAND_LINES: list[tuple[str, dict[str, Any], list[str]]] = [
             *["python", "-m", "hooks.storage_profile", "switch", "--namespace", "ml-team"],
             *["--claim", "training-checkpoints", "--to", "checkpoint-baseline"],
             *["--timeout", "14400", "--pending-grace", "120", "--settle", "provider"],
-            *["--on-infeasible", "fail", "--backend", "local"],
+            *["--on-infeasible", "fail", "--lease-duration", "21600", "--backend", "local"],
             *["--profiles-file=connections/sandbox-profiles.yaml", "--dry-run", "--force"],
         ],
     ),
