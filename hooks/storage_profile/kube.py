@@ -28,7 +28,7 @@ from checkpoint_storage_bench.retry import (
     retry,
     within,
 )
-from hooks.storage_profile.errors import HookError, PreflightRefused
+from hooks.storage_profile.errors import HookError, PreflightRefused, api_message
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +170,6 @@ def retry_after_seconds(exc: ApiException) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
-
-
-def api_message(exc: ApiException) -> str:
-    """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
-    try:
-        return json.loads(exc.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return f"{exc.status} {exc.reason}"
 
 
 def unreachable(exc: BaseException) -> str | None:

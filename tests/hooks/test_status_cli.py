@@ -313,3 +313,17 @@ def test_an_unusable_kubeconfig_is_refused_at_once_naming_the_field(
     assert result.exit_code == 3, result.output
     assert f"no usable Kubernetes configuration in {config}" in result.stderr
     assert field in result.stderr
+
+
+def test_an_api_error_nothing_judged_is_one_line_without_the_clients_dump():
+    from kubernetes.client.rest import ApiException
+
+    from hooks.storage_profile.errors import EXIT_UNEXPECTED, as_hook_error
+
+    exc = ApiException(status=400, reason="Bad Request")
+    exc.body = json.dumps({"kind": "Status", "message": "the server rejected the request"})
+    exc.headers = {"Content-Type": "application/json"}
+    error = as_hook_error(exc)
+    assert error.exit_code == EXIT_UNEXPECTED
+    assert error.format_message() == "the API server answered 400: the server rejected the request"
+    assert "\n" not in error.format_message() and "HTTP response headers" not in str(error)
