@@ -12,7 +12,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from checkpoint_storage_bench.io_limits import IoLimits
@@ -217,6 +217,9 @@ LEDGER_ANNOTATION = "checkpoint-storage-bench.io/class-switches"
 """Annotation on the claim: a JSON list of ``{"at": ISO-8601 UTC, "from": str|null,
 "to": str, "holder": str|null}``, oldest first, at most :data:`LEDGER_MAX_ENTRIES`."""
 LEDGER_MAX_ENTRIES = 32
+LEDGER_TIME_MARGIN = timedelta(days=366)
+"""Longer than any modification window: an entry's time must leave this much room before
+the calendar ends (or starts), else the ledger is refused as not a ledger."""
 
 
 @dataclass(frozen=True)
@@ -244,18 +247,48 @@ def parse_ledger(text: str | None) -> list[LedgerEntry]:
     """
     if not text:
         return []
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        # A hand-made annotation nested thousands deep: json gives up with RecursionError.
+        raise ValueError(f"{LEDGER_ANNOTATION} is nested too deeply to be a ledger") from None
     if not isinstance(data, list):
         raise ValueError(f"{LEDGER_ANNOTATION} is not a JSON list")
     entries = []
     for item in data:
-        if not isinstance(item, dict) or not isinstance(item.get("to"), str):
-            raise ValueError(f"{LEDGER_ANNOTATION}: not a ledger entry: {item!r}")
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("to"), str)
+            or not isinstance(item.get("from"), str | None)
+            or not isinstance(item.get("holder"), str | None)
+        ):
+            raise ValueError(f"{LEDGER_ANNOTATION}: not a ledger entry: {_short(item)}")
         at = datetime.fromisoformat(str(item.get("at")).replace("Z", "+00:00"))
         if at.tzinfo is None:
-            raise ValueError(f"{LEDGER_ANNOTATION}: time without a zone: {item!r}")
+            raise ValueError(f"{LEDGER_ANNOTATION}: time without a zone: {_short(item)}")
+        if not _in_calendar(at):
+            raise ValueError(f"{LEDGER_ANNOTATION}: time out of range: {_short(item)}")
         entries.append(LedgerEntry(at, item.get("from"), item["to"], item.get("holder")))
     return sorted(entries, key=lambda e: e.at)
+
+
+def _in_calendar(at: datetime) -> bool:
+    """Whether ``at`` leaves :data:`LEDGER_TIME_MARGIN` before the calendar ends (or starts):
+    every reader adds or subtracts a modification window and writes the time back in UTC,
+    which would overflow at the calendar's ends."""
+    try:
+        utc = at.astimezone(UTC)
+    except OverflowError:
+        return False
+    low = datetime.min.replace(tzinfo=UTC) + LEDGER_TIME_MARGIN
+    high = datetime.max.replace(tzinfo=UTC) - LEDGER_TIME_MARGIN
+    return low <= utc <= high
+
+
+def _short(item: object, limit: int = 200) -> str:
+    """An entry as shown in an error: ``repr``, cut (a hand-made annotation may be huge)."""
+    text = repr(item)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def format_ledger(entries: list[LedgerEntry]) -> str:
@@ -266,16 +299,31 @@ def format_ledger(entries: list[LedgerEntry]) -> str:
 
 LEASE_PREFIX = "storage-profile-"
 """The ``coordination.k8s.io`` Lease that makes a pipeline the claim's only switcher is
-named ``storage-profile-<claim>``, in the claim's namespace."""
+named ``storage-profile-<claim>``, in the claim's namespace (see :func:`lease_name` for a
+claim name too long for that)."""
+LEASE_NAME_MAX = 253
+"""A Lease's name is a DNS-1123 subdomain: kube-apiserver refuses a longer one (422)."""
+LEASE_HASH_CHARS = 10
 
 
 def lease_name(claim: str) -> str:
-    """The name of the Lease guarding ``claim``.
+    """The name of the Lease guarding ``claim``: ``storage-profile-<claim>`` when that fits
+    in :data:`LEASE_NAME_MAX` characters; else the claim's name cut short (without a
+    trailing ``-`` or ``.``), ``-`` and the first :data:`LEASE_HASH_CHARS` hex digits of the
+    SHA-256 of the whole claim name: always a valid name, the same for the same claim, and
+    different for two long claims that share their beginning.
 
     >>> lease_name("training-checkpoints")
     'storage-profile-training-checkpoints'
+    >>> len(lease_name("a" * 253))
+    253
     """
-    return f"{LEASE_PREFIX}{claim}"
+    name = f"{LEASE_PREFIX}{claim}"
+    if len(name) <= LEASE_NAME_MAX:
+        return name
+    digest = hashlib.sha256(claim.encode()).hexdigest()[:LEASE_HASH_CHARS]
+    head = name[: LEASE_NAME_MAX - LEASE_HASH_CHARS - 1].rstrip("-.")
+    return f"{head}-{digest}"
 
 
 MODIFICATION_WINDOWS: dict[str, tuple[int, float]] = {

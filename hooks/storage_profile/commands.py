@@ -16,6 +16,7 @@ from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile import plan as planning
 from hooks.storage_profile.config import PlanConfig, ReleaseConfig, StatusConfig, SwitchConfig
 from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, PlanRefused, as_hook_error
+from hooks.storage_profile.heartbeat import BeatingDeadline
 from hooks.storage_profile.kube import Kube, load_api_client
 from hooks.storage_profile.lease import ClaimLease, default_holder
 from hooks.storage_profile.local import SandboxProfiles, status_local, switch_local
@@ -51,13 +52,19 @@ def run_switch(
     )
     failure = None
     try:
-        if cfg.holder is None and cfg.backend == "kubernetes":
-            cfg.holder = default_holder()
         if cfg.backend == "local":
             switch_local(cfg, SandboxProfiles.load(cfg.profiles_file), report, echo=echo)
         else:
-            kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
-            switch_kubernetes(cfg, kube, report, provider_for=provider_for, echo=echo)
+            # The deadline starts first: finding the holder and loading the configuration
+            # (an exec credential plugin) are waits of this switch too.
+            assert cfg.timeout is not None
+            deadline = BeatingDeadline(cfg.timeout)
+            if cfg.holder is None:
+                cfg.holder = default_holder(deadline=deadline)
+            kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+            switch_kubernetes(
+                cfg, kube, report, provider_for=provider_for, echo=echo, deadline=deadline
+            )
     except Exception as exc:  # noqa: BLE001 - every failure still gets its report
         failure = as_hook_error(exc)
         report.error = failure.format_message()
@@ -85,10 +92,11 @@ def run_release(cfg: ReleaseConfig) -> str:
     if cfg.backend == "local":
         note = "local backend: the sandbox has no Lease; nothing to release"
     else:
-        holder = cfg.holder or default_holder()
-        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
+        deadline = Deadline(cfg.timeout)
+        holder = cfg.holder or default_holder(deadline=deadline)
+        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
         lease = ClaimLease(kube, cfg.namespace, cfg.claim, holder)
-        note = lease.release(Deadline(cfg.timeout))
+        note = lease.release(deadline)
     click.echo(note)
     return note
 
@@ -100,8 +108,9 @@ def run_status(cfg: StatusConfig) -> dict:
         sandbox.check_claim(cfg.namespace, cfg.claim)
         data = status_local(sandbox)
     else:
-        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
-        data = claim_status(kube, cfg.namespace, cfg.claim, Deadline(cfg.timeout))
+        deadline = Deadline(cfg.timeout)
+        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+        data = claim_status(kube, cfg.namespace, cfg.claim, deadline)
     click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render_status(data))
     return data
 
@@ -121,15 +130,10 @@ def run_plan(cfg: PlanConfig) -> planning.ModificationPlan:
             sandbox, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now
         )
     else:
-        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
+        deadline = Deadline(cfg.timeout)
+        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
         plan = planning.plan_kubernetes(
-            kube,
-            cfg.namespace,
-            cfg.claim,
-            cfg.profiles,
-            cfg.return_to_first,
-            now,
-            Deadline(cfg.timeout),
+            kube, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now, deadline
         )
     click.echo(plan.render())
     if cfg.summary_json is not None:

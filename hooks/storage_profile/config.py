@@ -28,15 +28,16 @@ LEASE_DURATION_MAX = 2**31 - 1
 
 # Kubernetes object names: a namespace is a DNS-1123 label, a claim and a class DNS-1123
 # subdomains. Checked here because a name like ".." would otherwise become part of a URL
-# path (``--claim ..`` asked for the namespace itself).
+# path (``--claim ..`` asked for the namespace itself). Always ``fullmatch``: ``$`` also
+# matches before a trailing newline, which would let ``"claim\n"`` through.
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-DNS1123_LABEL = re.compile(rf"^{_LABEL}$")
-DNS1123_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+DNS1123_LABEL = re.compile(_LABEL)
+DNS1123_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 
 
 def check_label(option: str, value: str) -> None:
     """Refuse a namespace that is not a DNS-1123 label (``ValueError``)."""
-    if len(value) > 63 or not DNS1123_LABEL.match(value):
+    if len(value) > 63 or not DNS1123_LABEL.fullmatch(value):
         raise ValueError(
             f"{option} {value!r} is not a valid namespace name (DNS-1123 label: at most 63 "
             "lowercase letters, digits and '-', starting and ending with a letter or digit)"
@@ -45,7 +46,7 @@ def check_label(option: str, value: str) -> None:
 
 def check_subdomain(option: str, value: str) -> None:
     """Refuse a name that is not a DNS-1123 subdomain (``ValueError``)."""
-    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.fullmatch(value):
         raise ValueError(
             f"{option} {value!r} is not a valid object name (DNS-1123 subdomain: at most 253 "
             "lowercase letters, digits, '-' and '.', each part starting and ending with a "

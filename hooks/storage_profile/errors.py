@@ -13,7 +13,10 @@ and never shown as such; the overall ``--timeout`` is the shared
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+
+from kubernetes.client.rest import ApiException
 
 from checkpoint_storage_bench.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, BenchError
 from checkpoint_storage_bench.retry import EXIT_DEADLINE, DeadlineExceeded, TemporaryError
@@ -27,6 +30,7 @@ __all__ = [
     "EXIT_UNEXPECTED",
     "EXIT_USAGE",
     "OUTCOMES",
+    "api_message",
     "BudgetExceeded",
     "PROG",
     "DeadlineExceeded",
@@ -111,6 +115,14 @@ class UnexpectedState(HookError):
     exit_code = EXIT_UNEXPECTED
 
 
+def api_message(exc: ApiException) -> str:
+    """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
+    try:
+        return json.loads(exc.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{exc.status} {exc.reason}"
+
+
 def as_hook_error(exc: BaseException) -> BenchError:
     """Any failure as the error the CLI exits with.
 
@@ -123,6 +135,10 @@ def as_hook_error(exc: BaseException) -> BenchError:
         return exc
     if isinstance(exc, TemporaryError):
         error = HookError(str(exc))
+    elif isinstance(exc, ApiException):
+        # The client's own text is several lines with the response headers: one line, the
+        # API server's message, instead.
+        error = HookError(f"the API server answered {exc.status}: {api_message(exc)}")
     else:
         error = HookError(f"unexpected {type(exc).__name__}: {exc}")
     error.__cause__ = exc

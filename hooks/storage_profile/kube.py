@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -24,8 +26,9 @@ from checkpoint_storage_bench.retry import (
     DeadlineExceeded,
     TemporaryError,
     retry,
+    within,
 )
-from hooks.storage_profile.errors import HookError, PreflightRefused
+from hooks.storage_profile.errors import HookError, PreflightRefused, api_message
 
 log = logging.getLogger(__name__)
 
@@ -53,31 +56,111 @@ def request_timeout(read: float, deadline: Deadline | None) -> float | tuple[flo
     return max(0.05, left)
 
 
-def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+def load_api_client(kubeconfig: str | None, deadline: Deadline | None = None) -> client.ApiClient:
     """An API client from ``kubeconfig``, else in-cluster config, else the default kubeconfig.
+
+    Loading ends by ``deadline``: a kubeconfig's ``exec`` credential plugin runs here, for
+    as long as it likes.
 
     Raises:
         PreflightRefused: No usable configuration (missing, or a kubeconfig that does not
             parse: a YAML error or a wrong shape surfaces from the loader as such).
     """
     configuration = client.Configuration()
-    try:
+    source = f" in {kubeconfig}" if kubeconfig else ""
+    server_field = ["clusters[].cluster.server of the current context"]
+
+    def load() -> None:
         if kubeconfig:
+            _check_kubeconfig_shape(Path(kubeconfig))
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-            except ConfigException:
-                config.load_kube_config(client_configuration=configuration)
-    except (ConfigException, OSError, yaml.YAMLError, TypeError, ValueError, KeyError) as exc:
-        source = f" in {kubeconfig}" if kubeconfig else ""
+            return
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            server_field[0] = "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT"
+        except ConfigException:
+            default = Path(os.path.expanduser(config.KUBE_CONFIG_DEFAULT_LOCATION))
+            if os.pathsep not in config.KUBE_CONFIG_DEFAULT_LOCATION and default.is_file():
+                _check_kubeconfig_shape(default)
+            config.load_kube_config(client_configuration=configuration)
+
+    try:
+        within(load, what=f"loading the Kubernetes configuration{source}", deadline=deadline)
+    except (
+        ConfigException,
+        OSError,
+        yaml.YAMLError,
+        TypeError,
+        ValueError,
+        KeyError,
+        AttributeError,
+    ) as exc:
         raise PreflightRefused(
             f"no usable Kubernetes configuration{source}: {type(exc).__name__}: {exc}"
         ) from exc
+    problem = server_problem(configuration.host)
+    if problem is not None:
+        # Retrying cannot cure it: refused at once instead of at the deadline.
+        raise PreflightRefused(
+            f"no usable Kubernetes configuration{source}: {server_field[0]} {problem}"
+        )
     # urllib3 would retry each request 3 more times by itself, each with the full timeout
     # and outside our deadline: the shared retry loop is the only one.
     configuration.retries = False
     return client.ApiClient(configuration)
+
+
+def server_problem(host: str | None) -> str | None:
+    """Why the API server's URL cannot be used (missing, unparsable, not http(s)), if so.
+
+    >>> server_problem("https://10.0.0.1:6443") is None
+    True
+    >>> server_problem("http://host:abc")
+    "'http://host:abc' is not a URL: Failed to parse: 'host:abc' is not a valid host or port"
+    """
+    if not host:
+        return "is missing"
+    try:
+        url = urllib3.util.parse_url(host)
+    except urllib3.exceptions.LocationParseError as exc:
+        return f"{host!r} is not a URL: {exc}"
+    if url.scheme not in ("http", "https") or not url.host:
+        return f"{host!r} is not an http:// or https:// URL with a host"
+    return None
+
+
+def _check_kubeconfig_shape(path: Path) -> None:
+    """Refuse a kubeconfig whose current context names entries of the wrong shape, naming
+    the field (the client's loader would fail on them with an ``AttributeError``).
+
+    Raises:
+        ConfigException: A field of the current context is not what a kubeconfig holds.
+    """
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict):
+        raise ConfigException("the file is not a kubeconfig mapping")
+    current = doc.get("current-context")
+    if current is None:
+        return  # the loader names what is missing
+    named = {}
+    for kind, field in (("contexts", "context"), ("clusters", "cluster"), ("users", "user")):
+        entries = doc.get(kind) or []
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ConfigException(f"{kind} must be a list of mappings")
+        named[kind] = {e.get("name"): (e.get(field), f"{kind}[{e.get('name')}].{field}")
+                       for e in entries}  # fmt: skip
+    context, where = named["contexts"].get(current, (None, None))
+    if context is None:
+        return
+    if not isinstance(context, dict):
+        raise ConfigException(f"{where} must be a mapping, not {type(context).__name__}")
+    for kind, key in (("clusters", "cluster"), ("users", "user")):
+        value, where = named[kind].get(context.get(key), (None, None))
+        if value is not None and not isinstance(value, dict):
+            raise ConfigException(f"{where} must be a mapping, not {type(value).__name__}")
+    cluster, where = named["clusters"].get(context.get("cluster"), (None, None))
+    if isinstance(cluster, dict) and not isinstance(cluster.get("server", ""), str):
+        raise ConfigException(f"{where}.server must be a string")
 
 
 def retry_after_seconds(exc: ApiException) -> float | None:
@@ -87,14 +170,6 @@ def retry_after_seconds(exc: ApiException) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
-
-
-def api_message(exc: ApiException) -> str:
-    """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
-    try:
-        return json.loads(exc.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return f"{exc.status} {exc.reason}"
 
 
 def unreachable(exc: BaseException) -> str | None:

@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from kubernetes.client.rest import ApiException
 
 from checkpoint_storage_bench.contract import lease_name
-from checkpoint_storage_bench.retry import Deadline
+from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded, within
 from hooks.storage_profile.config import LEASE_DURATION
 from hooks.storage_profile.errors import HookError, PreflightRefused
 from hooks.storage_profile.kube import Kube, api_message
@@ -78,46 +77,51 @@ class LeaseState:
 
 
 def pipeline_of_run(owner: str, project: str, run_uuid: str) -> str | None:
-    """The uuid of the pipeline a Polyaxon run belongs to, asked from Polyaxon's API.
+    """The uuid of the pipeline a Polyaxon run belongs to, asked from Polyaxon's API; None
+    when the run has no pipeline or the API failed."""
+    try:
+        from polyaxon.client import RunClient
 
-    Bounded (the API may be unreachable from the pod): None when it did not answer in time
-    or the run has no pipeline.
-    """
-    found: list[str | None] = []
-
-    def ask() -> None:
-        try:
-            from polyaxon.client import RunClient
-
-            run = RunClient(owner=owner, project=project, run_uuid=run_uuid)
-            run.refresh_data()
-            pipeline = getattr(run.run_data, "pipeline", None)
-            found.append(getattr(pipeline, "uuid", None) if pipeline else None)
-        except Exception as exc:  # noqa: BLE001 - any failure falls back to the run uuid
-            log.warning("cannot ask Polyaxon for the pipeline of run %s: %s", run_uuid, exc)
-
-    # A thread so that an API that never answers cannot hold the switch.
-    thread = threading.Thread(target=ask, name="polyaxon-pipeline", daemon=True)
-    thread.start()
-    thread.join(PIPELINE_LOOKUP_TIMEOUT)
-    return found[0] if found else None
+        run = RunClient(owner=owner, project=project, run_uuid=run_uuid)
+        run.refresh_data()
+        pipeline = getattr(run.run_data, "pipeline", None)
+        return getattr(pipeline, "uuid", None) if pipeline else None
+    except Exception as exc:  # noqa: BLE001 - any failure falls back to the run uuid
+        log.warning("cannot ask Polyaxon for the pipeline of run %s: %s", run_uuid, exc)
+        return None
 
 
 def default_holder(
     environ: dict[str, str] | None = None,
     pipeline_of: Callable[[str, str, str], str | None] = pipeline_of_run,
+    deadline: Deadline | None = None,
 ) -> str:
     """The holder id when ``--holder`` is not given.
 
     Inside a Polyaxon run (``POLYAXON_RUN_INSTANCE`` = ``owner.project.runs.uuid``): the
-    pipeline's uuid, else the run's; outside: ``user@host``.
+    pipeline's uuid, else the run's; outside: ``user@host``. The lookup of the pipeline
+    (the API may be unreachable from the pod) waits at most
+    :data:`PIPELINE_LOOKUP_TIMEOUT`, and never past the command's ``deadline``: it is
+    part of the command's ``--timeout``.
     """
     environ = os.environ if environ is None else environ
     instance = environ.get("POLYAXON_RUN_INSTANCE") or ""
     parts = instance.split(".")
     if len(parts) == 4 and parts[2] == "runs" and parts[3]:
         owner, project, _, run_uuid = parts
-        return pipeline_of(owner, project, run_uuid) or run_uuid
+        seconds = PIPELINE_LOOKUP_TIMEOUT
+        if deadline is not None:
+            seconds = max(0.01, min(seconds, deadline.remaining()))
+        try:
+            pipeline = within(
+                lambda: pipeline_of(owner, project, run_uuid),
+                what=f"asking Polyaxon for the pipeline of run {run_uuid}",
+                deadline=Deadline(seconds),
+            )
+        except DeadlineExceeded as exc:
+            log.warning("%s; the holder is the run itself", exc)
+            pipeline = None
+        return pipeline or run_uuid
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no passwd entry for the uid (some containers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Callable
 from datetime import datetime
 
@@ -40,18 +41,22 @@ def switch_kubernetes(
     report: Report,
     provider_for: ProviderFactory = default_provider,
     echo: Callable[[str], None] = print,
+    deadline: BeatingDeadline | None = None,
 ) -> Report:
     """Switch the claim's class and wait until it settled; fill ``report`` on the way.
 
     Args:
         cfg: The switch; ``cfg.holder`` is set (the CLI fills in the default).
+        deadline: The switch's ``--timeout``, if it started before (the CLI's did, when it
+            looked up the holder); else it starts now.
 
     Raises:
         BenchError: Any refusal or failure, with its exit code; ``report`` holds what was
             known until then.
     """
     assert cfg.holder is not None and cfg.timeout is not None
-    deadline = BeatingDeadline(cfg.timeout)
+    if deadline is None:
+        deadline = BeatingDeadline(cfg.timeout)
     heartbeat = Heartbeat(echo, interval=cfg.heartbeat, deadline=deadline)
     deadline.heartbeat = heartbeat
     plan = preflight(kube, cfg.namespace, cfg.claim, cfg.target, deadline, cfg.force)
@@ -86,10 +91,7 @@ def switch_kubernetes(
         lease.check(deadline)
         report.outcome = "dry-run"
         verb = "would not patch (already requested)" if plan.already_requested else "would patch"
-        echo(
-            f"dry run: {verb} persistentvolumeclaims/{cfg.claim} -n {cfg.namespace} "
-            f"--type=merge -p '{json.dumps(plan.patch(entry))}'"
-        )
+        echo(f"dry run: {verb}: {dry_run_command(cfg, plan.patch(entry))}")
         return report
 
     report.lease = lease.acquire(deadline)
@@ -143,6 +145,23 @@ def switch_kubernetes(
         report.notes.append(note)
         echo(note)
     return report
+
+
+def dry_run_command(cfg: SwitchConfig, patch: dict) -> str:
+    """The ``kubectl patch`` the switch would send, quoted so that it can be pasted: the
+    patch carries the holder (free text, ``'`` included) inside its ledger."""
+    return shlex.join(
+        [
+            "kubectl",
+            "patch",
+            f"persistentvolumeclaims/{cfg.claim}",
+            "-n",
+            cfg.namespace,
+            "--type=merge",
+            "-p",
+            json.dumps(patch),
+        ]
+    )
 
 
 def _unbound_noop(
@@ -292,7 +311,9 @@ def _judge_conflict(
 ) -> None:
     """A 409: the claim is not the one that was read. Our own patch may have landed on an
     earlier try whose answer was lost (a retried patch then meets its own change): then the
-    claim asks for our class and its ledger ends with our entry."""
+    claim asks for our class and its ledger holds our entry. Found by what it is (time to
+    the second, classes, holder), not by position: the ledger is sorted by time, and an
+    entry dated later than ours (a clock ahead, a hand edit) sorts after it."""
     ref = f"{cfg.namespace}/{cfg.claim}"
     now = kube.read_claim(cfg.namespace, cfg.claim, deadline)
     if now is None:
@@ -303,7 +324,7 @@ def _judge_conflict(
             f"{claim['metadata'].get('uid')} -> {now['metadata'].get('uid')}); not patched"
         ) from exc
     try:
-        recorded = entry.to_class is None or read_ledger(now)[-1:] == [entry]
+        recorded = entry.to_class is None or entry in read_ledger(now)
     except ValueError:
         recorded = False
     if recorded and now["spec"].get("volumeAttributesClassName") == entry.to_class:

@@ -3,8 +3,9 @@
 One overall deadline bounds everything. A watch that ends (the server's timeout, or ours so
 that the heartbeat can speak) resumes from the last resourceVersion seen; a 410 Gone (the
 resourceVersion expired) or a dropped stream re-lists and resumes; throttling and server
-errors back off, honouring ``Retry-After``. Nothing here polls: between events the hook
-sleeps inside a watch.
+errors back off, honouring ``Retry-After``, and so does a watch that ends at once without
+an event (:data:`SHORT_WATCH`). Nothing here polls: between events the hook sleeps inside a
+watch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube, api_message, cla
 log = logging.getLogger(__name__)
 
 KNOWN_STATUSES = ("Pending", "InProgress", "Infeasible")
+SHORT_WATCH = 1.0
+"""A watch that ends sooner than this without a single event (not even a bookmark) did not
+watch: client-go's reflector calls it a "very short watch" and backs off before the next,
+instead of reopening at once (an API server or proxy that closes every watch would get a
+request per round trip for the whole ``--timeout``)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class ClaimWaiter:
         )
         self._pending_since: float | None = None
         self._seen_warnings: set[str] = set()
+        self.short_watches = 0
 
     @property
     def ref(self) -> str:
@@ -131,6 +138,7 @@ class ClaimWaiter:
         self._pending_since = None
         attempt = 0
         gone = 0
+        short = 0
         claim: dict | None = None
         version: str | None = None  # None: list (again) before the next watch
         while True:
@@ -145,13 +153,16 @@ class ClaimWaiter:
                     return claim
                 self._beat()
                 seconds = self._watch_seconds()
-                watch_ends = self.clock() + seconds
+                opened = self.clock()
+                watch_ends = opened + seconds
+                seen = 0
                 with closing(
                     self.kube.watch_claim(
                         self.namespace, self.name, version, seconds, self.deadline
                     )
                 ) as events:
                     for kind, obj in events:
+                        seen += 1
                         version = (obj.get("metadata") or {}).get("resourceVersion") or version
                         if kind == "BOOKMARK":
                             continue
@@ -164,6 +175,15 @@ class ClaimWaiter:
                             # A Pending status started in this watch: end it now; the next
                             # watch is bounded by what is left of the grace.
                             break
+                if not seen and self.clock() - opened < SHORT_WATCH:
+                    self.short_watches += 1
+                    if self.heartbeat is not None:
+                        self.heartbeat.short_watches = self.short_watches
+                    short += 1
+                    raise TemporaryError(
+                        f"watch of {self.ref} ended at once without an event ({short} in a row)"
+                    )
+                short = 0
                 # The watch ended (the server's timeout, or ours for the heartbeat): watch
                 # again from the last resourceVersion seen.
                 continue

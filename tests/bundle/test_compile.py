@@ -31,8 +31,10 @@ CLAIM = {"/checkpoints": "training-checkpoints"}
 
 HOOK = ["python", "-m", "hooks.storage_profile"]
 CLAIM_ARGS = ["--namespace", "ml-team", "--claim", "training-checkpoints"]
-WAIT_ARGS = ["--timeout", "1800", "--pending-grace", "120", "--settle", "provider"]
-SWITCH_TAIL = [*WAIT_ARGS, "--on-infeasible", "fail", "--backend", "kubernetes"]
+WAIT_ARGS = ["--timeout", "14400", "--pending-grace", "120", "--settle", "provider"]
+SWITCH_TAIL = [
+    *WAIT_ARGS, "--on-infeasible", "fail", "--lease-duration", "21600", "--backend", "kubernetes",
+]  # fmt: skip
 
 # The two-profile pipeline nests the general one (a mapping of one run), which maps the
 # stage over the profiles: stand-in uuids follow each run's place in that tree.
@@ -246,3 +248,18 @@ def test_an_unknown_connection_fails_to_compile(tmp_path: Path) -> None:
     agent.write_text(yaml.safe_dump(config))
     with pytest.raises(Exception, match="checkpoints"):
         compile_component(current("fio-sweep"), {}, agent_config=agent)
+
+
+def test_the_lease_duration_reaches_every_switch_of_the_pipeline() -> None:
+    # The Lease must outlast a stage (its fio sweep and training runs until the next
+    # switch renews it): the pipeline's input is what every switch, the restore included,
+    # takes the Lease for.
+    params = {"lease_duration": 43200, "restore_after": True}
+    switches = {
+        name: pod.argv
+        for name, pod in pipeline_jobs(params=params).items()
+        if name.endswith(("/switch", "/restore"))
+    }
+    assert len(switches) == 3, sorted(switches)
+    for name, argv in switches.items():
+        assert argv[argv.index("--lease-duration") + 1] == "43200", name

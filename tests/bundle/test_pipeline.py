@@ -322,3 +322,23 @@ def test_the_two_profile_pipeline_runs_the_seeds_ops() -> None:
         "restore",
         "release",
     ]
+
+
+SWITCH_TIMEOUT_INPUTS = {
+    "storage-profile": (current("storage-profile"), "timeout"),
+    "checkpoint-stage": (current("checkpoint-stage"), "switch_timeout"),
+    "checkpoint-storage-profiles": (current("checkpoint-storage-profiles"), "switch_timeout"),
+    "checkpoint-storage-pipeline": (PIPELINE, "switch_timeout"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWITCH_TIMEOUT_INPUTS))
+def test_the_switch_timeout_default_is_the_hooks_own_for_the_default_settle(name: str) -> None:
+    # A deadline shorter than the hook's own for settle=provider fails a switch while EBS is
+    # still optimizing (hours): the bundle defaults to what the CLI defaults to.
+    from hooks.storage_profile.config import DEFAULT_TIMEOUT
+
+    path, timeout = SWITCH_TIMEOUT_INPUTS[name]
+    (doc,) = load_yaml_documents(path)
+    inputs = {io["name"]: io for io in doc["inputs"]}
+    assert inputs[timeout]["value"] == DEFAULT_TIMEOUT[inputs["settle"]["value"]], name

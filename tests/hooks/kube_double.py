@@ -31,6 +31,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from checkpoint_storage_bench.contract import lease_name
+
 CLAIMS = "persistentvolumeclaims"
 # (api group, resource) -> kind
 KINDS = {
@@ -49,6 +51,7 @@ IMMUTABLE_SPEC = (
     "spec is immutable after creation except resources.requests and "
     "volumeAttributesClassName for bound claims"
 )
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 PATH_RE = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[a-z0-9.]+)/v1)"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[a-z]+)(?:/(?P<name>[^/]+))?$"
@@ -245,7 +248,9 @@ class KubeDouble:
             the stream), ``"gone-http"`` (HTTP 410 before any stream), ``"drop"`` (cut the
             connection mid-stream), ``"hang"`` (never answer, not even headers),
             ``"stall"`` (headers, then silence past ``timeoutSeconds``), ``"trickle"``
-            (headers, then a blank line now and then, never ending) or None (behave).
+            (headers, then a blank line now and then, never ending), ``"close"`` (headers,
+            then the end of the stream at once, without an event, as an overloaded server
+            or a proxy may) or None (behave).
         on_patch: Called (on the server thread) after each accepted PATCH of a claim.
         rbac: When set, requests its rules do not allow get 403.
     """
@@ -449,7 +454,7 @@ class KubeDouble:
         return [r for r in self.writes() if f"/{CLAIMS}/" in r.path]
 
     def lease(self, claim: str = "training-checkpoints", ns: str = "ml-team") -> dict | None:
-        return self.get("Lease", f"storage-profile-{claim}", ns)
+        return self.get("Lease", lease_name(claim), ns)
 
     def count(self, verb: str, resource: str = CLAIMS) -> int:
         return sum(1 for r in self.requests if r.verb == verb and f"/{resource}" in r.path)
@@ -786,6 +791,13 @@ class KubeDouble:
             invalid = "the body is not a Lease"
         elif not meta.get("name") or (verb == "update" and meta["name"] != name):
             invalid = "metadata.name: Invalid value: the name of the object does not match"
+        elif len(meta["name"]) > 253 or not DNS1123_SUBDOMAIN.fullmatch(meta["name"]):
+            invalid = (
+                f'metadata.name: Invalid value: "{meta["name"]}": a lowercase RFC 1123 '
+                "subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                "and must start and end with an alphanumeric character (must be no more "
+                "than 253 characters)"
+            )
         if invalid:
             return self._answer(
                 request,
@@ -971,6 +983,13 @@ class KubeDouble:
                             await resp.write(b"\n")
                         except (ConnectionResetError, RuntimeError):
                             break
+            return resp
+        if fault == "close":
+            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write_eof()
             return resp
         if fault == "gone-http":
             return self._answer(

@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from checkpoint_storage_bench.contract import (
+    LEASE_NAME_MAX,
+    LEASE_PREFIX,
     LEDGER_ANNOTATION,
     LedgerEntry,
     format_ledger,
+    lease_name,
     parse_ledger,
 )
 from hooks.storage_profile import report as report_module
+from hooks.storage_profile.config import DNS1123_SUBDOMAIN
 from hooks.storage_profile.lease import default_holder
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
 from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_lease, make_volume
@@ -238,6 +242,43 @@ def test_a_hand_written_annotation_is_refused_unless_forced(cluster: KubeDouble,
     assert [e.to_class for e in ledger(cluster)] == ["fast"]
 
 
+BAD_LEDGERS = {
+    "nested": "[" * 100_000 + "]" * 100_000,
+    "end-of-calendar": json.dumps(
+        [{"at": "9999-12-31T23:59:59Z", "from": "baseline", "to": "fast"}] * 4
+    ),
+}
+
+
+@pytest.mark.parametrize("value", list(BAD_LEDGERS.values()), ids=list(BAD_LEDGERS))
+def test_a_ledger_no_reader_can_use_is_refused_by_every_subcommand(
+    cluster: KubeDouble, kubeconfig: Path, value: str
+):
+    cluster.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: c["metadata"].setdefault("annotations", {}).__setitem__(LEDGER_ANNOTATION, value),
+    )
+    target = ("-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    for args in (("--dry-run",), ()):
+        refused = switch(kubeconfig, *args)
+        assert refused.exit_code == 3, refused.output
+        assert "is not a ledger of switches" in refused.stderr
+        assert "fix or remove it (--force starts a new ledger)" in refused.stderr
+    planned = run_hook("plan", *target, "--profiles", "baseline,fast")
+    assert planned.exit_code == 3, planned.output
+    assert "is not a ledger of switches" in planned.stderr
+    shown = run_hook("status", *target)
+    assert shown.exit_code == 0, shown.output
+    assert "switches       not a ledger: " in shown.stdout
+    assert cluster.claim_writes() == []
+    forced = switch(kubeconfig, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert "starting a new one" in forced.stderr
+    assert [e.to_class for e in ledger(cluster)] == ["fast"]
+
+
 @pytest.fixture
 def ebs_cluster(cluster: KubeDouble, ec2: Ec2) -> KubeDouble:
     cluster.update(
@@ -303,6 +344,43 @@ def test_a_switch_takes_the_lease_and_renews_its_own(cluster: KubeDouble, kubeco
     assert renewed["spec"]["renewTime"] > lease["spec"]["renewTime"]
     assert renewed["spec"]["acquireTime"] == lease["spec"]["acquireTime"]
     assert renewed["spec"]["leaseTransitions"] == 0
+
+
+# Valid claim names of the longest length (253), cut for the Lease where a "-" or "." falls.
+LONG_CLAIMS = [
+    ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]),
+    "x" * 225 + "-" + "y" * 27,
+    "x" * 225 + "." + "y" * 27,
+    "x" * 224 + "--" + "y" * 27,
+]
+
+
+@pytest.mark.parametrize(
+    "claim", LONG_CLAIMS, ids=["labels", "dash-at-cut", "dot-at-cut", "dashes-at-cut"]
+)
+def test_a_long_claim_name_gets_a_lease_name_that_fits(claim: str):
+    assert len(claim) == 253 and DNS1123_SUBDOMAIN.fullmatch(claim)
+    name = lease_name(claim)
+    assert len(name) <= LEASE_NAME_MAX and DNS1123_SUBDOMAIN.fullmatch(name), name
+    assert name.startswith(LEASE_PREFIX) and name == lease_name(claim)  # stable
+    # Two long claims that differ only past the cut get two Leases.
+    assert lease_name(claim[:-1] + "z") != name
+    assert lease_name(CLAIM) == f"{LEASE_PREFIX}{CLAIM}"  # a name that fits is kept as is
+
+
+def test_a_switch_of_a_long_claim_takes_its_lease(double: KubeDouble, kubeconfig: Path):
+    claim = LONG_CLAIMS[0]
+    make_volume(double, claim=claim)
+    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    result = run_hook(
+        "switch", "-n", NS, "--claim", claim, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "--settle", "kubernetes",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lease = double.lease(claim, NS)
+    assert lease is not None and lease["spec"]["holderIdentity"] == "pipeline-a"
+    status = run_hook("status", "-n", NS, "--claim", claim, "--kubeconfig", str(kubeconfig))
+    assert f"lease          {lease_name(claim)}: pipeline-a" in status.stdout
 
 
 def test_another_holders_fresh_lease_refuses_naming_holder_and_expiry(
