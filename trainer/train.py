@@ -85,6 +85,7 @@ def restore_latest(
                     f"{ref.path.name} is format {manifest['format']!r}, this run uses {cfg.format!r}"
                 )
             state = load_verified(fmt, ref.path, manifest, data)
+            store.check_step(ref.path, state.get("step"), "state")
         except CheckpointCorruptError as exc:
             say(f"resume: skipping {exc}")
             continue
