@@ -54,15 +54,13 @@ import torch
 from trainer.ckpt import store
 from trainer.ckpt.checkpointer import CheckpointRecord, OneInFlight
 from trainer.ckpt.formats import RawFormat, Staged, TorchFormat, flatten, unflatten
-from trainer.ckpt.fs import LocalFS, raise_if_full
+from trainer.ckpt.fs import LocalFS, storage_error
 from trainer.ckpt.io import AlignedBuffer, read_file, write_file
 from trainer.ckpt.upload import Uploader
 from trainer.distributed import Ranks
 from trainer.errors import (
     CheckpointCorruptError,
-    CheckpointDirError,
     RankFailedError,
-    StorageFullError,
     UploadError,
     WorldSizeError,
 )
@@ -276,14 +274,11 @@ def _fault_from_env(fs: LocalFS, rank: int) -> LocalFS | _FaultFS:
 
 
 def _error_for(exc: Exception, what: str) -> Exception:
-    """The trainer error an OSError of a checkpoint write stands for (exit 4, 3), or ``exc``."""
-    if isinstance(exc, OSError):
-        try:
-            raise_if_full(exc, what)
-        except StorageFullError as full:
-            return full
-        if exc.errno == errno.EROFS:
-            return CheckpointDirError(f"checkpoint volume became read-only: {exc}")
+    """The trainer error a failed shard write or commit stands for (exit 4, 3), or ``exc``."""
+    error = storage_error(exc, what)
+    if error is not None:
+        error.__cause__ = exc
+        return error
     return exc
 
 
