@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.helpers import run_trainer, tiny_config
+from tests.trainer.helpers import metric_events, offline_runs, run_trainer, tiny_config
 from trainer.ckpt import sharded, store
 from trainer.ckpt.checkpointer import Checkpointer
 from trainer.ckpt.formats import make_format
@@ -31,6 +32,7 @@ from trainer.errors import (
     CheckpointDirError,
     StorageFullError,
 )
+from trainer.summary import RunSummary, finite_or_null
 from trainer.train import train
 
 TINY_ARGS = ("--model-size", "256KiB", "--batch-size", "2", "--seq-len", "16", "--device", "cpu")
@@ -104,6 +106,48 @@ def test_read_manifest_refuses_a_name_of_another_step(tmp_path):
         CheckpointCorruptError, match="step-00000003: its MANIFEST.json is of step 2"
     ):
         store.read_manifest(tmp_path / "step-00000003")
+
+
+# ---- 2: a diverged run writes its summary, with null for what is not a number ----------
+
+
+def test_non_finite_figures_become_null_everywhere():
+    summary = RunSummary(
+        storage_profile="p",
+        checkpoint_dir="/c",
+        inputs={},
+        runtime_s=2.0,
+        steps_run=4,
+        final_loss=math.nan,
+        checkpoints=[],
+        loss_curve=[(2, 5.0), (4, math.inf), (6, -math.inf), (8, math.nan)],
+    )
+    data = summary.to_json()
+    json.dumps(data, allow_nan=False)
+    assert data["loss_curve"] == [[2, 5.0], [4, None], [6, None], [8, None]]
+    assert data["final_loss"] is None
+    assert summary.outputs()["final_loss"] is None
+    assert finite_or_null({"a": (1.0, [math.nan])}) == {"a": [1.0, [None]]}
+
+
+def test_a_diverged_run_exits_0_with_its_summary_and_outputs(tmp_path):
+    ckpt, offline, out = tmp_path / "ckpt", tmp_path / "offline", tmp_path / "summary.json"
+    proc = run_trainer(
+        "--checkpoint-dir", str(ckpt), "--steps", "4", "--checkpoint-every", "2",
+        "--log-every", "1", "--lr", "1e30", *TINY_ARGS, "--summary-json", str(out),
+        env={"POLYAXON_OFFLINE_ROOT": str(offline)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())  # strict JSON: no NaN
+    assert data["steps_run"] == 4 and data["final_loss"] is None
+    losses = [v for _, v in data["loss_curve"]]
+    assert None in losses and len(losses) == 4
+    (run,) = offline_runs(offline)
+    assert run["status"] == "succeeded"
+    outputs = run["outputs"]
+    assert all(not isinstance(v, float) or math.isfinite(v) for v in outputs.values()), outputs
+    logged = metric_events(run["_dir"], "loss")
+    assert 0 < len(logged) < 4 and all(math.isfinite(v) for _, v in logged), logged
 
 
 # ---- 3: a full volume is exit 4 for every format, sync and async ------------------------
