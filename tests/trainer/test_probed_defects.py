@@ -26,10 +26,13 @@ from trainer.ckpt.checkpointer import Checkpointer
 from trainer.ckpt.formats import make_format
 from trainer.ckpt.fs import LocalFS, os_errno, storage_error
 from trainer.ckpt.io import AlignedBuffer, write_file
+from trainer.ckpt.upload import Uploader
 from trainer.errors import (
     EXIT_CHECKPOINT_DIR,
+    EXIT_USAGE,
     CheckpointCorruptError,
     CheckpointDirError,
+    ConfigError,
     StorageFullError,
 )
 from trainer.summary import RunSummary, finite_or_null
@@ -249,6 +252,41 @@ def test_the_sharded_path_maps_refused_access_like_the_single_process_path(code)
     assert error.__cause__ is exc
     single = storage_error(exc, "writing checkpoint step-00000002")
     assert type(single) is type(error)
+
+
+# ---- 5: an upload target inside the checkpoint directory is refused --------------------
+
+
+def test_upload_into_the_checkpoint_dir_is_refused_before_training(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (tmp_path / "link").symlink_to(ckpt)
+    for target in (f"file://{ckpt}", f"file://{ckpt}/remote", str(tmp_path / "link" / "r")):
+        proc = run_trainer(
+            "--checkpoint-dir", str(ckpt), "--steps", "2", "--checkpoint-every", "2",
+            *TINY_ARGS, "--no-track", "--upload-to", target,
+        )  # fmt: skip
+        assert proc.returncode == EXIT_USAGE, (target, proc.stderr)
+        assert "inside the checkpoint dir" in proc.stderr and "Traceback" not in proc.stderr
+        assert "step 1/" not in proc.stdout  # refused before any training step
+        assert list(ckpt.iterdir()) == []
+
+
+def test_upload_beside_the_checkpoint_dir_is_accepted(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with pytest.raises(ConfigError, match="inside the checkpoint dir"):
+        Uploader(f"file://{ckpt}/../ckpt/x", checkpoint_dir=ckpt)
+    Uploader(f"file://{tmp_path}/ckpt2", checkpoint_dir=ckpt)  # a name that merely starts alike
+    Uploader(f"file://{tmp_path}", checkpoint_dir=ckpt)  # the parent: step-N lands beside ckpt
+    Uploader(f"memory://{ckpt}", checkpoint_dir=ckpt)  # another file system entirely
+    summary = train(
+        tiny_config(ckpt, steps=2, checkpoint_every=2, upload_to=f"file://{tmp_path}/remote"),
+        say=quiet,
+    )
+    assert summary.checkpoints and store.read_verified(
+        LocalFS(), tmp_path / "remote" / "step-00000002", AlignedBuffer()
+    )
 
 
 # ---- 6: wrong-typed sharded manifests are corrupt checkpoints, skipped -----------------
