@@ -27,6 +27,7 @@ from trainer.ckpt.formats import make_format
 from trainer.ckpt.fs import LocalFS, os_errno, storage_error
 from trainer.ckpt.io import AlignedBuffer, write_file
 from trainer.ckpt.upload import Uploader
+from trainer.config import MAX_CHECKPOINT_TIMEOUT_S, TrainConfig
 from trainer.errors import (
     EXIT_CHECKPOINT_DIR,
     EXIT_USAGE,
@@ -342,3 +343,21 @@ def test_wrong_typed_world_fields_are_skipped_as_corrupt(tmp_path, changes):
     with pytest.raises(CheckpointCorruptError, match="none of the 1 checkpoints"):
         train(tiny_config(tmp_path, resume="always"), say=said.append)
     assert any("skipping step-00000002" in line for line in said), said
+
+
+# ---- 7: --checkpoint-timeout has a bound -------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, MAX_CHECKPOINT_TIMEOUT_S + 1, 1e300])
+def test_checkpoint_timeout_out_of_bounds_is_refused(tmp_path, value):
+    with pytest.raises(ConfigError, match="--checkpoint-timeout must be positive and at most"):
+        TrainConfig(checkpoint_dir=tmp_path, checkpoint_timeout=value)
+    TrainConfig(checkpoint_dir=tmp_path, checkpoint_timeout=MAX_CHECKPOINT_TIMEOUT_S)
+
+
+def test_cli_refuses_an_infinite_checkpoint_timeout_and_shows_the_bound(tmp_path):
+    proc = run_trainer("--checkpoint-dir", str(tmp_path), "--checkpoint-timeout", "inf")
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert "--checkpoint-timeout must be positive and at most" in proc.stderr
+    help_text = " ".join(run_trainer("--help").stdout.split())
+    assert f"At most {MAX_CHECKPOINT_TIMEOUT_S}" in help_text
