@@ -42,6 +42,9 @@ to the artifacts store (True) or into the local outputs directory Polyaxon syncs
 
 MIN_MODEL_BYTES = 64 * 1024
 MAX_IO_STREAMS = 64
+MAX_CHECKPOINT_TIMEOUT_S = 7 * 24 * 3600
+"""A week: a bound far above any checkpoint's wait, and one the process group's timeout
+(a ``timedelta``, then milliseconds) can hold; ``inf`` would overflow it on every rank."""
 
 
 def cli(
@@ -164,7 +167,7 @@ class TrainConfig:
     checkpoint_timeout: float = 600.0
     """Under torchrun: seconds rank 0 waits for every rank to report its checkpoint shard
     durable (and a rank for rank 0's answer); past it nothing is committed and the run
-    fails (exit 7)."""
+    fails (exit 7). At most 604800 (a week)."""
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -207,9 +210,10 @@ class TrainConfig:
                 )
         if not self.storage_profile:
             raise ConfigError("--storage-profile must not be empty")
-        if not self.checkpoint_timeout > 0:
+        if not 0 < self.checkpoint_timeout <= MAX_CHECKPOINT_TIMEOUT_S:
             raise ConfigError(
-                f"--checkpoint-timeout must be positive, got {self.checkpoint_timeout}"
+                f"--checkpoint-timeout must be positive and at most {MAX_CHECKPOINT_TIMEOUT_S} "
+                f"seconds (a week), got {self.checkpoint_timeout}"
             )
 
     def check_checkpoint_dir(self) -> None:

@@ -15,7 +15,7 @@ from checkpoint_storage_bench.units import significant
 from trainer import provenance
 from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
 from trainer.errors import ConfigError
-from trainer.summary import format_timeline, write_json_atomic
+from trainer.summary import finite_or_null, format_timeline, write_json_atomic
 
 UPLOAD_SUBDIR = "checkpoints"
 """Where ``--upload-to run-artifacts`` puts the checkpoints, under the run's outputs."""
@@ -94,7 +94,10 @@ def run_job(cfg: TrainConfig) -> None:
         summary = train(
             cfg,
             on_checkpoint=on_checkpoint,
-            on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": significant(loss, 6)}),
+            # A diverged loss (NaN) is left out of the metric, as it is null in the summary.
+            on_loss=lambda step, loss: tracker.log_metrics(
+                step, {"loss": finite_or_null(significant(loss, 6))}
+            ),
             say=echo,
             on_progress=tracker.log_progress,
             upload_url=url,

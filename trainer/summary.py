@@ -59,8 +59,7 @@ class RunSummary:
         # A figure that cannot be told (no step run, a diverged loss) is null, never a
         # negative number or NaN (which is not JSON).
         ran = self.steps_run > 0 and self.runtime_s > 0
-        loss = self.final_loss
-        return {
+        data = {
             "schema": SUMMARY_SCHEMA,
             "storage_profile": self.storage_profile,
             "checkpoint_dir": self.checkpoint_dir,
@@ -68,7 +67,7 @@ class RunSummary:
             "runtime_s": self.runtime_s,
             "steps_run": self.steps_run,
             "steps_per_s": self.steps_run / self.runtime_s if ran else None,
-            "final_loss": loss if loss is not None and math.isfinite(loss) else None,
+            "final_loss": self.final_loss,
             # Set when the run continued from a checkpoint: its timings cover only the
             # steps after it, so it is no whole run to rank against an uninterrupted one.
             RESUMED_FROM_STEP: self.resumed_from,
@@ -83,6 +82,7 @@ class RunSummary:
             "checkpoints": [r.as_dict() for r in self.checkpoints],
             "loss_curve": [[s, v] for s, v in self.loss_curve],
         }
+        return finite_or_null(data)
 
     def outputs(self) -> dict[str, float | int | None]:
         """The scalar outputs that become Polyaxon comparison-view columns (None: untold)."""
@@ -106,7 +106,22 @@ class RunSummary:
         # A column shows what a figure can tell, not float noise (1.6497099000000617 s).
         out = {k: significant(v) if isinstance(v, float) else v for k, v in out.items()}
         out[RESUMED_FROM_STEP] = self.resumed_from or 0  # 0: started at step 0
-        return out
+        return finite_or_null(out)
+
+
+def finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN and infinity, however deep, replaced by None.
+
+    A diverged run (the loss went to NaN) is a result to report, not a crash: strict JSON
+    has no NaN, and a figure that cannot be told is null everywhere in the contract.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

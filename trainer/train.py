@@ -85,6 +85,7 @@ def restore_latest(
                     f"{ref.path.name} is format {manifest['format']!r}, this run uses {cfg.format!r}"
                 )
             state = load_verified(fmt, ref.path, manifest, data)
+            store.check_step(ref.path, state.get("step"), "state")
         except CheckpointCorruptError as exc:
             say(f"resume: skipping {exc}")
             continue
@@ -249,7 +250,13 @@ def train(
         )
     uploader = None
     if upload_url := upload_url or cfg.upload_to:
-        uploader = Uploader(upload_url, upload_backoff, say=say, progress_every_s=progress_every_s)
+        uploader = Uploader(
+            upload_url,
+            upload_backoff,
+            say=say,
+            progress_every_s=progress_every_s,
+            checkpoint_dir=cfg.checkpoint_dir,
+        )
     verified = () if resumed is None else (resumed,)
     ckpt: Checkpointer | sharded.ShardedCheckpointer
     if ranks:

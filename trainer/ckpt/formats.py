@@ -644,10 +644,9 @@ class _DcpSave:
 
     def abort(self) -> None:
         if self._future is not None:
-            try:
-                self._future.result()  # its thread still writes into the directory
-            except Exception:  # noqa: BLE001 - the directory is deleted anyway
-                pass
+            # Wait for its thread, which still writes into the directory; its error (a
+            # CheckpointException, a BaseException) is already the one being raised.
+            self._future.exception()
 
 
 Format = RawFormat | TorchFormat | SafetensorsFormat | DcpFormat

@@ -54,15 +54,13 @@ import torch
 from trainer.ckpt import store
 from trainer.ckpt.checkpointer import CheckpointRecord, OneInFlight
 from trainer.ckpt.formats import RawFormat, Staged, TorchFormat, flatten, unflatten
-from trainer.ckpt.fs import LocalFS, raise_if_full
-from trainer.ckpt.io import ALIGN, AlignedBuffer, read_file, write_file
+from trainer.ckpt.fs import LocalFS, storage_error
+from trainer.ckpt.io import AlignedBuffer, read_file, write_file
 from trainer.ckpt.upload import Uploader
 from trainer.distributed import Ranks
 from trainer.errors import (
     CheckpointCorruptError,
-    CheckpointDirError,
     RankFailedError,
-    StorageFullError,
     UploadError,
     WorldSizeError,
 )
@@ -276,14 +274,11 @@ def _fault_from_env(fs: LocalFS, rank: int) -> LocalFS | _FaultFS:
 
 
 def _error_for(exc: Exception, what: str) -> Exception:
-    """The trainer error an OSError of a checkpoint write stands for (exit 4, 3), or ``exc``."""
-    if isinstance(exc, OSError):
-        try:
-            raise_if_full(exc, what)
-        except StorageFullError as full:
-            return full
-        if exc.errno == errno.EROFS:
-            return CheckpointDirError(f"checkpoint volume became read-only: {exc}")
+    """The trainer error a failed shard write or commit stands for (exit 4, 3), or ``exc``."""
+    error = storage_error(exc, what)
+    if error is not None:
+        error.__cause__ = exc
+        return error
     return exc
 
 
@@ -680,19 +675,8 @@ def verify_shard(
     Raises:
         CheckpointCorruptError: Missing, short, unreadable or not matching its manifest entry.
     """
-    try:
-        name, nbytes, chunk, expected = (
-            entry["name"],
-            entry["bytes"],
-            entry["chunk_bytes"],
-            entry[algorithm],
-        )
-    except (KeyError, TypeError):
-        raise CheckpointCorruptError(f"{path.name}: a shard entry is incomplete") from None
-    if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-        raise CheckpointCorruptError(f"{path.name}: {store.MANIFEST} names a file {name!r}")
-    if not (isinstance(chunk, int) and chunk > 0 and chunk % ALIGN == 0):
-        raise CheckpointCorruptError(f"{path.name}: invalid chunk size {chunk!r} for {name}")
+    # The same checks as a single process's file entries: a wrong type is corruption.
+    name, nbytes, chunk, expected = store.file_entry(path, entry, algorithm)
     try:
         size = (path / name).stat().st_size
     except FileNotFoundError:
@@ -742,6 +726,10 @@ def _load_shards(
                 f"{path.name}: {entry['name']} holds rank {info.get('rank')}'s shard of step "
                 f"{info.get('step')}, the manifest says rank {entry['rank']}, step {manifest['step']}"
             )
+        skeleton = shard.get("skeleton")
+        store.check_step(
+            path, skeleton.get("step") if isinstance(skeleton, dict) else None, entry["name"]
+        )
         shards.append(shard)
     own = next(s for s in shards if s["shard"]["rank"] == ranks.rank)
     return shards, own

@@ -175,7 +175,38 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise CheckpointCorruptError(
                 f"{path.name}: {MANIFEST} field {key!r} is {manifest.get(key)!r}, not a {kind.__name__}"
             )
+    # Written by several ranks (trainer.ckpt.sharded); absent in a single process's.
+    for key, kind in (("world_size", int), ("parallel", str)):
+        if key in manifest and not _is(manifest[key], kind):
+            raise CheckpointCorruptError(
+                f"{path.name}: {MANIFEST} field {key!r} is {manifest[key]!r}, not a {kind.__name__}"
+            )
+    if "world_size" in manifest and manifest["world_size"] < 1:
+        raise CheckpointCorruptError(
+            f"{path.name}: {MANIFEST} field 'world_size' is {manifest['world_size']}, not positive"
+        )
+    check_step(path, manifest["step"], MANIFEST)
     return manifest
+
+
+def check_step(path: Path, step: Any, what: str) -> None:
+    """Refuse a checkpoint whose name and content disagree on its step.
+
+    Resume and retention go by the name, training continues from the step inside: a copy
+    renamed (or two swapped) would roll training back and outlive retention, so such a
+    checkpoint is corrupt, never loaded.
+
+    Raises:
+        CheckpointCorruptError: ``path`` is named for another step than ``step`` (the step
+            its ``what`` records), or ``step`` is no step number.
+    """
+    match = _FINAL.match(path.name)
+    if match is None:
+        return  # a hidden (.tmp) directory has no published step yet
+    if not _is(step, int) or step != int(match.group(1)):
+        raise CheckpointCorruptError(
+            f"{path.name}: its {what} is of step {step!r}, not the step its name says"
+        )
 
 
 def _is(value: Any, kind: type) -> bool:
@@ -183,7 +214,7 @@ def _is(value: Any, kind: type) -> bool:
     return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
 
 
-def _file_entry(
+def file_entry(
     path: Path, entry: dict[str, Any], algorithm: str
 ) -> tuple[str, int, int, list[int]]:
     """The name, size, chunk size and checksums of a manifest's file entry, type-checked."""
@@ -229,7 +260,7 @@ def read_verified(
     if layout not in ("striped", "files"):
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an unknown layout {layout!r}")
     # read_manifest checked that "files" is a non-empty list of objects.
-    entries = [_file_entry(path, e, algorithm) for e in manifest["files"]]
+    entries = [file_entry(path, e, algorithm) for e in manifest["files"]]
     for name, nbytes, _, _ in entries:
         try:
             size = (path / name).stat().st_size
