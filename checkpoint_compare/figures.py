@@ -278,11 +278,13 @@ non-finite."""
 def _final_loss(run: RunRecord) -> tuple[float | None, str | None]:
     """The run's final loss, or None and why there is none to compare.
 
-    The trainer writes a loss that is not finite as null (the summary) or leaves the output
-    out (Polyaxon keeps no null outputs); its loss events, or the summary's curve, still
-    show that the loss went non-finite: such a run diverged, which is more than a run that
-    recorded no loss.
+    The trainer writes a loss that is not finite as null (the summary) or leaves it out (the
+    outputs and loss events take no non-finite number), and says where it went non-finite
+    (``diverged_at_step``); runs of older trainers show it in their loss events or the
+    summary's curve. Such a run diverged, which is more than a run that recorded no loss.
     """
+    if (step := run.diverged_at_step) is not None:
+        return None, f"has a non-finite loss from step {step} on ({DIVERGED})"
     curve = run.metrics.get(LOSS_METRIC, [])
     loss = _num(run.outputs.get("final_loss"))
     if loss is None and curve:

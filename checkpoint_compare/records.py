@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from checkpoint_storage_bench.contract import (
+    DIVERGED_AT_STEP,
     FIO_METRIC,
     FIO_OUTPUT,
     RESUMED_FROM_STEP,
@@ -115,14 +116,23 @@ class RunRecord:
                 if training and (why := _unsigned_problem(name, value)):
                     raise ValueError(f"metric {name} at step {step} = {value!r} {why}")
 
+    def _step_output(self, name: str) -> int | None:
+        """A step the trainer records as an output, 0 (or a null summary key) for none."""
+        step = self.outputs.get(name)
+        if isinstance(step, bool) or not isinstance(step, int | float) or not step > 0:
+            return None
+        return int(step)
+
     @property
     def resumed_from_step(self) -> int | None:
         """The step a resumed run continued from; None for a run that started at step 0
         (the trainer's output is 0 then, its summary null)."""
-        step = self.outputs.get(RESUMED_FROM_STEP)
-        if isinstance(step, bool) or not isinstance(step, int | float) or not step > 0:
-            return None
-        return int(step)
+        return self._step_output(RESUMED_FROM_STEP)
+
+    @property
+    def diverged_at_step(self) -> int | None:
+        """The first step whose loss was not finite; None while the loss stayed finite."""
+        return self._step_output(DIVERGED_AT_STEP)
 
     @property
     def succeeded(self) -> bool:

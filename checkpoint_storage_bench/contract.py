@@ -104,12 +104,20 @@ RESUMED_FROM_STEP = "resumed_from_step"
 summary null: it started at step 0, so only a step past 0 is a resume). A resumed run's
 timings cover only part of the run."""
 
+DIVERGED_AT_STEP = "diverged_at_step"
+"""Trainer output and summary key: the first logged step whose loss was not finite (NaN or
+infinity); output 0 and summary null while the loss stayed finite. The loss itself is then
+null in the summary and missing from the outputs and the ``loss`` metric (neither takes a
+non-finite number), so this is what tells a diverged run from one that logged no loss."""
+
 SIGNED_FIGURES = frozenset({"final_loss", LOSS_METRIC})
 """The only numbers of a training run that may be negative (a loss). Every other number it
 records (outputs, per-checkpoint metrics, summary figures: seconds, bytes, rates, shares,
 counts, steps) is >= 0, and ``runtime_s`` > 0: a run that took no time measured nothing."""
 
-TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP,) + DISTRIBUTED_OUTPUTS
+TRAINING_OUTPUTS = (
+    RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP, DIVERGED_AT_STEP) + DISTRIBUTED_OUTPUTS
+)
 """Every output the training job logs, hence every output its component declares."""
 
 IMAGE_INPUT = "image"

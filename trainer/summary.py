@@ -16,6 +16,7 @@ from typing import Any
 
 from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
+    DIVERGED_AT_STEP,
     RESUMED_FROM_STEP,
     RUN_OUTPUTS,
     STAGES,
@@ -41,6 +42,11 @@ class RunSummary:
     resumed_from: int | None = None
     world_size: int = 1
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The first logged step whose loss was not finite, None while it stayed finite."""
+        return next((step for step, loss in self.loss_curve if not math.isfinite(loss)), None)
 
     def stage_stats(self) -> dict[str, dict[str, float]]:
         stats = {}
@@ -71,6 +77,7 @@ class RunSummary:
             # Set when the run continued from a checkpoint: its timings cover only the
             # steps after it, so it is no whole run to rank against an uninterrupted one.
             RESUMED_FROM_STEP: self.resumed_from,
+            DIVERGED_AT_STEP: self.diverged_at,
             WORLD_SIZE: self.world_size,
             "provenance": self.provenance,
             "checkpoint_count": len(self.checkpoints),
@@ -106,6 +113,7 @@ class RunSummary:
         # A column shows what a figure can tell, not float noise (1.6497099000000617 s).
         out = {k: significant(v) if isinstance(v, float) else v for k, v in out.items()}
         out[RESUMED_FROM_STEP] = self.resumed_from or 0  # 0: started at step 0
+        out[DIVERGED_AT_STEP] = self.diverged_at or 0  # 0: the loss stayed finite
         return finite_or_null(out)
 
 

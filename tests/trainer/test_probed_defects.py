@@ -146,12 +146,16 @@ def test_a_diverged_run_exits_0_with_its_summary_and_outputs(tmp_path):
     assert data["steps_run"] == 4 and data["final_loss"] is None
     losses = [v for _, v in data["loss_curve"]]
     assert None in losses and len(losses) == 4
+    first_bad = next(step for step, v in data["loss_curve"] if v is None)
+    assert data["diverged_at_step"] == first_bad
     (run,) = offline_runs(offline)
     assert run["status"] == "succeeded"
     outputs = run["outputs"]
     assert all(not isinstance(v, float) or math.isfinite(v) for v in outputs.values()), outputs
     logged = metric_events(run["_dir"], "loss")
     assert 0 < len(logged) < 4 and all(math.isfinite(v) for _, v in logged), logged
+    # Where it diverged is an output, as finite loss events alone would not tell.
+    assert outputs["diverged_at_step"] == first_bad and "final_loss" not in outputs
 
 
 # ---- 3: a full volume is exit 4 for every format, sync and async ------------------------
