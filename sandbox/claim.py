@@ -2,7 +2,7 @@
 
 A profile that names a VolumeAttributesClass is emulated by block-I/O limits (the class's
 throughput and IOPS) on the disk that holds the claim's directory, for the processes of one
-cgroup per claim and sandbox (``contract.SandboxProfiles.cgroup_name``). The storage-profile
+cgroup per claim and sandbox (``sandbox_profiles.SandboxProfiles.cgroup_name``). The storage-profile
 hook (``switch --backend local``) sets the limits; this module gives the sandbox what it
 needs around that: the cgroup the agent runs claim-mounting ops in, its re-creation with the
 current profile's limits, and its removal (with whatever a crashed agent left in it).
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from checkpoint_storage_bench.contract import SandboxProfile, SandboxProfiles
 from checkpoint_storage_bench.io_limits import (
     Cgroup,
     IoLimits,
@@ -20,6 +19,7 @@ from checkpoint_storage_bench.io_limits import (
     block_device,
     probe,
 )
+from checkpoint_storage_bench.sandbox_profiles import SandboxProfile, SandboxProfiles
 from sandbox.errors import ConfigError
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE, load_sandbox_profiles
+from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE
+from checkpoint_storage_bench.sandbox_profiles import load_sandbox_profiles
 from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.orchestration import DEFAULT_PIPELINE

@@ -720,7 +720,7 @@ def test_demo_params_read_an_operation_files_component_and_list_every_profile(tm
 
 
 def test_classes_may_come_from_several_files_but_never_twice(tmp_path):
-    from checkpoint_storage_bench.contract import ProfilesFileError, load_sandbox_profiles
+    from checkpoint_storage_bench.sandbox_profiles import ProfilesFileError, load_sandbox_profiles
 
     shipped = load_sandbox_profiles(REPO_ROOT / "connections" / "sandbox-profiles.yaml", tmp_path)
     assert [p.limits.write_bps for p in shipped.profiles.values()] == [
