@@ -31,7 +31,13 @@ from checkpoint_compare.intervals import Shift
 from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
 from checkpoint_compare.switches import check_switches
-from checkpoint_storage_bench.contract import output_key
+from checkpoint_storage_bench.contract import (
+    LEGACY_PROFILE_OUTPUTS,
+    RECOMMENDED_PROFILE_OUTPUT,
+    VERDICT_OUTPUT,
+    output_key,
+    profile_output,
+)
 
 
 @dataclass
@@ -278,10 +284,10 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
     comp, delta = best.comparison, best.cost
     rec = verdict.recommendation
     out: dict[str, Any] = {
-        "verdict": verdict.verdict,
+        VERDICT_OUTPUT: verdict.verdict,
         "verdict_reason": verdict.reason,
         "verdict_outcome": best.outcome.value,
-        "recommended_profile": rec.profile if rec else None,
+        RECOMMENDED_PROFILE_OUTPUT: rec.profile if rec else None,
         "recommendation_reason": rec.reason if rec else None,
         "baseline_profile": verdict.baseline,
         "candidate_profile": comp.candidate.profile,
@@ -310,16 +316,29 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
             "breakeven_checkpoints_per_month": delta.breakeven_checkpoints_month,
         }
     for s in verdict.profiles:
-        key = output_key(s.profile)
-        out[f"{key}_pause_s_median"] = s.pause.median
-        out[f"{key}_warmup_pause_s_median"] = s.warmup_median
-        out[f"{key}_runtime_s"] = s.runtime_s
-        out[f"{key}_runs"] = len(s.per_run)
         cost = verdict.costs[s.profile]
-        if cost.known:
-            out[f"{key}_run_cost_usd"] = cost.run_total
+        out |= _profile_outputs(
+            s.profile,
+            pause_s_median=s.pause.median,
+            warmup_pause_s_median=s.warmup_median,
+            runtime_s=s.runtime_s,
+            runs=len(s.per_run),
+            run_cost_usd=cost.run_total if cost.known else None,
+        )
     for cand in verdict.candidates:
-        key = output_key(cand.comparison.candidate.profile)
-        out[f"pause_diff_ci_low_{key}"] = cand.comparison.pause.shift.low
-        out[f"pause_diff_ci_high_{key}"] = cand.comparison.pause.shift.high
+        out |= _profile_outputs(
+            cand.comparison.candidate.profile,
+            pause_diff_ci_low_s=cand.comparison.pause.shift.low,
+            pause_diff_ci_high_s=cand.comparison.pause.shift.high,
+        )
     return {k: _round(v) if isinstance(v, float) else v for k, v in out.items() if v is not None}
+
+
+def _profile_outputs(profile: str, **figures: Any) -> dict[str, Any]:
+    """One profile's figures under their output names, and under the previous release's
+    names where a figure had one (logged beside for one release)."""
+    out = {profile_output(profile, name): value for name, value in figures.items()}
+    for name, value in figures.items():
+        if legacy := LEGACY_PROFILE_OUTPUTS.get(name):
+            out[legacy.format(key=output_key(profile))] = value
+    return out

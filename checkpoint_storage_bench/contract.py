@@ -195,6 +195,72 @@ FIO_OUTPUT = re.compile(rf"^fio_(?P<case>.+)_(?P<measure>{'|'.join(FIO_MEASURES)
 FIO_METRIC = re.compile(r"^fio[.-](?P<case>.+)[.-](?P<measure>bw_mbps|iops|lat_p\d+_us)$")
 """Metrics are logged as ``fio.<case>.<measure>``; Polyaxon stores the name with ``-``."""
 
+# --------------------------------------------------------------------------- verdict
+
+VERDICT_OUTPUT = "verdict"
+RECOMMENDED_PROFILE_OUTPUT = "recommended_profile"
+VERDICT_OUTPUTS = (
+    VERDICT_OUTPUT,
+    "verdict_reason",
+    "verdict_outcome",
+    RECOMMENDED_PROFILE_OUTPUT,
+    "recommendation_reason",
+    "baseline_profile",
+    "candidate_profile",
+    "profile_count",
+    "confidence",
+    "pause_speedup",
+    "pause_delta_s",
+    "pause_delta_ci_low_s",
+    "pause_delta_ci_high_s",
+    "runtime_delta_s",
+    "runtime_delta_ci_low_s",
+    "runtime_delta_ci_high_s",
+    "final_loss_delta",
+    "failed_runs",
+    "baseline_drift_runtime_s",
+    "baseline_drift_pause_s",
+    "cost_delta_usd_per_checkpoint",
+    "cost_delta_usd_per_1000_ckpt",
+    "storage_delta_usd_per_month",
+    "run_cost_delta_usd",
+    "breakeven_checkpoints_per_month",
+)
+"""The compare op's outputs about the whole comparison (the best candidate against the
+baseline); each is logged only when it is known."""
+
+PROFILE_FIGURES = (
+    "pause_s_median",
+    "warmup_pause_s_median",
+    "runtime_s",
+    "runs",
+    "run_cost_usd",
+    "pause_diff_ci_low_s",
+    "pause_diff_ci_high_s",
+)
+"""The compare op's outputs per profile, named by :func:`profile_output`; the two
+``pause_diff_*`` are a candidate's interval against the baseline."""
+
+LEGACY_PROFILE_OUTPUTS = {
+    "pause_diff_ci_low_s": "pause_diff_ci_low_{key}",
+    "pause_diff_ci_high_s": "pause_diff_ci_high_{key}",
+}
+"""Names of this release's profile figures as the previous release logged them (the figure
+after the profile): still logged beside the new names for one release, for dashboards
+and readers that look for them; to be dropped in the next."""
+
+
+def profile_output(profile: str, figure: str) -> str:
+    """The compare op's output name of one profile's figure, the profile first.
+
+    >>> profile_output("checkpoint-throughput", "pause_diff_ci_low_s")
+    'checkpoint_throughput_pause_diff_ci_low_s'
+    """
+    if figure not in PROFILE_FIGURES:
+        raise ValueError(f"{figure!r} is not a profile figure (one of {PROFILE_FIGURES})")
+    return f"{output_key(profile)}_{figure}"
+
+
 # ---------------------------------------------------------------- storage-profile hook
 
 SWITCH_SCHEMA = "storage-profile-switch/1"
