@@ -1,19 +1,28 @@
-"""The claim's cgroup: where the sandbox emulates the claim's volume class.
+"""The claim's volume and cgroup: where the sandbox emulates the claim's volume class.
 
 A profile that names a VolumeAttributesClass is emulated by block-I/O limits (the class's
-throughput and IOPS) on the disk that holds the claim's directory, for the processes of one
-cgroup per claim and sandbox (``contract.SandboxProfiles.cgroup_name``). The storage-profile
-hook (``switch --backend local``) sets the limits; this module gives the sandbox what it
-needs around that: the cgroup the agent runs claim-mounting ops in, its re-creation with the
-current profile's limits, and its removal (with whatever a crashed agent left in it).
+throughput and IOPS) on the block device that holds the claim's directory, for the
+processes of one cgroup per claim and sandbox (``contract.SandboxProfiles.cgroup_name``).
+That device is a loop-device volume of the sandbox's own (``checkpoint_storage_bench.
+loop_volume``: a file in RAM with ext4, mounted on the profiles' directory), far faster than
+any class, so that the throttle, not the machine's shared disk, is the bottleneck; the
+sandbox refuses a volume slower than twice the fastest class. The storage-profile hook
+(``switch --backend local``) sets the limits; this module gives the sandbox what it needs
+around that: the volume, the cgroup the agent runs claim-mounting ops in, its re-creation
+with the current profile's limits, and the removal of both (with whatever a crashed agent
+left in the cgroup).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
+from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.contract import SandboxProfile, SandboxProfiles
 from checkpoint_storage_bench.io_limits import (
+    MIB,
     Cgroup,
     IoLimits,
     ThrottleUnavailable,
@@ -21,6 +30,77 @@ from checkpoint_storage_bench.io_limits import (
     probe,
 )
 from sandbox.errors import ConfigError
+
+VOLUME_SIZE = 2048 * MIB
+"""The claim's volume (RAM, preallocated): the demo's fio files (205 MiB at its
+``size_scale``), two kept checkpoints and one being written per stage, with room to spare."""
+SPEED_MARGIN = 2.0
+"""The volume must write unthrottled at least this many times the fastest class's
+throughput, or the throttle would not be what limits it."""
+
+
+@dataclass(frozen=True)
+class ClaimVolume:
+    """The claim's volume and its unthrottled write speed (MB/s), measured at start."""
+
+    volume: loop_volume.LoopVolume
+    speed_mbps: float
+    created: bool
+
+    def describe(self) -> str:
+        return (
+            f"claim volume {self.volume.describe()} at {self.volume.mount_point}: "
+            f"{self.speed_mbps:.0f} MB/s unthrottled"
+        )
+
+
+def volume_name(profiles: SandboxProfiles, path: Path) -> str:
+    """The volume on ``path``: named after the claim's cgroup, so that one sweep of the
+    cgroup's name removes the sandbox's volumes and cgroup, and nothing else."""
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:6]
+    return f"{profiles.cgroup_name}-{digest}"
+
+
+def prepare_volumes(profiles: SandboxProfiles, size: int = VOLUME_SIZE) -> list[ClaimVolume]:
+    """A loop-device volume on every directory an emulated profile uses (the existing one,
+    else a new one), each measured unthrottled.
+
+    Raises:
+        ThrottleUnavailable: No volume can be made here, or one writes slower than
+            :data:`SPEED_MARGIN` times the fastest class (then the volumes are removed).
+    """
+    emulated = [p for p in profiles.profiles.values() if p.limits is not None]
+    if not emulated:
+        return []
+    fastest = max(emulated, key=lambda p: p.limits.write_bps or 0)
+    needed = SPEED_MARGIN * (fastest.limits.write_bps or 0) / 1e6
+    made = []
+    for path in dict.fromkeys(p.path for p in emulated):
+        name = volume_name(profiles, path)
+        existed = loop_volume.find(name, path) is not None
+        volume = loop_volume.create(name, path, size)
+        speed = loop_volume.write_speed(path, enough=needed)
+        made.append(ClaimVolume(volume, speed, created=not existed))
+        if speed < needed:
+            remove_volumes(profiles)
+            raise ThrottleUnavailable(
+                f"the claim's volume {volume.dev_path} writes {speed:.0f} MB/s unthrottled, "
+                f"less than {SPEED_MARGIN:g}x the fastest class ({fastest.volume_attributes_class}"
+                f", {(fastest.limits.write_bps or 0) / 1e6:.0f} MB/s): the throttle would not "
+                "be what limits it"
+            )
+    return made
+
+
+def remove_volumes(profiles: SandboxProfiles | None) -> list[str]:
+    """Remove the sandbox's volumes (unmounted, detached, deleted) and its cgroup, with
+    whatever still runs in it; one line per thing removed."""
+    if profiles is None:
+        return []
+    try:
+        return loop_volume.sweep(profiles.cgroup_name)
+    except ThrottleUnavailable as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
