@@ -16,6 +16,7 @@ left in the cgroup).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,7 @@ class ClaimVolume:
     def describe(self) -> str:
         return (
             f"claim volume {self.volume.describe()} at {self.volume.mount_point}: "
-            f"{self.speed_mbps:.0f} MB/s unthrottled"
+            f"{self.speed_mbps:.0f} MB/s unthrottled (measured when it was made)"
         )
 
 
@@ -61,35 +62,74 @@ def volume_name(profiles: SandboxProfiles, path: Path) -> str:
     return f"{profiles.cgroup_name}-{digest}"
 
 
+def _speed_record(profiles: SandboxProfiles, name: str) -> Path:
+    return profiles.claim_path.with_name(f".{name}.speed.json")
+
+
+def _identity(volume: loop_volume.LoopVolume) -> dict[str, object]:
+    return {"device": volume.device.id, "inode": volume.backing_file.stat().st_ino}
+
+
+def _measured(profiles: SandboxProfiles, volume: loop_volume.LoopVolume) -> float | None:
+    """The speed measured when this very volume was made (None: another volume, or none)."""
+    try:
+        record = json.loads(_speed_record(profiles, volume.name).read_text())
+        return float(record["speed_mbps"]) if record["of"] == _identity(volume) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def prepare_volumes(profiles: SandboxProfiles, size: int = VOLUME_SIZE) -> list[ClaimVolume]:
     """A loop-device volume on every directory an emulated profile uses (the existing one,
-    else a new one), each measured unthrottled.
+    else a new one), with its unthrottled write speed: measured when it is made, while
+    nothing else writes to it (a volume in use is never measured again: its runs would slow
+    the measurement down, and the measurement its runs).
 
     Raises:
-        ThrottleUnavailable: No volume can be made here, or one writes slower than
-            :data:`SPEED_MARGIN` times the fastest class (then the volumes are removed).
+        ThrottleUnavailable: No volume can be made here, or a new one writes slower than
+            :data:`SPEED_MARGIN` times the fastest class (the volumes this call made are
+            removed again; one that was there before is left as it is).
     """
     emulated = [p for p in profiles.profiles.values() if p.limits is not None]
     if not emulated:
         return []
     fastest = max(emulated, key=lambda p: p.limits.write_bps or 0)
     needed = SPEED_MARGIN * (fastest.limits.write_bps or 0) / 1e6
-    made = []
-    for path in dict.fromkeys(p.path for p in emulated):
-        name = volume_name(profiles, path)
-        existed = loop_volume.find(name, path) is not None
-        volume = loop_volume.create(name, path, size)
-        speed = loop_volume.write_speed(path, enough=needed)
-        made.append(ClaimVolume(volume, speed, created=not existed))
-        if speed < needed:
-            remove_volumes(profiles)
-            raise ThrottleUnavailable(
-                f"the claim's volume {volume.dev_path} writes {speed:.0f} MB/s unthrottled, "
-                f"less than {SPEED_MARGIN:g}x the fastest class ({fastest.volume_attributes_class}"
-                f", {(fastest.limits.write_bps or 0) / 1e6:.0f} MB/s): the throttle would not "
-                "be what limits it"
-            )
+    made: list[ClaimVolume] = []
+    try:
+        for path in dict.fromkeys(p.path for p in emulated):
+            name = volume_name(profiles, path)
+            existing = loop_volume.find(name, path)
+            volume = existing or loop_volume.create(name, path, size)
+            speed = _measured(profiles, volume) if existing else None
+            if speed is None:
+                speed = loop_volume.write_speed(path, attempts=5, enough=needed)
+                record = _speed_record(profiles, name)
+                record.parent.mkdir(parents=True, exist_ok=True)
+                record.write_text(json.dumps({"of": _identity(volume), "speed_mbps": speed}))
+            made.append(ClaimVolume(volume, speed, created=existing is None))
+            if speed < needed:
+                raise ThrottleUnavailable(
+                    f"the claim's volume {volume.dev_path} writes {speed:.0f} MB/s unthrottled, "
+                    f"less than {SPEED_MARGIN:g}x the fastest class "
+                    f"({fastest.volume_attributes_class}, "
+                    f"{(fastest.limits.write_bps or 0) / 1e6:.0f} MB/s): the throttle would not "
+                    "be what limits it"
+                )
+    except BaseException:
+        remove_created(profiles, made)
+        raise
     return made
+
+
+def remove_created(profiles: SandboxProfiles, volumes: list[ClaimVolume]) -> None:
+    """Remove the volumes in ``volumes`` that were made for this start (a refused or failed
+    start leaves no RAM behind; a volume that was there before may belong to a running
+    sandbox and stays)."""
+    for made in volumes:
+        if made.created:
+            loop_volume.remove(made.volume)
+            _speed_record(profiles, made.volume.name).unlink(missing_ok=True)
 
 
 def remove_volumes(profiles: SandboxProfiles | None) -> list[str]:
@@ -98,9 +138,12 @@ def remove_volumes(profiles: SandboxProfiles | None) -> list[str]:
     if profiles is None:
         return []
     try:
-        return loop_volume.sweep(profiles.cgroup_name)
+        removed = loop_volume.sweep(profiles.cgroup_name)
     except ThrottleUnavailable as exc:
         raise ConfigError(str(exc)) from exc
+    for record in profiles.claim_path.parent.glob(f".{profiles.cgroup_name}-*.speed.json"):
+        record.unlink(missing_ok=True)
+    return removed
 
 
 @dataclass(frozen=True)

@@ -92,10 +92,11 @@ def emulation_or_media(
     profiles = sb.agent.profiles
     if profiles is None or not profiles.emulated:
         return sb
+    volumes: list[claim.ClaimVolume] = []
     try:
-        devices = emulation_devices(profiles, echo, made)
+        devices = emulation_devices(profiles, echo, volumes)
     except ThrottleUnavailable as exc:
-        claim.remove_volumes(profiles)
+        claim.remove_created(profiles, volumes)
         echo(f"sandbox: cannot emulate the volume classes on this machine: {exc}")
         echo(
             f"sandbox: NOT AN EMULATION: falling back to {MEDIA_PROFILES_FILE.name}, two "
@@ -104,6 +105,8 @@ def emulation_or_media(
         )
         media = load_agent_settings(sb.paths.root, sb.agent.agent_file, MEDIA_PROFILES_FILE)
         return dataclasses.replace(sb, agent=media)
+    if made is not None:
+        made.extend(volumes)
     for profile in profiles.profiles.values():
         what = (
             f"emulates {profile.volume_attributes_class} ({profile.limits.describe()}) "
@@ -156,14 +159,13 @@ def start_all(
         try:
             emulation_devices(sb.agent.profiles, echo, created)
         except ThrottleUnavailable as exc:
+            claim.remove_created(sb.agent.profiles, created)
             raise ConfigError(claim.cannot_emulate(sb.agent.profiles, str(exc))) from exc
     try:
         return _start(sb, owner, project, echo)
     except BaseException:
-        if any(v.created for v in created):
-            # A start that failed leaves no volume (RAM) it made behind; one that was
-            # there before belongs to a sandbox that may still run.
-            claim.remove_volumes(sb.agent.profiles)
+        if sb.agent.profiles is not None:
+            claim.remove_created(sb.agent.profiles, created)
         raise
 
 
