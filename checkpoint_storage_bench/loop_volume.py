@@ -175,7 +175,7 @@ def create(name: str, mount_point: Path, size: int, backing_dir: Path = BACKING_
         raise VolumeUnavailable(f"something else is mounted at {mount_point}")
     if os.geteuid() != 0:
         raise VolumeUnavailable("making a loop-device volume needs root (losetup, mount)")
-    sweep(name, backing_dir, cgroups=False)
+    sweep(name, backing_dir, cgroups=False, exact=True)
     file = backing_file(name, backing_dir)
     mount_point.mkdir(parents=True, exist_ok=True)
     if any(mount_point.iterdir()):
@@ -197,7 +197,7 @@ def create(name: str, mount_point: Path, size: int, backing_dir: Path = BACKING_
         _run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev])
         _run(["mount", "-t", "ext4", "-o", "noatime", dev, str(mount_point)])
     except VolumeUnavailable:
-        sweep(name, backing_dir, cgroups=False)
+        sweep(name, backing_dir, cgroups=False, exact=True)
         raise
     found = find(name, mount_point, backing_dir)
     if found is None:

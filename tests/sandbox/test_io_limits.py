@@ -270,8 +270,10 @@ def test_a_volume_is_made_once_and_its_limits_are_read_back_from_the_kernel(tmp_
     name = _test_name()
     group, _ = needs_throttle(tmp_path, name)
     point = tmp_path / "volume"
+    longer = needs_volume(f"{name}-2", tmp_path / "longer", 64 * MIB)  # its name extends ours
     volume = needs_volume(name, point, 64 * MIB)
     try:
+        assert loop_volume.find(longer.name, longer.mount_point) == longer  # left alone
         assert loop_volume.create(name, point, 64 * MIB) == volume  # the same, not a second
         assert volume.device.major == 7 and os.path.ismount(point)
         assert volume.size == 64 * MIB and volume.backing_file.parent == Path("/dev/shm")
@@ -283,6 +285,7 @@ def test_a_volume_is_made_once_and_its_limits_are_read_back_from_the_kernel(tmp_
     finally:
         group.remove()
         removed = loop_volume.remove(volume)
+        loop_volume.remove(longer)
     assert removed == [f"mount {point}", f"loop device {volume.dev_path}",
                        f"backing file {volume.backing_file}"]  # fmt: skip
     assert loop_volume.remove(volume) == []  # gone already: nothing to do
