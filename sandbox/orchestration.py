@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from checkpoint_storage_bench.io_limits import ThrottleUnavailable, probe
+from checkpoint_storage_bench.io_limits import BlockDevice, ThrottleUnavailable, probe
+from checkpoint_storage_bench.sandbox_profiles import SandboxProfiles
 from sandbox import claim
 from sandbox.components import ensure_project, find_components, pipeline_twin, register
 from sandbox.config import (
@@ -78,21 +79,24 @@ def require_server(sb: Sandbox) -> None:
         )
 
 
-def emulation_or_media(sb: Sandbox, echo: Echo = print) -> Sandbox:
+def emulation_or_media(
+    sb: Sandbox, echo: Echo = print, made: list[claim.ClaimVolume] | None = None
+) -> Sandbox:
     """The sandbox as it is when the kernel can emulate its profiles' classes (or none
     needs emulating); else the same sandbox on the plain media profiles, said in one line.
 
     For the default profiles file only: a profiles file the user named is used as it is
-    (and refused, exit 3, where its emulation is impossible).
+    (and refused, exit 3, where its emulation is impossible). The claim's volumes are made
+    on the way (appended to ``made``); a fallback removes them again.
     """
     profiles = sb.agent.profiles
     if profiles is None or not profiles.emulated:
         return sb
+    volumes: list[claim.ClaimVolume] = []
     try:
-        for profile in profiles.profiles.values():
-            if profile.limits is not None:
-                _, device = probe(profile.path, profiles.cgroup_name)
+        devices = emulation_devices(profiles, echo, volumes)
     except ThrottleUnavailable as exc:
+        claim.remove_created(profiles, volumes)
         echo(f"sandbox: cannot emulate the volume classes on this machine: {exc}")
         echo(
             f"sandbox: NOT AN EMULATION: falling back to {MEDIA_PROFILES_FILE.name}, two "
@@ -101,15 +105,38 @@ def emulation_or_media(sb: Sandbox, echo: Echo = print) -> Sandbox:
         )
         media = load_agent_settings(sb.paths.root, sb.agent.agent_file, MEDIA_PROFILES_FILE)
         return dataclasses.replace(sb, agent=media)
+    if made is not None:
+        made.extend(volumes)
     for profile in profiles.profiles.values():
         what = (
             f"emulates {profile.volume_attributes_class} ({profile.limits.describe()}) "
-            f"on {device.name} ({device.id})"
+            f"on {devices[profile.path].name} ({devices[profile.path].id})"
             if profile.limits
             else f"{profile.path} as it is (no emulation)"
         )
         echo(f"sandbox: profile {profile.name} {what}")
     return sb
+
+
+def emulation_devices(
+    profiles: SandboxProfiles, echo: Echo = print, made: list[claim.ClaimVolume] | None = None
+) -> dict[Path, BlockDevice]:
+    """Make the claim's volumes (saying which device backs the claim and how fast it writes
+    unthrottled; appended to ``made``) and check the kernel can throttle them: each emulated
+    profile's directory → its device.
+
+    Raises:
+        ThrottleUnavailable: No volume, a volume too slow, or no throttle here.
+    """
+    for volume in claim.prepare_volumes(profiles):
+        echo(f"sandbox: {volume.describe()}")
+        if made is not None:
+            made.append(volume)
+    return {
+        p.path: probe(p.path, profiles.cgroup_name)[1]
+        for p in profiles.profiles.values()
+        if p.limits is not None
+    }
 
 
 def start_all(
@@ -125,8 +152,24 @@ def start_all(
         ConfigError: The profiles emulate classes the kernel cannot throttle here (before
             anything is started).
     """
+    created: list[claim.ClaimVolume] = []
     if fallback:
-        sb = emulation_or_media(sb, echo)
+        sb = emulation_or_media(sb, echo, created)
+    elif sb.agent.profiles is not None and sb.agent.profiles.emulated:
+        try:
+            emulation_devices(sb.agent.profiles, echo, created)
+        except ThrottleUnavailable as exc:
+            claim.remove_created(sb.agent.profiles, created)
+            raise ConfigError(claim.cannot_emulate(sb.agent.profiles, str(exc))) from exc
+    try:
+        return _start(sb, owner, project, echo)
+    except BaseException:
+        if sb.agent.profiles is not None:
+            claim.remove_created(sb.agent.profiles, created)
+        raise
+
+
+def _start(sb: Sandbox, owner: str, project: str, echo: Echo) -> Sandbox:
     claim.claim_cgroup(sb.agent.profiles)  # refuse an impossible emulation before starting
     if sb.agent.profiles:
         prepare_media(sb.agent.profiles)
