@@ -543,9 +543,11 @@ DATA_SUMMARY_SCHEMA = "data-workload/1"
 DATASET_MANIFEST_SCHEMA = "data-workload-dataset/1"
 """The ``schema`` of a generated dataset's ``manifest.json`` (what makes it reusable)."""
 
-DATASET_OUTPUTS = ("dataset_format", "dataset_records", "dataset_bytes", "dataset_generated")
-"""Outputs of scan and materialize: which dataset was measured (bytes on the volume), and
-whether this run generated it (False: it was reused, after verification)."""
+DATASET_OUTPUTS = ("dataset_records", "dataset_bytes", "dataset_generated")
+"""Outputs of scan and materialize: the dataset measured (its records, its bytes on the
+volume) and whether this run generated it (False: it was reused, after verification). Its
+format is the input ``dataset_format`` (an output of the same name would shadow the input in
+Polyaxon's templates)."""
 
 SCAN_OUTPUTS = (
     "scan_epoch_s",

@@ -122,6 +122,7 @@ def main(
         num_workers=num_workers,
         batch_size=batch_size,
         epochs=2,
+        compute_ms=0.0,
     )
     ScanConfig(data_dir=directory, track=False, **settings).check_data_dir()
     rows = [bench_format(directory, f, settings, fio) for f in formats or ("webdataset", "files")]

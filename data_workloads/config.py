@@ -159,7 +159,7 @@ class ScanConfig(DatasetConfig):
     shuffle_buffer: int = 64
     """webdataset: samples each worker shuffles in a buffer (shards are shuffled too)."""
 
-    compute_ms: float = 0.0
+    compute_ms: float = 10.0
     """Emulated accelerator time per batch, in milliseconds (the training step the batch
     feeds); accelerator utilization is compute time / wall time. 0: measure the loader alone."""
 

@@ -40,7 +40,6 @@ def prepare_dataset(cfg: DatasetConfig) -> ds.Dataset:
 
 def dataset_outputs(data: ds.Dataset) -> dict[str, Any]:
     return {
-        "dataset_format": data.spec.format,
         "dataset_records": data.records,
         "dataset_bytes": data.bytes,
         "dataset_generated": data.generated,
