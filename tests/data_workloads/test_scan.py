@@ -96,7 +96,7 @@ def test_accelerator_utilization_from_the_emulated_step(data_dir: Path) -> None:
 
 
 def test_no_compute_no_au(data_dir: Path) -> None:
-    data, cfg = prepared(data_dir, "files", num_workers=0, epochs=1)
+    data, cfg = prepared(data_dir, "files", num_workers=0, epochs=1, compute_ms=0.0)
     figures = scan.run_scan(data, cfg)["figures"]
     assert figures["scan_au"] is None and figures["scan_au_ok"] is None
     assert figures["scan_samples_per_s"] > 0
