@@ -72,6 +72,7 @@ def test_workspace_saves_atomically_lists_and_reopens(tmp_path: Path, monkeypatc
     )
     result = workspace.run_workspace(cfg, scratch)
     assert result["operations"] == {"save": 60, "list": 2, "reopen": 60}
+    assert len(result["rounds"]) == 2 and all(p99 > 0 for p99 in result["rounds"])
     assert len(renames) == 60 and all(a == f".~{b}" for a, b in renames)
     notebooks = sorted(scratch.rglob("*.ipynb"))
     assert len(notebooks) == 30 and not list(scratch.rglob(".~*"))
