@@ -28,7 +28,7 @@ from checkpoint_compare.records import (
     parse_metric_events,
     parse_time,
 )
-from checkpoint_compare.workloads import record_from_summary
+from checkpoint_compare.workloads import SAMPLE_METRICS, is_data_run, record_from_summary
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
     DATA_SUMMARY_SCHEMA,
@@ -352,6 +352,8 @@ class ApiSource:
             wanted = list(METRIC_NAMES)
         elif kind is RunKind.FIO:
             wanted = [k for k in record.outputs if FIO_METRIC.match(k)]
+        elif is_data_run(record):
+            wanted = list(SAMPLE_METRICS)
         if wanted and record.status not in ("created", "queued", "scheduled"):
             metrics.update(self._metric_events(record.uuid, wanted))
             _checked(record)

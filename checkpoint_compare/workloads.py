@@ -35,6 +35,9 @@ HEADLINE = {
 PER_STEP_METRIC = {"scan": "scan_epoch_s", "workspace": "workspace_save_p99_ms"}
 """Metrics logged once per epoch (scan) or round (workspace): the samples of a run."""
 
+SAMPLE_METRICS = ("scan_epoch_s", "scan_au", "workspace_save_p99_ms")
+"""The metric events the verdict fetches for a data-workload run."""
+
 COMPARABLE = (
     "workload",
     "dataset_format",

@@ -41,3 +41,12 @@ def test_a_data_workload_runs_in_every_stage_instead_of_the_training(workload: s
     # The verdict's join gathers the data runs with the switches and fio sweeps.
     runs, _figures, _fio = dag.joins("compare")
     assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train|data"
+
+
+def test_the_workload_budget_reaches_the_verdicts_command_line() -> None:
+    dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "scan", "min_au": 0.9})
+    argv = dag.compile_op("compare", extra={"runs": ["0" * 32]}).argv
+    assert "--min-au=0.9" in argv and not any(a.startswith("--max-p99-ms") for a in argv)
+    dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "workspace", "max_p99_ms": 20})
+    argv = dag.compile_op("compare", extra={"runs": ["0" * 32]}).argv
+    assert "--max-p99-ms=20.0" in argv or "--max-p99-ms=20" in argv
