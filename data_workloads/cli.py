@@ -39,12 +39,13 @@ def scan(**settings: Any) -> None:
 
     data = prepare_dataset(cfg)
 
-    def measure(tracker: Any) -> dict[str, Any]:
-        def on_epoch(e: dict[str, Any]) -> None:
-            metrics = {k: e[k] for k in ("epoch_s", "au", "samples_per_s", "mbps")}
-            tracker.log_metrics(e["epoch"], {f"scan_{k}": v for k, v in metrics.items()})
-
-        return run_scan(data, cfg, on_epoch)
+    def measure() -> dict[str, Any]:
+        result = run_scan(data, cfg)
+        keys = ("epoch_s", "au", "samples_per_s", "mbps")
+        result["metrics"] = [
+            (e["epoch"], {f"scan_{k}": e[k] for k in keys}) for e in result["epochs"]
+        ]
+        return result
 
     run_workload("scan", cfg, measure, data)
 
@@ -61,7 +62,7 @@ def materialize(**settings: Any) -> None:
 
     data = prepare_dataset(cfg)
 
-    def measure(_tracker: Any) -> dict[str, Any]:
+    def measure() -> dict[str, Any]:
         with Scratch(cfg.data_dir, "materialize") as scratch:
             return run_materialize(data, cfg, scratch)
 
@@ -78,11 +79,12 @@ def workspace(**settings: Any) -> None:
     from data_workloads.job import Scratch, run_workload
     from data_workloads.workspace import run_workspace
 
-    def measure(tracker: Any) -> dict[str, Any]:
+    def measure() -> dict[str, Any]:
         with Scratch(cfg.data_dir, "workspace") as scratch:
             result = run_workspace(cfg, scratch)
-        for i, p99 in enumerate(result["rounds"]):
-            tracker.log_metrics(i, {"workspace_save_p99_ms": p99})
+        result["metrics"] = [
+            (i, {"workspace_save_p99_ms": p99}) for i, p99 in enumerate(result["rounds"])
+        ]
         return result
 
     run_workload("workspace", cfg, measure)

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from checkpoint_storage_bench.contract import DATA_SUMMARY_SCHEMA, IMAGE_INPUT
-from checkpoint_storage_bench.tracking import Tracker, tracked_run
+from checkpoint_storage_bench.tracking import tracked_run
 from data_workloads import dataset as ds
 from data_workloads.config import CommonConfig, DatasetConfig
 
@@ -63,17 +63,31 @@ class Scratch:
 def run_workload(
     workload: str,
     cfg: CommonConfig,
-    measure: Callable[[Tracker], dict[str, Any]],
+    measure: Callable[[], dict[str, Any]],
     data: ds.Dataset | None = None,
 ) -> dict[str, Any]:
-    """Measure inside a tracked run, log and write the summary; returns the summary."""
+    """Measure, then record the run (inputs, metrics, outputs), write the summary; returns
+    the summary.
+
+    The measurement runs before the tracked run is opened: an online Polyaxon run starts
+    threads, and DataLoader workers forked from a process with threads can inherit a lock
+    held by one of them and hang (seen under the sandbox's agent). Nothing of the tracking
+    shares the process with the measurement, so it cannot perturb it either. A failed
+    measurement is then no tracked run; the op fails with the exit code.
+
+    ``measure`` returns ``figures`` (the outputs), optionally ``metrics`` (a list of
+    ``(step, {name: value})``, e.g. one per epoch) and any details for the summary.
+    """
+    result = measure()
+    outputs = {**(dataset_outputs(data) if data else {}), **result.pop("figures")}
+    metrics = result.pop("metrics", [])
     tags = ["data-workload", f"workload:{workload}", f"profile:{cfg.storage_profile}"]
     with tracked_run(f"data-{workload}", tags=tags, enabled=cfg.track) as tracker:
         inputs = {"workload": workload, **cfg.record(), IMAGE_INPUT: os.environ.get("IMAGE_REF")}
         tracker.log_inputs(**{k: v for k, v in inputs.items() if k not in ("track",)})
         tracker.log_meta(node_name=os.environ.get("NODE_NAME") or os.uname().nodename)
-        result = measure(tracker)
-        outputs = {**(dataset_outputs(data) if data else {}), **result.pop("figures")}
+        for step, values in metrics:
+            tracker.log_metrics(step, values)
         tracker.log_outputs(**outputs)
         summary = {
             "schema": DATA_SUMMARY_SCHEMA,

@@ -136,7 +136,7 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
     }
 
 
-def run_scan(data: ds.Dataset, cfg: Any, on_epoch: Any = None) -> dict[str, Any]:
+def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     """Every epoch, then the figures: the median epoch's, batch waits over all epochs, and
     the cache check.
 
@@ -149,8 +149,6 @@ def run_scan(data: ds.Dataset, cfg: Any, on_epoch: Any = None) -> dict[str, Any]
         result = run_epoch(data, cfg, epoch)
         if result["samples"] != data.records:
             raise ValueError(f"epoch {epoch} loaded {result['samples']} records of {data.records}")
-        if on_epoch is not None:
-            on_epoch(result)
         epochs.append(result)
     waits = [w for e in epochs for w in e["wait_s"]]
     med = sorted(epochs, key=lambda e: e["epoch_s"])[len(epochs) // 2]

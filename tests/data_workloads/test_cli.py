@@ -119,3 +119,29 @@ def test_the_run_is_tracked_with_its_outputs(data_dir: Path, tmp_path: Path) -> 
     assert set(DATA_WORKLOAD_OUTPUTS["workspace"]) <= set(outputs)
     inputs = json.loads(run_file.read_text())["inputs"]
     assert inputs["workload"] == "workspace" and inputs["storage_profile"] == "fast"
+
+
+def test_the_measurement_runs_before_the_tracked_run_opens(data_dir: Path, monkeypatch) -> None:
+    # DataLoader workers forked from a process where an online Polyaxon run has started its
+    # threads can inherit a held lock and hang: nothing is measured inside the tracked run.
+    from contextlib import contextmanager
+
+    from checkpoint_storage_bench.tracking import Tracker
+    from data_workloads import job
+
+    events: list[str] = []
+
+    @contextmanager
+    def tracked(*_a, **_k):
+        events.append("tracking opened")
+        yield Tracker(None)
+
+    monkeypatch.setattr(job, "tracked_run", tracked)
+    cfg = WorkspaceConfig(data_dir=data_dir, track=True)
+
+    def measure() -> dict:
+        events.append("measured")
+        return {"figures": {"x": 1.0}, "metrics": [(0, {"x": 1.0})]}
+
+    job.run_workload("workspace", cfg, measure)
+    assert events == ["measured", "tracking opened"]
