@@ -324,7 +324,10 @@ def outputs(v: WorkloadVerdict) -> dict[str, Any]:
     out: dict[str, Any] = {
         "workload": v.workload,
         "baseline": v.baseline,
-        "recommended_profile": v.recommended or "",
+        # The checkpoint verdict's convention: the string "none" when no profile fits.
+        "recommended_profile": v.recommended or "none",
+        "verdict": " ".join(v.sentences[:-1]),
+        "recommendation_reason": v.sentences[-1],
     }
     for p in v.profiles:
         key = p.profile.replace("-", "_").replace(".", "_")

@@ -242,6 +242,8 @@ COMPARE_FLAGS = {
     "checkpoints_per_month": "--checkpoints-per-month",
     "warmup": "--warmup",
     "practical_floor_s": "--practical-floor-s",
+    "min_au": "--min-au",
+    "max_p99_ms": "--max-p99-ms",
 }
 
 

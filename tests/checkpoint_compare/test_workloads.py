@@ -147,3 +147,14 @@ def test_the_cli_judges_real_scan_summaries(tmp_path: Path) -> None:
     verdict = json.loads(out.read_text())
     assert verdict["workload"] == "scan" and len(verdict["profiles"]) == 2
     assert all(len(p["samples"]) == 2 for p in verdict["profiles"])  # 3 epochs, 1 warm-up
+
+
+def test_outputs_carry_the_verdict_and_none_when_nothing_fits() -> None:
+    from checkpoint_compare.workloads import outputs
+
+    out = outputs(judge(slow_and_fast(), min_au=0.99))
+    assert out["recommended_profile"] == "none" and out["workload"] == "scan"
+    assert "does not keep the GPUs fed" in out["verdict"]
+    assert out["recommendation_reason"].startswith("Recommendation: none")
+    assert out["checkpoint_throughput_scan_au"] == pytest.approx(0.97)
+    assert outputs(judge(slow_and_fast()))["recommended_profile"] == FAST
