@@ -28,8 +28,10 @@ from checkpoint_compare.records import (
     parse_metric_events,
     parse_time,
 )
+from checkpoint_compare.workloads import SAMPLE_METRICS, is_data_run, record_from_summary
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
+    DATA_SUMMARY_SCHEMA,
     DISTRIBUTED_CHECKPOINT_METRICS,
     FIO_METRIC,
     IMAGE_INPUT,
@@ -154,6 +156,8 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise BadInput(f"cannot read summary {path}: {exc}") from exc
+    if isinstance(data, dict) and data.get("schema") == DATA_SUMMARY_SCHEMA:
+        return _checked(record_from_summary(profile, data, path))
     if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise BadInput(f"{path} is not a {SUMMARY_SCHEMA} summary (schema: {found!r})")
@@ -393,6 +397,8 @@ class ApiSource:
             wanted = list(METRIC_NAMES)
         elif kind is RunKind.FIO:
             wanted = [k for k in record.outputs if FIO_METRIC.match(k)]
+        elif is_data_run(record):
+            wanted = list(SAMPLE_METRICS)
         if wanted and record.status not in ("created", "queued", "scheduled"):
             metrics.update(self._metric_events(record.uuid, wanted))
             _checked(record)

@@ -418,3 +418,73 @@ SANDBOX_DRIVER = "local"
 SANDBOX_EMULATED_DRIVER = "local-throttled"
 """The hook's ``driver`` for a profile that emulates a VolumeAttributesClass with block-I/O
 limits on the local disk; its ``vac_*`` parameters are the class's own."""
+
+
+# ------------------------------------------------------------------- data workloads
+# ``python -m data_workloads scan|materialize|workspace`` (docs/data-workloads.md): the
+# other workloads teams put on the same kind of claim, measured in their own terms.
+
+WORKLOADS = ("checkpoint", "scan", "materialize", "workspace")
+"""The profiles pipeline's ``workload`` input: the checkpointing training run (the default),
+or one of the data workloads."""
+
+DATA_WORKLOADS = WORKLOADS[1:]
+"""The subcommands of ``python -m data_workloads``."""
+
+DATA_FORMATS = ("webdataset", "files")
+"""``--dataset-format``: WebDataset tar shards, or a directory of many small files."""
+
+DATA_SUMMARY_SCHEMA = "data-workload/1"
+"""The ``schema`` of ``python -m data_workloads ... --summary-json``."""
+
+DATASET_MANIFEST_SCHEMA = "data-workload-dataset/1"
+"""The ``schema`` of a generated dataset's ``manifest.json`` (what makes it reusable)."""
+
+DATASET_OUTPUTS = ("dataset_records", "dataset_bytes", "dataset_generated")
+"""Outputs of scan and materialize: the dataset measured (its records, its bytes on the
+volume) and whether this run generated it (False: it was reused, after verification). Its
+format is the input ``dataset_format`` (an output of the same name would shadow the input in
+Polyaxon's templates)."""
+
+SCAN_OUTPUTS = (
+    "scan_epoch_s",
+    "scan_au",
+    "scan_au_ok",
+    "scan_samples_per_s",
+    "scan_mbps",
+    "scan_first_batch_s",
+    "scan_wait_p50_ms",
+    "scan_wait_p99_ms",
+    "scan_cache_kept_out",
+)
+"""Scan outputs: the median epoch's figures (AU = emulated compute time / wall time;
+``scan_au_ok`` = AU ≥ ``min_au``), batch waits over all epochs, and whether every epoch read
+the whole dataset from the device (null where the file system does not count block reads)."""
+
+MATERIALIZE_STAGES = ("read", "transform", "write", "fsync")
+"""The timed stages of building a cache, like a checkpoint's."""
+
+MATERIALIZE_OUTPUTS = (
+    "materialize_total_s",
+    *(f"materialize_{s}_s" for s in MATERIALIZE_STAGES),
+    "materialize_write_mbps",
+    "materialize_output_bytes",
+)
+"""Materialize outputs: total and per-stage seconds, output MB/s (written bytes / write +
+fsync time) and bytes."""
+
+WORKSPACE_OPERATIONS = ("save", "list", "reopen")
+"""A notebook workspace's operations: save (write, fsync, rename into place, directory
+fsync), list (walk and stat the tree, as ``git status``), reopen (read a file back)."""
+
+WORKSPACE_OUTPUTS = tuple(
+    f"workspace_{op}_{q}_ms" for op in WORKSPACE_OPERATIONS for q in ("p50", "p99", "max")
+)
+"""Workspace outputs: latency percentiles per operation, in milliseconds."""
+
+DATA_WORKLOAD_OUTPUTS = {
+    "scan": DATASET_OUTPUTS + SCAN_OUTPUTS,
+    "materialize": DATASET_OUTPUTS + MATERIALIZE_OUTPUTS,
+    "workspace": WORKSPACE_OUTPUTS,
+}
+"""Every output each data workload logs (the component declares their union)."""

@@ -801,3 +801,15 @@ def test_classes_may_come_from_several_files_but_never_twice(tmp_path):
     twice.write_text(yaml.safe_dump(spec))
     with pytest.raises(ProfilesFileError, match="non-empty list"):
         load_sandbox_profiles(twice, tmp_path)
+
+
+def test_demo_params_of_a_data_workload(tmp_path):
+    # demo --workload scan: the real pipeline's inputs, the data workload and its small sizes.
+    from sandbox.orchestration import DATA_DEMO_PARAMS, DEFAULT_PIPELINE
+
+    profiles = write_profiles(tmp_path, tmp_path / "shm")
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles))
+    values = demo_params(sb, DEFAULT_PIPELINE, {"dataset_size": "8MiB"}, workload="scan")
+    assert values["workload"] == "scan" and values["dataset_size"] == "8MiB"
+    assert values["min_au"] == DATA_DEMO_PARAMS["min_au"]
+    assert "workload" not in demo_params(sb, DEFAULT_PIPELINE, {})
