@@ -43,6 +43,8 @@ class Shift:
         n_x: Size of ``x``.
         n_y: Size of ``y``.
         method: How the interval was made, for the reader.
+        asked: The confidence asked for, which the report names (``confidence`` may be
+            above it; a range of the differences between few runs may be below it).
     """
 
     estimate: float
@@ -52,6 +54,7 @@ class Shift:
     n_x: int
     n_y: int
     method: str
+    asked: float | None = None
 
     @property
     def has_interval(self) -> bool:
@@ -128,7 +131,7 @@ def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float = 0
         return Shift(estimate, None, None, None, len(x), len(y), "too few values for the interval")
     k, achieved = found
     method = "exact rank interval" if len(x) * len(y) <= EXACT_PAIRS else "normal approximation"
-    return Shift(estimate, diffs[k - 1], diffs[-k], achieved, len(x), len(y), method)
+    return Shift(estimate, diffs[k - 1], diffs[-k], achieved, len(x), len(y), method, confidence)
 
 
 def pairwise_range(x: Sequence[float], y: Sequence[float]) -> Shift:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from checkpoint_compare.config import Sources
 from checkpoint_compare.errors import BadInput, RunsMissing, SourceUnavailable
 from checkpoint_compare.records import (
+    SUMMARY_UUID_PREFIX,
     RunKind,
     RunRecord,
     parse_metric_events,
@@ -203,7 +204,7 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(
         RunRecord(
-            uuid=f"summary:{path.name}",
+            uuid=f"{SUMMARY_UUID_PREFIX}{path.name}",
             name=path.stem,
             status="succeeded",
             inputs=inputs,
