@@ -165,6 +165,9 @@ class Comparison:
             same model.
         drift: The baseline's drift, when the pipeline returned to it.
         notes: Plain-language observations (dominating stage, loss mismatch, ...).
+        restore: The difference in the time to load and verify the newest checkpoint, one
+            figure per run, judged like the pause; None unless both profiles measured it.
+            It informs; the verdict stays on the whole run.
     """
 
     baseline: ProfileFigures
@@ -177,6 +180,7 @@ class Comparison:
     loss_unknown: bool = False
     drift: Drift | None = None
     notes: list[str] = field(default_factory=list)
+    restore: Difference | None = None
 
     @property
     def pause_delta_s(self) -> float:
@@ -264,6 +268,22 @@ def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> S
     )  # fmt: skip
 
 
+def _restore_difference(
+    base: ProfileFigures, cand: ProfileFigures, t: Thresholds
+) -> Difference | None:
+    x, y = cand.restores, base.restores
+    if not x or not y:
+        return None
+    shift = hodges_lehmann(x, y, t.confidence)
+    if not shift.has_interval:
+        shift = replace(
+            shift,
+            method=f"too few restores for a {t.confidence:.0%} interval ({len(y)} and "
+            f"{len(x)}, one per run; a rank interval at 95 % needs e.g. 4 and 4 runs)",
+        )
+    return Difference.judge(shift, t.practical_floor_s, "restore")
+
+
 def compare(
     baseline: ProfileFigures,
     candidate: ProfileFigures,
@@ -295,6 +315,7 @@ def compare(
         loss_differs=loss_differs,
         loss_unknown=loss_delta is None,
         drift=drift,
+        restore=_restore_difference(baseline, candidate, t),
     )
     result.notes = _drift_notes(result) + _notes(result)
     return result

@@ -114,6 +114,19 @@ def _rank_k(n: int, m: int, confidence: float) -> tuple[int, float] | None:
     return k, 1 - 2 * tail
 
 
+def values_for_interval(confidence: float = 0.95) -> int:
+    """The fewest values per sample (two samples of one size) for which the rank interval
+    reaches ``confidence``: what a run needs to make for its pauses to be compared.
+
+    >>> values_for_interval(0.95), values_for_interval(0.99)
+    (4, 5)
+    """
+    n = 1
+    while _rank_k(n, n, confidence) is None:
+        n += 1
+    return n
+
+
 def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Shift:
     """The shift of ``x`` over ``y`` and its rank-based confidence interval.
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from checkpoint_compare.comparison import Difference
-from checkpoint_compare.formatting import seconds
 from checkpoint_compare.report_tables import (
     column_names,
     comparison_lines,
@@ -223,17 +222,16 @@ def _interval_panel(
         out.append(
             f"<line x1='{tx:.1f}' y1='{bottom}' x2='{tx:.1f}' y2='{bottom + 5}' stroke='#333'/>"
             f"<text class='tick' x='{tx:.1f}' y='{bottom + 17}' font-size='11' "
-            f"text-anchor='middle'>{esc(seconds(tick, signed=tick != 0))}</text>"
+            f"text-anchor='middle'>{'0' if tick == 0 else f'{tick:+g}'}</text>"
         )
     out.append(
-        f"<text x='{_LABEL_W + width}' y='{bottom + 31}' font-size='11' text-anchor='end'>"
-        f"{unit}</text></g>"
+        f"<text x='{_LABEL_W + width + 4}' y='{bottom + 17}' font-size='11'>{unit}</text></g>"
     )
     out.append(
         f"<line class='zero' x1='{x(0):.1f}' y1='{_PAD}' x2='{x(0):.1f}' y2='{bottom}' "
         "stroke='#333' stroke-dasharray='3,3'/>"
-        f"<text class='zero-label' x='{x(0) + 4:.1f}' y='{_PAD + 10}' font-size='11' "
-        "fill='#333'>0 = same as the baseline</text>"
+        f"<text class='zero-label' x='{x(0):.1f}' y='{bottom + 31}' font-size='11' "
+        "text-anchor='middle' fill='#333'>0 = same as the baseline</text>"
     )
     for i, (name, diff, colour) in enumerate(rows):
         y = _PAD + _ROW_H * i + _ROW_H / 2
@@ -268,9 +266,10 @@ def intervals_svg(verdict: Verdict) -> str:
 
     def rows(
         measure: Callable[[Candidate], Difference | None],
+        colour: Callable[[Candidate], str] = interval_colour,
     ) -> list[tuple[str, Difference, str]]:
         return [
-            (c.comparison.candidate.profile, diff, interval_colour(c))
+            (c.comparison.candidate.profile, diff, colour(c))
             for c in verdict.candidates
             if (diff := measure(c)) is not None
         ]
@@ -283,6 +282,9 @@ def intervals_svg(verdict: Verdict) -> str:
         ),
         _interval_panel("Whole run", rows(lambda c: c.comparison.runtime), "s", "runtime"),
     ]  # fmt: skip
+    # The restore informs and does not decide the verdict: never a verdict colour.
+    if restore := rows(lambda c: c.comparison.restore, lambda c: GREY):
+        panels.append(_interval_panel("Restore of the newest checkpoint", restore, "s", "restore"))
     return "<div id='plot-intervals'>" + "".join(panels) + "</div>"
 
 

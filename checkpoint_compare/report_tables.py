@@ -4,6 +4,7 @@ one place."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,21 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
             else []
         ),
         row("upload GB/s (median)", lambda s: _f(s.upload_gbps_median)),
+        *(
+            [
+                row(
+                    "restore s (median; per run: when)",
+                    lambda s: (
+                        _f(statistics.median(s.restores)) + f" ({_restore_when(s)})"
+                        if s.restores
+                        else "– (not measured)"
+                    ),
+                ),
+                row("restore GB/s (median)", lambda s: _f(s.restore_gbps_median)),
+            ]
+            if any(s.restores for s in profiles)
+            else []
+        ),
         row("total runtime s (median)", lambda s: _f(s.runtime_s)),
         row(
             "runtime between runs s",
@@ -162,6 +178,10 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
     return result
 
 
+def _restore_when(s: ProfileFigures) -> str:
+    return ", ".join(r.restore_measured or "?" for r in s.per_run if r.restore_s is not None)
+
+
 def _claim(s: ProfileFigures) -> str:
     if not s.hook:
         return "– (no hook run)"
@@ -208,6 +228,12 @@ def comparison_lines(verdict: Verdict) -> list[str]:
             f"  whole run {interval(c.runtime.shift, say_why=False)} ({c.runtime.shift.method}): "
             f"{_counts(c.runtime)}"
         )
+        if c.restore is not None:
+            lines.append(
+                f"  restore of the newest checkpoint {interval(c.restore.shift, say_why=False)}: "
+                f"{_counts(c.restore) if c.restore.shift.has_interval else 'does not count'}"
+                + ("" if c.restore.shift.has_interval else f" ({c.restore.shift.method})")
+            )
         stages = ", ".join(
             f"{s} {seconds(d, signed=True)} s" for s, d in c.stage_deltas.items() if s != "pause"
         )

@@ -36,6 +36,8 @@ from checkpoint_storage_bench.contract import (
     IMAGE_INPUT,
     LOSS_METRIC,
     PROVENANCE_KEYS,
+    RUN_FINISHED_AT,
+    RUN_STARTED_AT,
     SUMMARY_SCHEMA,
 )
 from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
@@ -210,6 +212,9 @@ def load_summary(profile: str, path: Path) -> RunRecord:
             inputs=inputs,
             outputs=outputs,
             metrics=metrics,
+            # When it ran (trainers since the summary recorded it): orders profiles by time.
+            started_at=parse_time(data.get(RUN_STARTED_AT)),
+            finished_at=parse_time(data.get(RUN_FINISHED_AT)),
             source=str(path),
             meta={k: v for k, v in meta.items() if v is not None},
         )

@@ -209,8 +209,9 @@ def build_verdict(
     if baseline is None and untimed:
         # Without start times "the first profile run" is only the order of the arguments.
         raise BadInput(
-            f"the runs of {', '.join(untimed)} have no start time (e.g. summary files), so "
-            "which profile ran first is unknown: give --baseline PROFILE"
+            f"the runs of {', '.join(untimed)} have no start time (e.g. summary files of a "
+            "trainer that did not record started_at), so which profile ran first is unknown: "
+            "give --baseline PROFILE"
         )
     baseline = baseline or names[0]
     if baseline not in names:

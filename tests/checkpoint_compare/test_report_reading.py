@@ -158,3 +158,52 @@ def test_colours_of_a_win_are_green(runs_root: Path) -> None:
     assert code == 0, output
     assert f"VERDICT: {FAST}" in output
     assert _fills(html) == {"pause": "#1a7f37", "runtime": "#1a7f37"}
+
+
+def _summary(tmp_path: Path, profile: str, pauses: list[float], **keys: object) -> list[str]:
+    path = tmp_path / f"{profile}.json"
+    path.write_text(json.dumps(summary_json(profile, pauses, 100.0) | keys))
+    return ["--summary", f"{profile}={path}"]
+
+
+def test_summaries_that_know_when_they_ran_need_no_baseline(tmp_path: Path) -> None:
+    # Given candidate first: the times, not the order of the arguments, pick the baseline.
+    args = _summary(
+        tmp_path, FAST, [1.0, 1.1, 0.9, 1.0, 1.05],
+        started_at="2026-12-01T10:05:00Z", finished_at="2026-12-01T10:06:40Z",
+    ) + _summary(
+        tmp_path, BASE, [2.0, 2.1, 1.9, 2.0, 2.05],
+        started_at="2026-12-01T10:00:00Z", finished_at="2026-12-01T10:01:40Z",
+    )  # fmt: skip
+    result = CliRunner().invoke(main, [*args, "--no-track"])
+    assert result.exit_code == 0, result.output
+    assert f"{BASE} (baseline)" in result.output
+    assert "measured from" in result.output and "2026-12-01 10:00:00 UTC" in result.output
+    # Without times they still need --baseline.
+    older = _summary(tmp_path, FAST, [1.0, 1.1, 0.9]) + _summary(tmp_path, BASE, [2.0, 2.1, 1.9])
+    result = CliRunner().invoke(main, [*older, "--no-track"])
+    assert result.exit_code == 2 and "give --baseline PROFILE" in result.output
+
+
+def test_restore_times_are_compared_like_the_pause(runs_root: Path) -> None:
+    for runtime in (100.0, 100.5, 99.5, 100.2):
+        write_training_run(
+            BASE, [2.0, 2.1, 1.9, 2.0], runtime_s=runtime,
+            outputs={"restore_s": 3.0 + runtime / 1000, "restore_bytes": 48 * 2**20,
+                     "restore_gbps": 0.017, "restore_measured": "end"},
+        )  # fmt: skip
+    for runtime in (99.0, 99.5, 98.5, 99.2):
+        write_training_run(
+            FAST, [1.9, 2.0, 1.8, 1.9], runtime_s=runtime,
+            outputs={"restore_s": 1.0 + runtime / 1000, "restore_bytes": 48 * 2**20,
+                     "restore_gbps": 0.05, "restore_measured": "end"},
+        )  # fmt: skip
+    out = runs_root.parent / "report.json"
+    code, output, html = run_cli(runs_root, "--json", str(out))
+    assert code == 0, output
+    restore = json.loads(out.read_text())["comparisons"][0]["restore"]
+    assert restore["counts"] and abs(restore["estimate"] + 2.001) < 1e-9
+    assert restore["low"] <= restore["estimate"] <= restore["high"] < 0
+    assert "restore s (median; per run: when)" in output
+    assert "restore of the newest checkpoint -2.00 s [" in output
+    assert re.search(r"<svg [^>]*data-panel='restore'", html.read_text())
