@@ -42,7 +42,7 @@ def plots_available() -> bool:
     return True
 
 
-_STACKED = ("serialize", "write", "fsync", "upload")
+_STACKED = ("serialize", "write", "fsync", "checksum", "upload")
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 72em; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }

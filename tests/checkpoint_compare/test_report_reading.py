@@ -207,3 +207,17 @@ def test_restore_times_are_compared_like_the_pause(runs_root: Path) -> None:
     assert "restore s (median; per run: when)" in output
     assert "restore of the newest checkpoint -2.00 s [" in output
     assert re.search(r"<svg [^>]*data-panel='restore'", html.read_text())
+
+
+def test_the_read_back_of_a_library_format_is_a_stage_of_the_table(runs_root: Path) -> None:
+    pauses = [2.0, 2.1, 1.9, 2.0, 2.05]
+    for profile in (BASE, FAST):
+        write_training_run(
+            profile, pauses, runtime_s=100.0, checkpoint_format="safetensors",
+            per_checkpoint={"ckpt_checksum_s": [0.25] * len(pauses)},
+        )  # fmt: skip
+    code, output, html = run_cli(runs_root)
+    assert code == 0, output
+    row = next(line for line in output.splitlines() if line.startswith("checksum median s"))
+    assert row.split()[3:] == ["0.250", "0.250"], row
+    assert "safetensors sync fsync" in output
