@@ -347,7 +347,7 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
         else None,
         restore_s=_num(run.outputs.get(RESTORE_OUTPUTS[0])),
         restore_gbps=_num(run.outputs.get(RESTORE_OUTPUTS[2])),
-        restore_measured=run.outputs.get(RESTORE_MEASURED),
+        restore_measured=run.meta.get(RESTORE_MEASURED),
     )
 
 

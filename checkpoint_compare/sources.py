@@ -36,6 +36,7 @@ from checkpoint_storage_bench.contract import (
     IMAGE_INPUT,
     LOSS_METRIC,
     PROVENANCE_KEYS,
+    RESTORE_MEASURED,
     RUN_FINISHED_AT,
     RUN_STARTED_AT,
     SUMMARY_SCHEMA,
@@ -202,6 +203,8 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         "code_revision": data.get("code_revision"),
         "image_digest": inputs.get("image_digest"),
     } | {k: provenance[k] for k in PROVENANCE_KEYS if k in provenance and k != IMAGE_INPUT}
+    if isinstance(data.get(RESTORE_MEASURED), str):
+        meta[RESTORE_MEASURED] = data[RESTORE_MEASURED]
     if provenance.get(IMAGE_INPUT):
         inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(

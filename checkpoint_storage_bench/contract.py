@@ -43,7 +43,7 @@ files read back, every checksum checked, the state built), its bytes and GB/s; a
 (summary: null) when no restore was measured."""
 
 RESTORE_MEASURED = "restore_measured"
-"""Summary key and trainer output: when the restore was measured: ``resume`` (the run
+"""Summary key and run meta (outputs are numbers): when the restore was measured: ``resume`` (the run
 continued from a checkpoint) or ``end`` (``--restore-check``: the newest checkpoint loaded
 back once training ended)."""
 
@@ -126,12 +126,7 @@ RESUMED_FROM_STEP = "resumed_from_step"
 summary null: it started at step 0). A resumed run's timings cover only part of the run."""
 
 TRAINING_OUTPUTS = (
-    RUN_OUTPUTS
-    + STAGE_OUTPUTS
-    + (RESUMED_FROM_STEP,)
-    + DISTRIBUTED_OUTPUTS
-    + RESTORE_OUTPUTS
-    + (RESTORE_MEASURED,)
+    RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP,) + DISTRIBUTED_OUTPUTS + RESTORE_OUTPUTS
 )
 """Every output the training job logs, hence every output its component declares."""
 

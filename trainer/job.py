@@ -9,6 +9,7 @@ from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
+    RESTORE_MEASURED,
 )
 from checkpoint_storage_bench.tracking import Tracker, tracked_run
 from checkpoint_storage_bench.units import significant
@@ -114,6 +115,8 @@ def run_job(cfg: TrainConfig) -> None:
         data["code_revision"] = prov["code_revision"]
         data["polyaxon_run_uuid"] = tracker.run_uuid
         tracker.log_outputs(**summary.outputs())
+        if summary.restore is not None:
+            tracker.log_meta(**{RESTORE_MEASURED: summary.restore.measured})
         tracker.log_progress(1.0)
         if cfg.summary_json is not None:
             write_json_atomic(cfg.summary_json, data)

@@ -17,6 +17,7 @@ from typing import Any
 
 from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
+    RESTORE_MEASURED,
     RESUMED_FROM_STEP,
     RUN_FINISHED_AT,
     RUN_OUTPUTS,
@@ -94,10 +95,10 @@ class RunSummary:
             "loss_curve": [[s, v] for s, v in self.loss_curve],
         }
 
-    def outputs(self) -> dict[str, float | int | str | None]:
+    def outputs(self) -> dict[str, float | int | None]:
         """The scalar outputs that become Polyaxon comparison-view columns (None: untold)."""
         data = self.to_json()
-        out: dict[str, float | int | str | None] = {key: data[key] for key in RUN_OUTPUTS}
+        out: dict[str, float | int | None] = {key: data[key] for key in RUN_OUTPUTS}
         for stage, stats in data["stages"].items():
             out[f"ckpt_{stage}_median"] = stats["median"]
         if "pause_s" in data["stages"]:
@@ -113,7 +114,12 @@ class RunSummary:
             values = [v for r in self.checkpoints if (v := getattr(r, name, None)) is not None]
             if values:
                 out[f"ckpt_{name}_median"] = statistics.median(values)
-        out |= {k: v for k, v in restore_keys(self.restore).items() if v is not None}
+        # Outputs are numbers (comparison-view columns); when it was measured is run meta.
+        out |= {
+            k: v
+            for k, v in restore_keys(self.restore).items()
+            if v is not None and k != RESTORE_MEASURED
+        }
         # A column shows what a figure can tell, not float noise (1.6497099000000617 s).
         out = {k: significant(v) if isinstance(v, float) else v for k, v in out.items()}
         out[RESUMED_FROM_STEP] = self.resumed_from or 0  # 0: started at step 0

@@ -190,13 +190,13 @@ def test_restore_times_are_compared_like_the_pause(runs_root: Path) -> None:
         write_training_run(
             BASE, [2.0, 2.1, 1.9, 2.0], runtime_s=runtime,
             outputs={"restore_s": 3.0 + runtime / 1000, "restore_bytes": 48 * 2**20,
-                     "restore_gbps": 0.017, "restore_measured": "end"},
+                     "restore_gbps": 0.017}, meta={"restore_measured": "end"},
         )  # fmt: skip
     for runtime in (99.0, 99.5, 98.5, 99.2):
         write_training_run(
             FAST, [1.9, 2.0, 1.8, 1.9], runtime_s=runtime,
             outputs={"restore_s": 1.0 + runtime / 1000, "restore_bytes": 48 * 2**20,
-                     "restore_gbps": 0.05, "restore_measured": "end"},
+                     "restore_gbps": 0.05}, meta={"restore_measured": "end"},
         )  # fmt: skip
     out = runs_root.parent / "report.json"
     code, output, html = run_cli(runs_root, "--json", str(out))
@@ -204,7 +204,7 @@ def test_restore_times_are_compared_like_the_pause(runs_root: Path) -> None:
     restore = json.loads(out.read_text())["comparisons"][0]["restore"]
     assert restore["counts"] and abs(restore["estimate"] + 2.001) < 1e-9
     assert restore["low"] <= restore["estimate"] <= restore["high"] < 0
-    assert "restore s (median; per run: when)" in output
+    assert "restore s (median; per run: when)" in output and "(end, end, end, end)" in output
     assert "restore of the newest checkpoint -2.00 s [" in output
     assert re.search(r"<svg [^>]*data-panel='restore'", html.read_text())
 
