@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from checkpoint_compare.config import Sources
 from checkpoint_compare.errors import BadInput, RunsMissing, SourceUnavailable
 from checkpoint_compare.records import (
+    SUMMARY_UUID_PREFIX,
     RunKind,
     RunRecord,
     parse_metric_events,
@@ -37,6 +38,9 @@ from checkpoint_storage_bench.contract import (
     IMAGE_INPUT,
     LOSS_METRIC,
     PROVENANCE_KEYS,
+    RESTORE_MEASURED,
+    RUN_FINISHED_AT,
+    RUN_STARTED_AT,
     SUMMARY_SCHEMA,
 )
 from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
@@ -205,17 +209,22 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         "code_revision": data.get("code_revision"),
         "image_digest": inputs.get("image_digest"),
     } | {k: provenance[k] for k in PROVENANCE_KEYS if k in provenance and k != IMAGE_INPUT}
+    if isinstance(data.get(RESTORE_MEASURED), str):
+        meta[RESTORE_MEASURED] = data[RESTORE_MEASURED]
     if provenance.get(IMAGE_INPUT):
         inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(
         RunRecord(
             # The path, not the file name: repeats may be summary.json in two directories.
-            uuid=f"summary:{path}",
+            uuid=f"{SUMMARY_UUID_PREFIX}{path}",
             name=path.stem,
             status="succeeded",
             inputs=inputs,
             outputs=outputs,
             metrics=metrics,
+            # When it ran (trainers since the summary recorded it): orders profiles by time.
+            started_at=parse_time(data.get(RUN_STARTED_AT)),
+            finished_at=parse_time(data.get(RUN_FINISHED_AT)),
             source=str(path),
             meta={k: v for k, v in meta.items() if v is not None},
         )

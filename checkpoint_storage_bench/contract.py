@@ -18,8 +18,30 @@ from datetime import UTC, datetime, timedelta
 SUMMARY_SCHEMA = "checkpoint-training/1"
 """The ``schema`` of the trainer's ``--summary-json``."""
 
-STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
-"""The stages of one checkpoint's timeline, in order (docs/contracts.md, README)."""
+STAGES = ("serialize", "write", "fsync", "checksum", "upload", "pause", "total")
+"""The stages of one checkpoint's timeline, in order (docs/contracts.md, README).
+``checksum`` is the read-back of a file a library wrote (torch, dcp, safetensors), to
+checksum it; the raw writer checksums while writing, so it has none."""
+
+CHECKPOINT_DIR_PATTERN = r"step-\d{8}"
+"""The name of a published checkpoint directory (``step-NNNNNNNN``, 8 digits): what a
+trainer must refuse to write over, checked before torch is imported."""
+
+RUN_STARTED_AT = "started_at"
+RUN_FINISHED_AT = "finished_at"
+"""Summary keys: when the training job started and ended (ISO 8601 UTC to the second,
+``2026-12-01T23:41:29Z``), so the verdict orders summary files by time as it orders
+tracked runs."""
+
+RESTORE_OUTPUTS = ("restore_s", "restore_bytes", "restore_gbps")
+"""Trainer outputs and summary keys: seconds to load and verify the newest checkpoint (its
+files read back, every checksum checked, the state built), its bytes and GB/s; absent
+(summary: null) when no restore was measured."""
+
+RESTORE_MEASURED = "restore_measured"
+"""Summary key and run meta (outputs are numbers): when the restore was measured: ``resume`` (the run
+continued from a checkpoint) or ``end`` (``--restore-check``: the newest checkpoint loaded
+back once training ended)."""
 
 CHECKPOINT_METRICS = {f"{s}_s": f"ckpt_{s}_s" for s in STAGES} | {
     "bytes": "ckpt_bytes",
@@ -112,7 +134,11 @@ records (outputs, per-checkpoint metrics, summary figures: seconds, bytes, rates
 counts, steps) is >= 0, and ``runtime_s`` > 0: a run that took no time measured nothing."""
 
 TRAINING_OUTPUTS = (
-    RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP, DIVERGED_AT_STEP) + DISTRIBUTED_OUTPUTS
+    RUN_OUTPUTS
+    + STAGE_OUTPUTS
+    + (RESUMED_FROM_STEP, DIVERGED_AT_STEP)
+    + DISTRIBUTED_OUTPUTS
+    + RESTORE_OUTPUTS
 )
 """Every output the training job logs, hence every output its component declares."""
 

@@ -25,6 +25,7 @@ from trainer.errors import CheckpointCorruptError, CheckpointDirError, ConfigErr
 from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
 from trainer.progress import PROGRESS_EVERY_S, StepProgress
 from trainer.provenance import image_ref, run_uuid
+from trainer.restore import RestoreFigure, check_restore, restore_figure
 from trainer.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,7 @@ def train(
     start = 0
     check_resume_mode(cfg, store.list_checkpoints(cfg.checkpoint_dir))
     resumed = None
+    restore_started = time.monotonic()
     if cfg.resume != "never" and ranks:
         resumed = sharded.restore(
             cfg.checkpoint_dir,
@@ -207,6 +209,9 @@ def train(
         )
     elif cfg.resume != "never":
         resumed = restore_latest(cfg, fs, model, opt, say)
+    restore = restore_figure(
+        cfg.checkpoint_dir, resumed, time.monotonic() - restore_started, "resume"
+    )
     if cfg.resume != "never":
         if resumed is None:
             say("resume: no complete checkpoint found; starting from step 0")
@@ -226,6 +231,7 @@ def train(
             checkpoints=[],
             resumed_from=start or None,
             world_size=ranks.world_size if ranks else 1,
+            restore=restore,
         )
     if cfg.durability == "none":
         say(
@@ -320,6 +326,8 @@ def train(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     runtime = time.monotonic() - t_start
+    if cfg.restore_check:
+        restore = end_of_run_restore(cfg, fs, model, opt, ranks, say) or restore
     if ranks:
         ranks.close()
     return RunSummary(
@@ -333,6 +341,25 @@ def train(
         loss_curve=curve,
         resumed_from=start or None,
         world_size=ranks.world_size if ranks else 1,
+        restore=restore,
+    )
+
+
+def end_of_run_restore(
+    cfg: TrainConfig,
+    fs: LocalFS,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    ranks: distributed.Ranks | None,
+    say: Callable[[str], None],
+) -> RestoreFigure | None:
+    """``--restore-check``: load the newest checkpoint back into the model, timed. The
+    training is over, so replacing its state (and RNG) changes nothing it reports."""
+    if ranks:
+        say("--restore-check: measured for one process only; not under torchrun")
+        return None
+    return check_restore(
+        lambda: restore_latest(cfg, fs, model, opt, lambda _: None), cfg.checkpoint_dir, say
     )
 
 

@@ -274,7 +274,7 @@ def test_the_markdown_report_is_the_runs_readme(runs_root: Path, pricing_file, t
     assert result.exit_code == 0, result.output
     text = md.read_text()
     assert f"**Verdict: {FAST}**" in text and f"**Recommended: {FAST}**" in text
-    assert re.search(r"\| pause vs baseline, 95% interval \| – \| -1\.000 s \[", text)
+    assert re.search(r"\| pause vs baseline, 95% interval \| – \| -1\.00 s \[", text)
     compare_runs = [
         json.loads(p.read_text())
         for p in (runs_root / "runs").glob("*/run.plx.json")
