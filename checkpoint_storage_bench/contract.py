@@ -71,7 +71,7 @@ STAGE_OUTPUTS = tuple(f"ckpt_{s}_s_median" for s in STAGES) + (
 )
 """Outputs summarizing the per-checkpoint figures (comparison-view columns)."""
 
-# Many ranks under torchrun (issue 16): every rank writes its shard, rank 0 commits.
+# Many ranks under torchrun: every rank writes its shard, rank 0 commits.
 
 PARALLEL_MODES = ("none", "ddp", "fsdp")
 """``--parallel``: one process; DDP (replicated model, the checkpoint split across ranks);
