@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
 from checkpoint_compare.formatting import seconds
 from checkpoint_compare.intervals import Shift, hodges_lehmann, pairwise_range
-from checkpoint_storage_bench.contract import STAGES
+from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
 
 
 class Outcome(enum.Enum):
@@ -61,7 +61,7 @@ class Thresholds:
     runtime_floor: float = 0.02
     practical_floor_s: float = 0.01
     loss_tolerance: float = 1e-3
-    confidence: float = 0.95
+    confidence: float = VERDICT_CONFIDENCE
     warmup: int = DEFAULT_WARMUP
 
     def __post_init__(self) -> None:

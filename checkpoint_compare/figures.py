@@ -30,10 +30,11 @@ from checkpoint_storage_bench.contract import (
     RESTORE_OUTPUTS,
     STAGES,
     VAC_PARAMETER_PREFIX,
+    VERDICT_WARMUP,
     WORLD_SIZE,
 )
 
-DEFAULT_WARMUP = 1
+DEFAULT_WARMUP = VERDICT_WARMUP
 """Checkpoints at the start of each run reported as warm-up and left out of the comparison."""
 
 

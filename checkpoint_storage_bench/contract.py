@@ -223,6 +223,17 @@ FIO_METRIC = re.compile(r"^fio[.-](?P<case>.+)[.-](?P<measure>bw_mbps|iops|lat_p
 
 # --------------------------------------------------------------------------- verdict
 
+VERDICT_CONFIDENCE = 0.95
+"""The confidence of the verdict's intervals unless asked otherwise (``--confidence``)."""
+
+VERDICT_WARMUP = 1
+"""Checkpoints at the start of each run the verdict reports as warm-up and leaves out."""
+
+MIN_MEASURED_CHECKPOINTS = 4
+"""The fewest measured checkpoints per profile (one run each) for which a rank interval of
+the pause difference reaches :data:`VERDICT_CONFIDENCE`: what the trainer warns about at
+start (the verdict's interval code computes it; a test holds the two equal)."""
+
 VERDICT_OUTPUT = "verdict"
 RECOMMENDED_PROFILE_OUTPUT = "recommended_profile"
 VERDICT_OUTPUTS = (

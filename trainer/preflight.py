@@ -8,10 +8,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from checkpoint_compare.comparison import Thresholds
-from checkpoint_compare.figures import DEFAULT_WARMUP
-from checkpoint_compare.intervals import values_for_interval
-from checkpoint_storage_bench.contract import CHECKPOINT_DIR_PATTERN
+from checkpoint_storage_bench.contract import (
+    CHECKPOINT_DIR_PATTERN,
+    MIN_MEASURED_CHECKPOINTS,
+    VERDICT_CONFIDENCE,
+    VERDICT_WARMUP,
+)
 from trainer.config import TrainConfig
 from trainer.errors import CheckpointDirError
 
@@ -51,15 +53,14 @@ def few_checkpoints_warning(cfg: TrainConfig) -> str | None:
     (the verdict leaves the first out as warm-up) than a rank interval of the pause
     difference needs at the verdict's default confidence, with one run per profile."""
     made = cfg.steps // cfg.checkpoint_every
-    confidence = Thresholds().confidence
-    need = values_for_interval(confidence)
-    measured = max(0, made - DEFAULT_WARMUP)
+    need = MIN_MEASURED_CHECKPOINTS
+    measured = max(0, made - VERDICT_WARMUP)
     if measured >= need:
         return None
-    steps = (need + DEFAULT_WARMUP) * cfg.checkpoint_every
+    steps = (need + VERDICT_WARMUP) * cfg.checkpoint_every
     return (
         f"warning: --steps {cfg.steps} with --checkpoint-every {cfg.checkpoint_every} makes "
-        f"{made} checkpoint(s), {measured} after the {DEFAULT_WARMUP} warm-up one(s) the "
-        f"verdict leaves out; a {confidence:.0%} interval of the pause difference needs at "
+        f"{made} checkpoint(s), {measured} after the {VERDICT_WARMUP} warm-up one(s) the "
+        f"verdict leaves out; a {VERDICT_CONFIDENCE:.0%} interval of the pause difference needs at "
         f"least {need} per profile (one run each): e.g. --steps {steps}, or more runs"
     )

@@ -18,10 +18,13 @@ from checkpoint_compare.intervals import (
     mann_whitney_counts,
     median_upper_bound,
     pairwise_range,
+    values_for_interval,
 )
 from checkpoint_storage_bench.contract import (
     LEGACY_PROFILE_OUTPUTS,
+    MIN_MEASURED_CHECKPOINTS,
     PROFILE_FIGURES,
+    VERDICT_CONFIDENCE,
     VERDICT_OUTPUTS,
     profile_output,
 )
@@ -333,3 +336,9 @@ def test_one_sided_repeats_widen_the_single_run_interval(runs_root: Path, pricin
     runtime = comparison(report, FAST)["runtime"]
     assert (runtime["low"], runtime["high"]) == (-12.0, 0.0)  # −6 ± 6
     assert "between-run spread" in runtime["method"] and runtime["counts"] is False
+
+
+def test_the_trainers_checkpoint_count_is_what_the_interval_needs() -> None:
+    # The trainer warns below MIN_MEASURED_CHECKPOINTS without importing the verdict.
+    assert values_for_interval(VERDICT_CONFIDENCE) == MIN_MEASURED_CHECKPOINTS
+    assert values_for_interval(VERDICT_CONFIDENCE) > values_for_interval(VERDICT_CONFIDENCE - 0.2)
