@@ -332,7 +332,7 @@ def test_wrong_typed_shard_entries_are_corrupt(tmp_path, changes):
     step_dir = sharded_checkpoint(tmp_path, 2, **changes)
     (entry,) = store.read_manifest(step_dir)["files"]
     with pytest.raises(CheckpointCorruptError, match="step-00000002"):
-        sharded.verify_shard(LocalFS(), step_dir, entry, "crc32", AlignedBuffer())
+        store.verify_file(LocalFS(), step_dir, entry, "crc32", AlignedBuffer())
 
 
 @pytest.mark.parametrize(
