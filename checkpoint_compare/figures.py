@@ -26,6 +26,8 @@ from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
     LOSS_METRIC,
+    RESTORE_MEASURED,
+    RESTORE_OUTPUTS,
     STAGES,
     VAC_PARAMETER_PREFIX,
     WORLD_SIZE,
@@ -83,6 +85,9 @@ class RunFigures:
         world_size: Ranks that wrote each checkpoint (None: a single process).
         slowest_rank: Whether the pauses are the slowest rank's (a distributed run).
         resumed_from_step: The step a resumed run continued from (None: uninterrupted).
+        restore_s: Seconds to load and verify the newest checkpoint (None: not measured).
+        restore_gbps: Its rate.
+        restore_measured: ``resume`` or ``end`` (``--restore-check``).
     """
 
     run: RunRecord
@@ -101,6 +106,9 @@ class RunFigures:
     world_size: int | None = None
     slowest_rank: bool = False
     resumed_from_step: int | None = None
+    restore_s: float | None = None
+    restore_gbps: float | None = None
+    restore_measured: str | None = None
 
     @property
     def node(self) -> str | None:
@@ -203,6 +211,15 @@ class ProfileFigures:
     def loss_problem(self) -> str | None:
         problems = [f"run {r.run.label} {r.loss_problem}" for r in self.per_run if r.loss_problem]
         return "; ".join(problems) or None
+
+    @property
+    def restores(self) -> list[float]:
+        """One restore time per run that measured one: compared like the pauses."""
+        return [r.restore_s for r in self.per_run if r.restore_s is not None]
+
+    @property
+    def restore_gbps_median(self) -> float | None:
+        return _median_or_none([r.restore_gbps for r in self.per_run])
 
     @property
     def warmup_median(self) -> float | None:
@@ -348,6 +365,9 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
         or _num(run.outputs.get(f"{DISTRIBUTED_CHECKPOINT_METRICS['slowest_pause_s']}_median"))
         is not None,
         resumed_from_step=run.resumed_from_step,
+        restore_s=_num(run.outputs.get(RESTORE_OUTPUTS[0])),
+        restore_gbps=_num(run.outputs.get(RESTORE_OUTPUTS[2])),
+        restore_measured=run.meta.get(RESTORE_MEASURED),
     )
 
 

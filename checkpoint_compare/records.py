@@ -29,6 +29,9 @@ Series = list[tuple[int, float]]
 # The loss of a run that diverged is NaN or infinite: a result of training, reported as such
 # (the run cannot win), not malformed input. Every other recorded number must be finite
 # (and, in a training run, >= 0: the loss is also the only figure that may be negative).
+SUMMARY_UUID_PREFIX = "summary:"
+"""The uuid of a run read from a summary file: this prefix and the file's path."""
+
 LOSS_KEYS = SIGNED_FIGURES
 
 
@@ -140,7 +143,10 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """A short identification for messages: name and uuid prefix."""
+        """A short identification for messages: name and uuid prefix (a summary file: its
+        file name, which names the run, where a uuid prefix would say only "summary:")."""
+        if self.uuid.startswith(SUMMARY_UUID_PREFIX):
+            return self.uuid.removeprefix(SUMMARY_UUID_PREFIX)
         short = self.uuid[:8]
         return f"{self.name} ({short})" if self.name else short
 

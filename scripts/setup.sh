@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system tools (fio, chromium) when missing and we may install them,
+# Idempotent set-up: system tools (fio, chromium, losetup, mkfs.ext4) when missing and we may install them,
 # then a project venv in .venv with torch first (a local CPU build on our machines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v fio >/dev/null || missing+=(fio)
 command -v chromium >/dev/null || missing+=(chromium)
+# The sandbox's emulated claim is a loop-device volume with ext4 (losetup, mkfs.ext4).
+command -v losetup >/dev/null || missing+=(mount)
+command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${missing[*]} with apt-get" >&2

@@ -160,6 +160,10 @@ class TrainConfig:
     """Record the run with Polyaxon tracking (the current run inside Polyaxon, else an
     offline run)."""
 
+    restore_check: bool = False
+    """At the end of the run, load the newest checkpoint back and verify it, timed as the
+    restore figure (a resumed run measures its restore anyway)."""
+
     # -- many ranks: used only under torchrun with more than one process
     parallel: Parallel = "none"
     """Under torchrun with several processes: ddp (replicated model, the checkpoint split

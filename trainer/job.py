@@ -9,13 +9,14 @@ from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
+    RESTORE_MEASURED,
 )
 from checkpoint_storage_bench.tracking import Tracker, tracked_run
 from checkpoint_storage_bench.units import significant
 from trainer import provenance
 from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
 from trainer.errors import ConfigError
-from trainer.summary import finite_or_null, format_timeline, write_json_atomic
+from trainer.summary import finite_or_null, format_timeline, utc_now, write_json_atomic
 
 UPLOAD_SUBDIR = "checkpoints"
 """Where ``--upload-to run-artifacts`` puts the checkpoints, under the run's outputs."""
@@ -55,6 +56,7 @@ def run_job(cfg: TrainConfig) -> None:
     from trainer.distributed import is_main_process, resolve_device
     from trainer.train import run_inputs, train  # torch: not for --help
 
+    started = utc_now()
     main = is_main_process()
     echo = click.echo if main else lambda *args, **kwargs: None
     # A single process's record has no aggregate: getattr gives None, which is not logged.
@@ -105,6 +107,7 @@ def run_job(cfg: TrainConfig) -> None:
         if not main:
             return  # rank 0 reports for the job
         summary.provenance = prov
+        summary.started_at, summary.finished_at = started, utc_now()
         # Known only once the model is built.
         tracker.log_inputs(
             param_count=summary.inputs["param_count"], device=summary.inputs["device"]
@@ -115,6 +118,8 @@ def run_job(cfg: TrainConfig) -> None:
         data["code_revision"] = prov["code_revision"]
         data["polyaxon_run_uuid"] = tracker.run_uuid
         tracker.log_outputs(**summary.outputs())
+        if summary.restore is not None:
+            tracker.log_meta(**{RESTORE_MEASURED: summary.restore.measured})
         tracker.log_progress(1.0)
         if cfg.summary_json is not None:
             write_json_atomic(cfg.summary_json, data)

@@ -11,20 +11,25 @@ import math
 import os
 import statistics
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
     DIVERGED_AT_STEP,
+    RESTORE_MEASURED,
     RESUMED_FROM_STEP,
+    RUN_FINISHED_AT,
     RUN_OUTPUTS,
+    RUN_STARTED_AT,
     STAGES,
     SUMMARY_SCHEMA,
     WORLD_SIZE,
 )
 from checkpoint_storage_bench.units import significant
 from trainer.ckpt.checkpointer import CheckpointRecord
+from trainer.restore import RestoreFigure, restore_keys
 
 
 @dataclass
@@ -42,6 +47,9 @@ class RunSummary:
     resumed_from: int | None = None
     world_size: int = 1
     provenance: dict[str, Any] = field(default_factory=dict)
+    started_at: str | None = None
+    finished_at: str | None = None
+    restore: RestoreFigure | None = None
 
     @property
     def diverged_at(self) -> int | None:
@@ -80,6 +88,9 @@ class RunSummary:
             DIVERGED_AT_STEP: self.diverged_at,
             WORLD_SIZE: self.world_size,
             "provenance": self.provenance,
+            RUN_STARTED_AT: self.started_at,
+            RUN_FINISHED_AT: self.finished_at,
+            **restore_keys(self.restore),
             "checkpoint_count": len(self.checkpoints),
             "checkpoint_bytes": self.checkpoints[-1].bytes if self.checkpoints else 0,
             "ckpt_time_s_total": sum(r.total_s for r in self.checkpoints),
@@ -111,6 +122,12 @@ class RunSummary:
             values = [v for r in self.checkpoints if (v := getattr(r, name, None)) is not None]
             if values:
                 out[f"ckpt_{name}_median"] = statistics.median(values)
+        # Outputs are numbers (comparison-view columns); when it was measured is run meta.
+        out |= {
+            k: v
+            for k, v in restore_keys(self.restore).items()
+            if v is not None and k != RESTORE_MEASURED
+        }
         # A column shows what a figure can tell, not float noise (1.6497099000000617 s).
         out = {k: significant(v) if isinstance(v, float) else v for k, v in out.items()}
         out[RESUMED_FROM_STEP] = self.resumed_from or 0  # 0: started at step 0
@@ -133,6 +150,11 @@ def finite_or_null(value: Any) -> Any:
     return value
 
 
+def utc_now() -> str:
+    """Now, ISO 8601 in UTC to the second (``2026-12-01T23:41:29Z``): a summary's times."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +165,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def format_timeline(summary: RunSummary) -> str:
     """A terminal table: one row per checkpoint, then the run-level figures."""
-    head = f"{'step':>7} {'MB':>9} {'serialize':>9} {'write':>8} {'fsync':>8} {'upload':>8} {'pause':>8} {'total':>8} {'GB/s':>6}  io"
+    head = f"{'step':>7} {'MB':>9} {'serialize':>9} {'write':>8} {'fsync':>8} {'checksum':>8} {'upload':>8} {'pause':>8} {'total':>8} {'GB/s':>6}  io"
     lines = [
         f"storage profile: {summary.storage_profile}   checkpoints: {summary.checkpoint_dir}",
         head,
@@ -155,9 +177,11 @@ def format_timeline(summary: RunSummary) -> str:
         )
     for r in summary.checkpoints:
         upload = f"{r.upload_s:8.3f}" if r.upload_s is not None else f"{'-':>8}"
+        # The read-back a library format needs to checksum its file is part of the pause.
+        check = f"{r.checksum_s:8.3f}" if r.checksum_s is not None else f"{'-':>8}"
         lines.append(
             f"{r.step:7d} {r.bytes / 1e6:9.1f} {r.serialize_s:9.3f} {r.write_s:8.3f} {r.fsync_s:8.3f} "
-            f"{upload} {r.pause_s:8.3f} {r.total_s:8.3f} {r.write_gbps:6.2f}  {r.io_mode}"
+            f"{check} {upload} {r.pause_s:8.3f} {r.total_s:8.3f} {r.write_gbps:6.2f}  {r.io_mode}"
         )
     data = summary.to_json()
     if not data["steps_run"]:
@@ -169,6 +193,8 @@ def format_timeline(summary: RunSummary) -> str:
         f"paused {data['ckpt_pause_s_total']:.2f}s ({100 * data['ckpt_pause_share']:.1f}% of runtime), "
         f"final loss {_or_dash(data['final_loss'], '.4f')}"
     )
+    if summary.restore is not None:
+        lines.append(summary.restore.line())
     return "\n".join(lines)
 
 

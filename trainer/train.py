@@ -24,6 +24,7 @@ from trainer.errors import CheckpointDirError, ConfigError
 from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
 from trainer.progress import PROGRESS_EVERY_S, StepProgress
 from trainer.provenance import image_ref, run_uuid
+from trainer.restore import RestoreFigure, check_restore, restore_figure
 from trainer.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,20 @@ def train(
     curve: list[tuple[int, float]] = []
     loss_value: float | None = None
 
-    def summary(steps_run: int, runtime: float) -> RunSummary:
+    def load_newest(tell: Callable[[str], None]) -> int | None:
+        """Load the newest checkpoint every rank verifies into the model; returns its step."""
+        return sharded.restore(
+            cfg.checkpoint_dir,
+            make_format(cfg.format),
+            fs,
+            model,
+            opt,
+            ranks,
+            tell,
+            check_config=lambda saved, name: _check_same_model(cfg, saved, name),
+        )
+
+    def summary(steps_run: int, runtime: float, restore: RestoreFigure | None) -> RunSummary:
         return RunSummary(
             storage_profile=cfg.storage_profile,
             checkpoint_dir=str(Path(cfg.checkpoint_dir)),
@@ -143,29 +157,24 @@ def train(
             loss_curve=curve,
             resumed_from=start or None,
             world_size=ranks.world_size,
+            restore=restore,
         )
 
-    start = 0
     check_resume_mode(cfg, store.list_checkpoints(cfg.checkpoint_dir))
     resumed = None
+    restore_started = time.monotonic()
     if cfg.resume != "never":
-        resumed = sharded.restore(
-            cfg.checkpoint_dir,
-            make_format(cfg.format),
-            fs,
-            model,
-            opt,
-            ranks,
-            say,
-            check_config=lambda saved, name: _check_same_model(cfg, saved, name),
-        )
-        if resumed is None:
-            say("resume: no complete checkpoint found; starting from step 0")
-        start = resumed or 0
+        resumed = load_newest(say)
+    restore = restore_figure(
+        cfg.checkpoint_dir, resumed, time.monotonic() - restore_started, "resume"
+    )
+    if cfg.resume != "never" and resumed is None:
+        say("resume: no complete checkpoint found; starting from step 0")
+    start = resumed or 0
     if start >= cfg.steps:
         say(f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do")
         ranks.close()
-        return summary(0, 0.0)
+        return summary(0, 0.0, restore)
     if cfg.durability == "none":
         say(
             f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
@@ -224,8 +233,12 @@ def train(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     runtime = time.monotonic() - t_start
+    if cfg.restore_check:
+        restore = (
+            end_of_run_restore(cfg, ranks, say, lambda: load_newest(lambda _: None)) or restore
+        )
     ranks.close()
-    return summary(cfg.steps - start, runtime)
+    return summary(cfg.steps - start, runtime, restore)
 
 
 def _checkpointer(
@@ -255,6 +268,20 @@ def _checkpointer(
         options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
         **common,
     )
+
+
+def end_of_run_restore(
+    cfg: TrainConfig,
+    ranks: distributed.Ranks,
+    say: Callable[[str], None],
+    load_newest: Callable[[], int | None],
+) -> RestoreFigure | None:
+    """``--restore-check``: time ``load_newest`` (the newest checkpoint back into the model).
+    The training is over, so replacing its state (and RNG) changes nothing it reports."""
+    if ranks.world_size > 1:
+        say("--restore-check: measured for one process only; not under torchrun")
+        return None
+    return check_restore(load_newest, cfg.checkpoint_dir, say)
 
 
 def run_inputs(cfg: TrainConfig) -> dict[str, Any]:

@@ -34,6 +34,16 @@ from hooks.storage_profile.switch import default_provider
 
 EPILOG = exit_codes_help(EXIT_CODES)
 
+# The top-level --help lists each subcommand with this: a whole sentence, where click would
+# cut the docstring's first sentence at its width.
+SHORT_HELP = {
+    "plan": "Check that the provider's window allows the run's switches now.",
+    "release": "Release the claim's Lease (only its holder can).",
+    "status": "Show a claim's class, modify status, conditions and events.",
+    "switch": "Switch the claim's class and wait until it really settled.",
+}
+
+
 # Seams for tests: retry schedule, provider lookup, longest single watch, heartbeat.
 BACKOFF = Backoff()
 PROVIDER_FOR = default_provider
@@ -117,7 +127,7 @@ def _target_options(fn: Any) -> Any:
     return fn
 
 
-@main.command(epilog=EPILOG)
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["switch"])
 @_target_options
 @click.option("--to", "target", required=True, help="The VolumeAttributesClass (or profile).")
 @click.option(
@@ -185,7 +195,7 @@ _read_timeout = click.option(
 )
 
 
-@main.command(epilog=EPILOG)
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["release"])
 @_target_options
 @click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
 @_read_timeout
@@ -194,7 +204,7 @@ def release(**options: Any) -> None:
     commands.run_release(config_or_usage_error(ReleaseConfig, backoff=BACKOFF, **options))
 
 
-@main.command(epilog=EPILOG)
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["status"])
 @_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the block.")
 @_read_timeout
@@ -210,7 +220,7 @@ def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> li
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
 
 
-@main.command(epilog=EPILOG)
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["plan"])
 @_target_options
 @click.option(
     "--profiles",

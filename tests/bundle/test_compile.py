@@ -114,7 +114,7 @@ def assert_kind_of_op(pod: Pod, kind: str) -> None:
     else:
         # Only the hook may patch the claim: its account must not leak into other jobs.
         assert service_account != HOOK_SERVICE_ACCOUNT
-    if kind in ("fio", "train"):
+    if kind in ("fio", "train", "data"):
         assert pod.mounts() == CLAIM
     else:
         assert pod.mounts() == {}
@@ -136,6 +136,7 @@ KIND_OF_COMPONENT = {
     "storage-profile-plan": ("hook", {"profiles": ["checkpoint-baseline"]}),
     "storage-profile-release": ("hook", {"holder": "0" * 32}),
     "fio-sweep": ("fio", {}),
+    "data-workload": ("data", {"storage_profile": "checkpoint-baseline"}),
     "checkpoint-compare": ("compare", {"pipeline": "0" * 32}),
     "checkpoint-training-pytorchjob": ("pytorchjob", {"storage_profile": "checkpoint-baseline"}),
 }

@@ -97,13 +97,16 @@ def test_each_stage_switches_measures_then_trains_repeats_times(stages) -> None:
     assert len(stages) == 4
     for stage in stages:
         assert stage.run.concurrency == 1
-        assert stage.order() == ["switch", "fio", "train"]
+        # The default workload: the training; the data workload's op is skipped.
+        assert [n for n in stage.order() if stage.runs(n)] == ["switch", "fio", "train"]
         upstream = stage.upstream()
         assert ancestors(upstream, "train") == {"switch", "fio"}
+        assert ancestors(upstream, "data") == {"switch", "fio"}
         # A failed switch or fio leaves the training upstream-failed: nothing is measured on
-        # the wrong class.
+        # the wrong class. The only conditions choose the workload.
         for name, op in stage.ops.items():
-            assert op.trigger in (None, "all_succeeded") and not op.conditions, name
+            assert op.trigger in (None, "all_succeeded"), name
+            assert not op.conditions or name in ("train", "data"), name
         train = stage.matrix("train")
         assert train.kind == "mapping" and train.concurrency == 1
         assert stage.mapping("train") == [{"repeat": 0}, {"repeat": 1}]
@@ -174,7 +177,7 @@ def test_compare_gathers_the_stage_runs_with_joins(three) -> None:
     assert not any(re.match(r"(baseline|throughput)_", k) for k in compare.params)
     runs, figures, fio = three.joins("compare")
     # Every job below this run has it as its controller, at any depth of nesting.
-    assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train"
+    assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train|data"
     assert runs.sort == "created_at"
     assert {k: p.value for k, p in runs.params.items()} == {"runs": "globals.uuid"}
     assert figures.query.endswith("name: train, status: succeeded")

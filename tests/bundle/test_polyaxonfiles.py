@@ -249,6 +249,22 @@ REAL_PARAMS: dict[str, list[dict]] = {
             **PLACEMENT,
         },
     ],
+    "data-workload": [
+        {"storage_profile": "checkpoint-baseline"},
+        {
+            "storage_profile": "checkpoint-throughput",
+            "workload": "materialize",
+            "data_dir": "/checkpoints/datasets/imagenet-like",
+            "dataset_format": "files",
+            "dataset_size": "1GiB",
+            "generate": False,
+            "track": False,
+            "repeat": 1,
+            **PLACEMENT,
+        },
+        {"storage_profile": "checkpoint-baseline", "workload": "workspace", "files": 50},
+        {"storage_profile": "checkpoint-baseline", "num_workers": 8, "compute_ms": 25.5},
+    ],
     "checkpoint-compare": [
         {"pipeline": "0" * 32},
         {

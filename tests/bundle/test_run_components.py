@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_storage_bench.contract import DISTRIBUTED_OUTPUTS, WORLD_SIZE
+from checkpoint_storage_bench.contract import (
+    DATA_WORKLOAD_OUTPUTS,
+    DATA_WORKLOADS,
+    DISTRIBUTED_OUTPUTS,
+    WORLD_SIZE,
+)
 from tests.bundle.bundle import ROOT, check, compile_component, current
 
 MOUNT = "/checkpoints"
@@ -106,3 +111,34 @@ def test_fio_command_runs_and_logs_every_declared_output(tmp_path: Path) -> None
     assert not missing, f"declared but not logged: {missing}"
     assert run["inputs"]["storage_profile"] == "checkpoint-throughput"
     assert list(mount.iterdir()) == []  # fio cleaned up after itself
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", DATA_WORKLOADS)
+def test_data_workload_command_runs_and_logs_its_outputs(tmp_path: Path, workload: str) -> None:
+    mount = tmp_path / "claim"
+    mount.mkdir()
+    params = {
+        "storage_profile": "checkpoint-throughput",
+        "workload": workload,
+        "dataset_size": "256KiB",
+        "record_size": "4KiB",
+        "shard_size": "64KiB",
+        "output_shard_size": "64KiB",
+        "epochs": 1,
+        "num_workers": 1,
+        "compute_ms": 1.0,
+        "files": 5,
+        "rounds": 1,
+    }
+    run = run_component("data-workload", params, mount)
+    declared = declared_outputs("data-workload", params)
+    assert set(DATA_WORKLOAD_OUTPUTS[workload]) <= declared
+    missing = set(DATA_WORKLOAD_OUTPUTS[workload]) - set(run["outputs"])
+    assert not missing, f"declared but not logged: {missing}"
+    assert run["inputs"]["storage_profile"] == "checkpoint-throughput"
+    assert run["inputs"]["workload"] == workload
+    # Only the data dir on the claim; in it the reusable dataset and the summary.
+    assert [p.name for p in mount.iterdir()] == ["datasets"]
+    (summary,) = (mount / "datasets").glob(f".summary-{workload}-*.json")
+    assert json.loads(summary.read_text())["storage_profile"] == "checkpoint-throughput"
