@@ -20,6 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from checkpoint_storage_bench.contract import PARALLEL_MODES
 from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
 
@@ -27,8 +28,9 @@ Device = Literal["auto", "cpu", "cuda"]
 Format = Literal["raw", "torch", "dcp", "safetensors"]
 Durability = Literal["fsync", "none"]
 Resume = Literal["never", "auto", "always"]
-# Many ranks (issue 16): how the model is spread over torchrun's processes.
-Parallel = Literal["none", "ddp", "fsdp"]
+# How the model is spread over torchrun's processes, in the contract's names: the run
+# logs the mode as an input that the verdict reads.
+Parallel = Literal[PARALLEL_MODES]  # type: ignore[valid-type]
 
 DEVICES: tuple[str, ...] = get_args(Device)
 FORMATS: tuple[str, ...] = get_args(Format)
@@ -162,7 +164,7 @@ class TrainConfig:
     """At the end of the run, load the newest checkpoint back and verify it, timed as the
     restore figure (a resumed run measures its restore anyway)."""
 
-    # -- many ranks (issue 16); used only under torchrun with more than one process
+    # -- many ranks: used only under torchrun with more than one process
     parallel: Parallel = "none"
     """Under torchrun with several processes: ddp (replicated model, the checkpoint split
     across ranks) or fsdp (FSDP2 fully_shard, each rank writes its local shards); none for

@@ -53,8 +53,8 @@ def run_job(cfg: TrainConfig) -> None:
     writes the summary, and resolves ``--upload-to run-artifacts`` (train() hands its URL
     to the other ranks).
     """
-    from trainer.distributed import is_main_process
-    from trainer.train import resolve_device, run_inputs, train  # torch: not for --help
+    from trainer.distributed import is_main_process, resolve_device
+    from trainer.train import run_inputs, train  # torch: not for --help
 
     started = utc_now()
     main = is_main_process()

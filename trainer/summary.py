@@ -115,7 +115,8 @@ class RunSummary:
             values = [v for r in self.checkpoints if (v := getattr(r, rate)) is not None]
             if values:
                 out[f"ckpt_{rate}_median"] = statistics.median(values)
-        # Many ranks (issue 16): the whole job's write rate and its slowest rank's pause.
+        # Many ranks: the whole job's write rate and its slowest rank's pause, which a
+        # single process's figures do not show.
         out[WORLD_SIZE] = self.world_size
         for name in DISTRIBUTED_CHECKPOINT_METRICS:
             values = [v for r in self.checkpoints if (v := getattr(r, name, None)) is not None]

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from trainer.ckpt import checksum as checksums
 from trainer.ckpt import store
 from trainer.ckpt.formats import Format, InFlight, WriteOptions
 from trainer.ckpt.fs import LocalFS, storage_error
@@ -48,7 +49,7 @@ class CheckpointRecord:
     checksum_s: float | None = None
     """Reading a library-written checkpoint back to checksum it (None: done while writing)."""
     io_streams: int = 1
-    checksum: str = "crc32"
+    checksum: str = checksums.CRC32
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
