@@ -21,13 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from kubernetes.client.rest import ApiException
-
 from checkpoint_storage_bench.contract import lease_name
 from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded, within
 from hooks.storage_profile.config import LEASE_DURATION
-from hooks.storage_profile.errors import HookError, PreflightRefused
-from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    HookError,
+    Invalid,
+    PreflightRefused,
+)
+from hooks.storage_profile.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -269,23 +274,25 @@ class ClaimLease:
     def _read(self, deadline: Deadline) -> dict | None:
         try:
             return self.kube.read_lease(self.namespace, self.name, deadline)
-        except ApiException as exc:
+        except ApiError as exc:
             raise self._refusal("read", exc) from exc
 
     def _write(self, verb: str, body: dict, deadline: Deadline) -> bool:
-        """Create or update; False when someone else wrote it first (409: read again)."""
+        """Create or update; False when someone else wrote it first (a conflict: read
+        again)."""
         try:
             if verb == "create":
                 self.kube.create_lease(self.namespace, body, deadline)
             else:
                 self.kube.replace_lease(self.namespace, self.name, body, deadline)
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
+        except Conflict:
+            return False
+        except ApiError as exc:
             raise self._refusal(verb, exc) from exc
         return True
 
-    def _refusal(self, verb: str, exc: ApiException) -> HookError:
-        if exc.status in (403, 422):
-            return PreflightRefused(f"cannot {verb} {self.ref}: {api_message(exc)}")
-        return HookError(f"{verb} {self.ref} failed: {api_message(exc)}")
+    def _refusal(self, verb: str, exc: ApiError) -> HookError:
+        # RBAC, or the API server's validation: nothing was written either way.
+        if isinstance(exc, (Forbidden, Invalid)):
+            return PreflightRefused(f"cannot {verb} {self.ref}: {exc.server_message}")
+        return HookError(f"{verb} {self.ref} failed: {exc.server_message}")
