@@ -19,7 +19,7 @@ from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, PlanRefused, as_hook
 from hooks.storage_profile.heartbeat import BeatingDeadline
 from hooks.storage_profile.kube import Kube, load_api_client
 from hooks.storage_profile.lease import ClaimLease, default_holder
-from hooks.storage_profile.local import SandboxProfiles, status_local, switch_local
+from hooks.storage_profile.local import SandboxProfiles, render_local, status_local, switch_local
 from hooks.storage_profile.report import Report
 from hooks.storage_profile.status import claim_status, render_status
 from hooks.storage_profile.switch import ProviderFactory, default_provider, switch_kubernetes
@@ -106,12 +106,12 @@ def run_status(cfg: StatusConfig) -> dict:
     if cfg.backend == "local":
         sandbox = SandboxProfiles.load(cfg.profiles_file)
         sandbox.check_claim(cfg.namespace, cfg.claim)
-        data = status_local(sandbox)
+        data, render = status_local(sandbox), render_local
     else:
         deadline = Deadline(cfg.timeout)
         kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
-        data = claim_status(kube, cfg.namespace, cfg.claim, deadline)
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render_status(data))
+        data, render = claim_status(kube, cfg.namespace, cfg.claim, deadline), render_status
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render(data))
     return data
 
 

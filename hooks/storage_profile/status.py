@@ -92,17 +92,8 @@ def _lease(kube: Kube, namespace: str, claim: str, deadline: Deadline) -> dict |
 
 
 def render_status(data: dict) -> str:
-    """The readable block printed by ``status``."""
-    if data.get("backend") == "local":
-        lines = [
-            f"sandbox claim {data['namespace']}/{data['claim']}",
-            f"  claim path     {data['claimPath']} -> {data['pointsAt'] or '-'}",
-            f"  current        {data['currentProfile'] or '-'}",
-        ]
-        for name, prof in sorted(data["profiles"].items()):
-            missing = "" if prof["exists"] else "  (missing)"
-            lines.append(f"  profile        {name}: {prof['path']}{missing}")
-        return "\n".join(lines)
+    """The readable block printed by ``status`` for a claim on Kubernetes (the sandbox's is
+    :func:`hooks.storage_profile.local.render_local`)."""
     modify = data["modifyVolumeStatus"] or {}
     lines = [
         f"claim {data['namespace']}/{data['claim']} (uid {data['uid'] or '-'}, "
