@@ -55,13 +55,13 @@ EXIT_INFEASIBLE = 4
 
 EXIT_CODES = {
     EXIT_OK: 'settled (including "already on that class" and an unbound claim created with '
-    "that class), a dry run passed preflight, a lease released, or a plan fits now",
+    "that class), a dry run passed preflight, a lease released or renewed, or a plan fits now",
     EXIT_UNEXPECTED: "unexpected error (unknown modify status, claim deleted or changed "
     "by others, …)",
     EXIT_USAGE: "bad arguments",
     EXIT_PREFLIGHT: "preflight refused (claim or class missing, claim not bound, driver "
-    "mismatch, modification budget used up, claim held by another holder's lease, API "
-    "server refused the patch; plan: the run's modifications do not fit the provider's "
+    "mismatch, modification budget used up, claim held by another holder's lease (renew: "
+    "the lease is no longer this holder's), API server refused the patch; plan: the run's modifications do not fit the provider's "
     "window now, named with when they would) — nothing was changed",
     EXIT_INFEASIBLE: "infeasible (Infeasible status, Pending beyond --pending-grace, "
     "provider failed)",

@@ -2,8 +2,9 @@
 
 ``switch`` takes the Lease (or renews it, when it already holds it) before it patches;
 another holder's Lease that has not expired refuses the switch (exit 3), naming the holder
-and when the Lease expires; an expired one is taken over. ``release`` gives it up (the
-pipeline's last op, ``trigger: all_done``). The Lease is advisory: ``kubectl`` can still
+and when the Lease expires; an expired one is taken over. ``renew`` extends a Lease this
+holder still holds (a stage renews it between its fio sweep and its training runs) and
+refuses one it lost. ``release`` gives it up (the pipeline's last op, ``trigger: all_done``). The Lease is advisory: ``kubectl`` can still
 change the claim, which the waits notice (another writer → exit 1).
 
 The holder id: ``--holder``, else inside a Polyaxon run the pipeline's uuid (the run's
@@ -238,6 +239,43 @@ class ClaimLease:
                     f"{state.expires:%Y-%m-%dT%H:%M:%SZ}; held by {self.holder} until {expires}"
                 )
         raise PreflightRefused(f"{self.ref} kept changing while it was being taken; try again")
+
+    def renew(self, deadline: Deadline) -> str:
+        """Extend our Lease by ``duration`` from now; return a note.
+
+        Only a Lease this holder still holds is renewed, even one that expired (nobody took
+        it: another pipeline would have had to take it first to switch the claim). A Lease
+        that is gone, released or taken by another holder is not taken here: the claim may
+        have been switched since this stage's switch, so what would be measured next is
+        not known to be on this stage's class.
+
+        Raises:
+            PreflightRefused: The Lease is not held by this holder, or RBAC forbids it.
+        """
+        for _ in range(3):
+            lease = self._read(deadline)
+            state = LeaseState.of(lease) if lease is not None else None
+            if state is None or state.holder != self.holder:
+                held = (
+                    "does not exist"
+                    if state is None
+                    else (
+                        f"is held by {state.holder}" if state.holder else "is not held (released)"
+                    )
+                )
+                raise PreflightRefused(
+                    f"{self.ref} {held}, not by {self.holder}: not renewed; the claim may "
+                    "have been switched since this holder's switch, so nothing more is "
+                    "measured on it"
+                )
+            assert lease is not None
+            now = self.now()
+            spec = dict(lease.get("spec") or {})
+            spec.update(leaseDurationSeconds=self.seconds, renewTime=microtime(now))
+            if self._write("update", {**lease, "spec": spec}, deadline):
+                expires = microtime(now + timedelta(seconds=self.duration))[:19] + "Z"
+                return f"renewed {self.ref} as {self.holder} until {expires}"
+        raise PreflightRefused(f"{self.ref} kept changing while it was being renewed; try again")
 
     def release(self, deadline: Deadline) -> str:
         """Give the Lease up when we hold it; return a note.

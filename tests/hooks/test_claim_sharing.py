@@ -1,5 +1,5 @@
 """A claim shared over time: a fresh unbound claim, the ledger of switches on the claim, and
-the Lease that keeps one pipeline at a time on it (issue 12 items 1, 3 and 4)."""
+the Lease that keeps one pipeline at a time on it."""
 
 from __future__ import annotations
 
@@ -26,14 +26,6 @@ from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_lease, ma
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def cluster(double: KubeDouble) -> KubeDouble:
-    make_volume(double)
-    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
-    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
-    return double
 
 
 def switch(kubeconfig: Path, *extra: str, to: str = "fast"):
@@ -437,6 +429,47 @@ def test_release_without_a_lease_or_of_an_expired_one_is_a_no_op(
     expired = release(kubeconfig, "pipeline-a")
     assert expired.exit_code == 0 and "expired" in expired.stdout
     assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
+
+
+def renew(kubeconfig: Path, holder: str, *extra: str):
+    return run_hook(
+        "renew", "-n", NS, "--claim", CLAIM, "--holder", holder, "--kubeconfig", str(kubeconfig),
+        *extra,
+    )  # fmt: skip
+
+
+def test_renew_extends_the_stages_lease_and_refuses_one_it_lost(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    assert switch(kubeconfig).exit_code == 0
+    taken = cluster.lease()
+    mine = renew(kubeconfig, "pipeline-a", "--lease-duration", "7200")
+    assert mine.exit_code == 0, mine.output
+    assert "renewed Lease ml-team/storage-profile-training-checkpoints as pipeline-a" in mine.stdout
+    spec = cluster.lease()["spec"]
+    assert spec["leaseDurationSeconds"] == 7200 and spec["renewTime"] > taken["spec"]["renewTime"]
+    other = renew(kubeconfig, "pipeline-b")
+    assert other.exit_code == 3, other.output
+    assert "is held by pipeline-a, not by pipeline-b: not renewed" in other.stderr
+    assert release(kubeconfig, "pipeline-a").exit_code == 0
+    lost = renew(kubeconfig, "pipeline-a")
+    assert lost.exit_code == 3 and "is not held (released)" in lost.stderr, lost.output
+    assert "holderIdentity" not in cluster.lease()["spec"]
+
+
+@pytest.mark.parametrize("seconds", ["0", "2147483648", "nan"])
+def test_renew_with_a_lease_duration_the_api_cannot_store_is_a_usage_error(seconds: str):
+    result = run_hook("renew", "-n", NS, "--claim", CLAIM, "--lease-duration", seconds)
+    assert result.exit_code == 2, result.output
+    assert "--lease-duration" in result.output
+
+
+def test_renew_on_the_local_backend_is_a_no_op():
+    result = run_hook(
+        "renew", "--backend", "local", "-n", "sandbox", "--claim", CLAIM, "--holder", "x"
+    )
+    assert result.exit_code == 0, result.output
+    assert "no Lease; nothing to renew" in result.stdout
 
 
 def test_release_on_the_local_backend_is_a_no_op():
