@@ -1,4 +1,5 @@
-"""The double itself behaves like kube-apiserver where the hook depends on it."""
+"""The client wrapper (kube.py) on the wire: how it names the answers and what it sends,
+against the double, which behaves like kube-apiserver where the hook depends on it."""
 
 from __future__ import annotations
 

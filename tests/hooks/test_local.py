@@ -191,8 +191,8 @@ def test_a_malformed_profiles_file_is_refused_like_the_sandbox_refuses_it(tmp_pa
 def test_a_relative_sandbox_root_still_makes_a_link_that_resolves(
     sandbox: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    # Issue 19, item 6: with SANDBOX_ROOT relative, the link's target was written relative
-    # too, so it resolved against the link's own directory: dangling, yet reported settled.
+    # With SANDBOX_ROOT relative, a link target written relative too would resolve against
+    # the link's own directory: dangling, yet reported settled.
     monkeypatch.chdir(sandbox.parent)
     monkeypatch.setenv("SANDBOX_ROOT", sandbox.name)
     result = local(to="checkpoint-baseline")

@@ -1,4 +1,4 @@
-"""Issue 12's claim sharing against the real API server, as the shipped ServiceAccount.
+"""A claim shared over time, against the real API server, as the shipped ServiceAccount.
 
 An unbound WaitForFirstConsumer claim (the first run on a real cluster), the ledger
 annotation written in the class patch, and the claim's Lease with two holders.
