@@ -1,4 +1,5 @@
-"""An in-memory stand-in for the client wrapper (:class:`hooks.storage_profile.kube.Kube`).
+"""An in-memory stand-in for the client wrapper (:class:`hooks.storage_profile.kube.Kube`):
+Leases, and one claim whose list and watches a test scripts.
 
 It answers the wrapper's methods with the objects and the named errors the wrapper itself
 returns and raises, so the Lease logic is tested against the wrapper's contract; what the
@@ -8,8 +9,10 @@ wrapper does on the wire is tested against the HTTP double (``kube_double.py``).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from checkpoint_storage_bench.retry import Backoff
 from hooks.storage_profile.errors import Conflict, Forbidden, NotFound
 
 
@@ -28,7 +31,40 @@ class FakeKube:
     forbidden: set[str] = field(default_factory=set)
     writes: list[tuple[str, dict]] = field(default_factory=list)
     before_write: object = None
+    claim: dict | None = None
+    watches: list[list[tuple[str, dict] | Exception]] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    lists: int = 0
+    sleeps: list[float] = field(default_factory=list)
+    backoff: Backoff = field(default_factory=lambda: Backoff(delays=(0.25, 0.5)))
     _version: int = 0
+
+    def sleep(self, seconds: float) -> None:
+        """Recorded, not slept: the backoff a caller chose is what a test asserts."""
+        self.sleeps.append(seconds)
+
+    # -- the claim ------------------------------------------------------------------------
+
+    def list_claim(self, ns: str, name: str, deadline=None) -> tuple[dict | None, str]:
+        """The claim as it stands, and a resourceVersion to watch from."""
+        self.lists += 1
+        self._version += 1
+        return copy.deepcopy(self.claim), str(self._version)
+
+    def watch_claim(self, ns: str, name: str, resource_version: str, timeout: float,
+                    deadline=None) -> Iterator[tuple[str, dict]]:  # fmt: skip
+        """The next scripted watch: its events in order (an exception raised where it
+        stands); the claim follows each event. No script left: a watch that ends quietly."""
+        script = self.watches.pop(0) if self.watches else []
+        for item in script:
+            if isinstance(item, Exception):
+                raise item
+            kind, obj = item
+            self.claim = None if kind == "DELETED" else copy.deepcopy(obj)
+            yield kind, copy.deepcopy(obj)
+
+    def claim_events(self, ns: str, claim: dict, deadline=None) -> list[dict]:
+        return copy.deepcopy(self.events)
 
     def _check(self, verb: str, ref: str) -> None:
         if verb in self.forbidden:
