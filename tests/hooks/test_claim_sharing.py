@@ -51,17 +51,17 @@ def seed_ledger(double: KubeDouble, *hours_ago: float) -> list[LedgerEntry]:
     entries = [
         LedgerEntry(now - timedelta(hours=h), "baseline", "fast", "pipeline-old") for h in hours_ago
     ]
-    double.update(
-        "PersistentVolumeClaim",
-        CLAIM,
-        NS,
-        lambda c: (
-            c["metadata"]
-            .setdefault("annotations", {})
-            .update({LEDGER_ANNOTATION: format_ledger(entries)})
-        ),
-    )
+    annotate_ledger(double, format_ledger(entries))
     return sorted(entries, key=lambda e: e.at)
+
+
+def annotate_ledger(double: KubeDouble, value: str) -> None:
+    """Set the claim's ledger annotation as another writer would (by hand, an older hook)."""
+
+    def annotate(claim: dict) -> None:
+        claim["metadata"].setdefault("annotations", {})[LEDGER_ANNOTATION] = value
+
+    double.update("PersistentVolumeClaim", CLAIM, NS, annotate)
 
 
 # ----------------------------------------------------------------- a fresh unbound claim
@@ -216,16 +216,7 @@ def test_the_gke_window_is_one_per_four_hours(double: KubeDouble, kubeconfig: Pa
 
 
 def test_a_hand_written_annotation_is_refused_unless_forced(cluster: KubeDouble, kubeconfig: Path):
-    cluster.update(
-        "PersistentVolumeClaim",
-        CLAIM,
-        NS,
-        lambda c: (
-            c["metadata"]
-            .setdefault("annotations", {})
-            .update({LEDGER_ANNOTATION: "switched twice yesterday"})
-        ),
-    )
+    annotate_ledger(cluster, "switched twice yesterday")
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "is not a ledger of switches" in result.stderr
@@ -246,12 +237,7 @@ BAD_LEDGERS = {
 def test_a_ledger_no_reader_can_use_is_refused_by_every_subcommand(
     cluster: KubeDouble, kubeconfig: Path, value: str
 ):
-    cluster.update(
-        "PersistentVolumeClaim",
-        CLAIM,
-        NS,
-        lambda c: c["metadata"].setdefault("annotations", {}).__setitem__(LEDGER_ANNOTATION, value),
-    )
+    annotate_ledger(cluster, value)
     target = ("-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
     for args in (("--dry-run",), ()):
         refused = switch(kubeconfig, *args)
