@@ -1,5 +1,6 @@
-"""The claim's Lease: renewing it between a stage's fio sweep and its training runs, against
-an in-memory fake of the client wrapper."""
+"""The claim's Lease: taking it (a create race lost on cue, an expired one taken over) and
+renewing it between a stage's fio sweep and its training runs, against an in-memory fake of
+the client wrapper; the CLI through the double is test_claim_sharing.py's."""
 
 from __future__ import annotations
 
@@ -91,3 +92,37 @@ def test_renew_forbidden_by_rbac_is_a_refusal():
     kube.forbidden.add("update")
     with pytest.raises(PreflightRefused, match=f"cannot update Lease {NS}/{NAME}: cannot update"):
         lease(kube).renew(Deadline(10))
+
+
+def test_acquire_creates_a_missing_lease_for_the_duration():
+    kube = FakeKube()
+    note = lease(kube, duration=90.5).acquire(Deadline(10))
+    assert note.startswith(f"took Lease {NS}/{NAME} as pipeline-a until ")
+    ((verb, body),) = kube.writes
+    spec = body["spec"]
+    assert verb == "create" and spec["holderIdentity"] == "pipeline-a"
+    assert spec["leaseDurationSeconds"] == 91  # whole seconds, rounded up
+    assert spec["acquireTime"] == spec["renewTime"] == microtime(NOW)
+    assert spec["leaseTransitions"] == 0
+
+
+def test_acquire_that_loses_the_create_race_reads_again_and_refuses_the_winner():
+    kube = FakeKube()
+
+    def won(fake: FakeKube) -> None:  # another pipeline creates it between our read and create
+        fake.put_lease(NS, NAME, "pipeline-b", microtime(NOW))
+
+    kube.before_write = won
+    with pytest.raises(PreflightRefused, match="is held by pipeline-b until"):
+        lease(kube).acquire(Deadline(10))
+    assert kube.writes == []
+    assert kube.read_lease(NS, NAME)["spec"]["holderIdentity"] == "pipeline-b"
+
+
+def test_acquire_takes_over_an_expired_lease_counting_the_transition():
+    kube = seeded("pipeline-b", renewed_ago=10 * 3600)
+    note = lease(kube).acquire(Deadline(10))
+    assert f"took over Lease {NS}/{NAME} from pipeline-b, whose lease expired at" in note
+    spec = kube.read_lease(NS, NAME)["spec"]
+    assert spec["holderIdentity"] == "pipeline-a" and spec["leaseTransitions"] == 1
+    assert spec["acquireTime"] == microtime(NOW)
