@@ -14,12 +14,19 @@ import click
 
 from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile import plan as planning
-from hooks.storage_profile.config import PlanConfig, ReleaseConfig, StatusConfig, SwitchConfig
+from hooks.storage_profile.config import (
+    LEASE_DURATION,
+    PlanConfig,
+    ReleaseConfig,
+    RenewConfig,
+    StatusConfig,
+    SwitchConfig,
+)
 from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, PlanRefused, as_hook_error
 from hooks.storage_profile.heartbeat import BeatingDeadline
 from hooks.storage_profile.kube import Kube, load_api_client
 from hooks.storage_profile.lease import ClaimLease, default_holder
-from hooks.storage_profile.local import SandboxProfiles, status_local, switch_local
+from hooks.storage_profile.local import SandboxProfiles, render_local, status_local, switch_local
 from hooks.storage_profile.report import Report
 from hooks.storage_profile.status import claim_status, render_status
 from hooks.storage_profile.switch import ProviderFactory, default_provider, switch_kubernetes
@@ -89,14 +96,35 @@ def run_release(cfg: ReleaseConfig) -> str:
     Raises:
         PreflightRefused: Another holder's Lease is fresh, or RBAC forbids it.
     """
+    return _on_lease(cfg, "release", ClaimLease.release)
+
+
+def run_renew(cfg: RenewConfig) -> str:
+    """Extend the claim's Lease held by ``cfg.holder`` by ``cfg.lease_duration``; print
+    what was done.
+
+    Raises:
+        PreflightRefused: The Lease is not (or no longer) held by ``cfg.holder``, or RBAC
+            forbids it.
+    """
+    return _on_lease(cfg, "renew", ClaimLease.renew, cfg.lease_duration)
+
+
+def _on_lease(
+    cfg: ReleaseConfig,
+    verb: str,
+    act: Callable[[ClaimLease, Deadline], str],
+    duration: float = LEASE_DURATION,
+) -> str:
+    """Do ``act`` to the claim's Lease as ``cfg.holder`` (else the default holder) and
+    print its note; the local backend has no Lease."""
     if cfg.backend == "local":
-        note = "local backend: the sandbox has no Lease; nothing to release"
+        note = f"local backend: the sandbox has no Lease; nothing to {verb}"
     else:
         deadline = Deadline(cfg.timeout)
         holder = cfg.holder or default_holder(deadline=deadline)
         kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
-        lease = ClaimLease(kube, cfg.namespace, cfg.claim, holder)
-        note = lease.release(deadline)
+        note = act(ClaimLease(kube, cfg.namespace, cfg.claim, holder, duration), deadline)
     click.echo(note)
     return note
 
@@ -106,12 +134,12 @@ def run_status(cfg: StatusConfig) -> dict:
     if cfg.backend == "local":
         sandbox = SandboxProfiles.load(cfg.profiles_file)
         sandbox.check_claim(cfg.namespace, cfg.claim)
-        data = status_local(sandbox)
+        data, render = status_local(sandbox), render_local
     else:
         deadline = Deadline(cfg.timeout)
         kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
-        data = claim_status(kube, cfg.namespace, cfg.claim, deadline)
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render_status(data))
+        data, render = claim_status(kube, cfg.namespace, cfg.claim, deadline), render_status
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render(data))
     return data
 
 

@@ -96,6 +96,20 @@ class Target:
             raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}")
 
 
+def check_lease_duration(seconds: float) -> None:
+    """Refuse a ``--lease-duration`` a Lease cannot store.
+
+    Raises:
+        ValueError: Not finite, or outside 1 to :data:`LEASE_DURATION_MAX` seconds.
+    """
+    check_seconds("--lease-duration", seconds)
+    if not 1 <= seconds <= LEASE_DURATION_MAX:
+        # The Lease stores whole seconds, more than 0 (422) and at most an int32 (400).
+        raise ValueError(
+            f"--lease-duration must be 1 to {LEASE_DURATION_MAX} seconds, not {seconds:g}"
+        )
+
+
 @dataclass(kw_only=True)
 class SwitchConfig(Target):
     """Everything ``switch`` was asked to do, validated once.
@@ -141,13 +155,7 @@ class SwitchConfig(Target):
         if self.timeout is None:
             self.timeout = DEFAULT_TIMEOUT[self.settle]
         check_seconds("--timeout", self.timeout)
-        check_seconds("--lease-duration", self.lease_duration)
-        if not 1 <= self.lease_duration <= LEASE_DURATION_MAX:
-            # The Lease stores whole seconds, more than 0 (422) and at most an int32 (400).
-            raise ValueError(
-                f"--lease-duration must be 1 to {LEASE_DURATION_MAX} seconds, not "
-                f"{self.lease_duration:g}"
-            )
+        check_lease_duration(self.lease_duration)
         check_seconds("heartbeat", self.heartbeat)
         if self.holder is not None:
             check_holder(self.holder)
@@ -177,6 +185,21 @@ class ReleaseConfig(Target):
         check_seconds("--timeout", self.timeout)
         if self.holder is not None:
             check_holder(self.holder)
+
+
+@dataclass(kw_only=True)
+class RenewConfig(ReleaseConfig):
+    """What ``renew`` was asked to extend.
+
+    Attributes:
+        lease_duration: Seconds the Lease lasts from this renewal.
+    """
+
+    lease_duration: float = LEASE_DURATION
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_lease_duration(self.lease_duration)
 
 
 @dataclass(kw_only=True)

@@ -28,7 +28,14 @@ from checkpoint_storage_bench.retry import (
     retry,
     within,
 )
-from hooks.storage_profile.errors import HookError, PreflightRefused, api_message
+from hooks.storage_profile.errors import (
+    ApiError,
+    Forbidden,
+    HookError,
+    NotFound,
+    PreflightRefused,
+    api_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -163,15 +170,6 @@ def _check_kubeconfig_shape(path: Path) -> None:
         raise ConfigException(f"{where}.server must be a string")
 
 
-def retry_after_seconds(exc: ApiException) -> float | None:
-    """The ``Retry-After`` header of a response, in seconds, if it has a numeric one."""
-    value = (exc.headers or {}).get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
 def unreachable(exc: BaseException) -> str | None:
     """Why the API server cannot be reached at all (refused, unresolvable, TLS), if so."""
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
@@ -181,17 +179,6 @@ def unreachable(exc: BaseException) -> str | None:
     if isinstance(exc, urllib3.exceptions.NewConnectionError):
         return f"cannot connect to the API server: {exc}"
     return None
-
-
-def classify(exc: Exception) -> Exception:
-    """Turn throttling, server errors and broken connections into :class:`TemporaryError`."""
-    if isinstance(exc, ApiException) and (exc.status == 429 or exc.status >= 500):
-        return TemporaryError(
-            f"API server answered {exc.status}: {api_message(exc)}", retry_after_seconds(exc)
-        )
-    if isinstance(exc, CONNECTION_ERRORS):
-        return TemporaryError(f"connection to the API server failed: {exc}")
-    return exc
 
 
 class Kube:
@@ -238,7 +225,8 @@ class Kube:
             PreflightRefused: The API server was never reached (refused, TLS).
             TemporaryError: Still failing after ``backoff.tries`` tries.
             DeadlineExceeded: The deadline passed while retrying (naming the last error).
-            ApiException: Any other API error (404, 403, 422, …), for the caller to judge.
+            ApiError: Any other answer (NotFound, Forbidden, Invalid, …), named once here
+                for the caller to judge.
         """
         last: list[TemporaryError] = []
 
@@ -265,11 +253,10 @@ class Kube:
                     last[:] = [error]
                     raise error from exc
                 self.answered = True
-                error = classify(exc)
+                error = api_error(exc)
                 if isinstance(error, TemporaryError):
                     last[:] = [error]
-                    raise error from exc
-                raise
+                raise error from exc
             except CONNECTION_ERRORS as exc:
                 error = self._connection_failed(what, exc, unreachable(exc))
                 last[:] = [error]
@@ -296,15 +283,16 @@ class Kube:
     def _read(
         self, what: str, fn: Callable[..., Any], *args: Any, deadline: Deadline | None = None
     ) -> dict | None:
-        """Like :meth:`call` for a single object, with 404 as None and 403 as a refusal."""
+        """Like :meth:`call` for a single object, with NotFound as None and Forbidden as a
+        refusal."""
         try:
             return self.call(what, fn, *args, deadline=deadline)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            if exc.status == 403:
-                raise PreflightRefused(f"forbidden to {what}: {api_message(exc)}") from exc
-            raise HookError(f"{what} failed: {api_message(exc)}") from exc
+        except NotFound:
+            return None
+        except Forbidden as exc:
+            raise PreflightRefused(f"forbidden to {what}: {exc.server_message}") from exc
+        except ApiError as exc:
+            raise HookError(f"{what} failed: {exc.server_message}") from exc
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -368,16 +356,14 @@ class Kube:
             body = self.call(
                 f"list pods in {ns}", self.core.list_namespaced_pod, ns, deadline=deadline
             )
-        except ApiException as exc:
-            if exc.status == 403:
-                raise PreflightRefused(f"forbidden to list pods: {api_message(exc)}") from exc
-            raise
+        except Forbidden as exc:
+            raise PreflightRefused(f"forbidden to list pods: {exc.server_message}") from exc
         return body.get("items") or []
 
     # -- leases -----------------------------------------------------------------------------
 
     def read_lease(self, ns: str, name: str, deadline: Deadline | None = None) -> dict | None:
-        """The Lease, or None; other API errors (403, …) raise ``ApiException``."""
+        """The Lease, or None; other answers (Forbidden, …) raise their :class:`ApiError`."""
         try:
             return self.call(
                 f"read Lease {ns}/{name}",
@@ -386,10 +372,8 @@ class Kube:
                 ns,
                 deadline=deadline,
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
     def create_lease(self, ns: str, body: dict, deadline: Deadline | None = None) -> dict:
         return self.call(
@@ -457,8 +441,10 @@ class Kube:
 
         Ends when the server closes the stream after ``timeout`` seconds, or at the latest
         :data:`WATCH_GRACE` later (a server that ignores its timeout or trickles blank
-        lines). A 410, a throttled start or a dropped connection raise (ApiException /
-        urllib3 errors); the caller re-lists. A silent connection ends by the deadline.
+        lines). An expired resourceVersion (:class:`Gone`), a throttled start
+        (:class:`TemporaryError`), any other answer (:class:`ApiError`) or a dropped
+        connection (urllib3 errors) raise; the caller re-lists. A silent connection ends by
+        the deadline.
         """
         seconds = max(1, int(timeout))
         ends = time.monotonic() + seconds + WATCH_GRACE
@@ -479,6 +465,8 @@ class Kube:
                     yield event["type"], event["raw_object"]
                 if time.monotonic() > ends or (deadline is not None and deadline.remaining() <= 0):
                     return
+        except ApiException as exc:
+            raise api_error(exc) from exc
         finally:
             stream.close()
 

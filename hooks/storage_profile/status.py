@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from kubernetes.client.rest import ApiException
-
 from checkpoint_storage_bench.contract import lease_name
 from checkpoint_storage_bench.retry import Deadline
-from hooks.storage_profile.errors import PreflightRefused
-from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.errors import ApiError, PreflightRefused
+from hooks.storage_profile.kube import Kube
 from hooks.storage_profile.lease import LeaseState
 from hooks.storage_profile.ledger import read_ledger
 
@@ -71,17 +69,17 @@ def _recent_events(
     role without ``events`` ``list`` still gets the claim's state."""
     try:
         return kube.claim_events(namespace, claim, deadline)[-RECENT_EVENTS:], None
-    except ApiException as exc:
+    except ApiError as exc:
         what = f"list events of claim {namespace}/{claim['metadata']['name']}"
-        return [], f"cannot {what}: {api_message(exc)}"
+        return [], f"cannot {what}: {exc.server_message}"
 
 
 def _lease(kube: Kube, namespace: str, claim: str, deadline: Deadline) -> dict | str | None:
     """Who holds the claim's Lease; a string when it cannot be read (RBAC)."""
     try:
         lease = kube.read_lease(namespace, lease_name(claim), deadline)
-    except ApiException as exc:
-        return f"cannot read: {api_message(exc)}"
+    except ApiError as exc:
+        return f"cannot read: {exc.server_message}"
     if lease is None:
         return None
     state = LeaseState.of(lease)
@@ -94,17 +92,8 @@ def _lease(kube: Kube, namespace: str, claim: str, deadline: Deadline) -> dict |
 
 
 def render_status(data: dict) -> str:
-    """The readable block printed by ``status``."""
-    if data.get("backend") == "local":
-        lines = [
-            f"sandbox claim {data['namespace']}/{data['claim']}",
-            f"  claim path     {data['claimPath']} -> {data['pointsAt'] or '-'}",
-            f"  current        {data['currentProfile'] or '-'}",
-        ]
-        for name, prof in sorted(data["profiles"].items()):
-            missing = "" if prof["exists"] else "  (missing)"
-            lines.append(f"  profile        {name}: {prof['path']}{missing}")
-        return "\n".join(lines)
+    """The readable block printed by ``status`` for a claim on Kubernetes (the sandbox's is
+    :func:`hooks.storage_profile.local.render_local`)."""
     modify = data["modifyVolumeStatus"] or {}
     lines = [
         f"claim {data['namespace']}/{data['claim']} (uid {data['uid'] or '-'}, "

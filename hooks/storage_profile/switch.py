@@ -9,15 +9,23 @@ import shlex
 from collections.abc import Callable
 from datetime import datetime
 
-from kubernetes.client.rest import ApiException
-
 from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
 from checkpoint_storage_bench.errors import BenchError
 from checkpoint_storage_bench.retry import Deadline, TemporaryError
 from hooks.storage_profile.config import SwitchConfig
-from hooks.storage_profile.errors import BudgetExceeded, HookError, Infeasible, PreflightRefused
+from hooks.storage_profile.errors import (
+    ApiError,
+    BudgetExceeded,
+    Conflict,
+    Forbidden,
+    HookError,
+    Infeasible,
+    Invalid,
+    NotFound,
+    PreflightRefused,
+)
 from hooks.storage_profile.heartbeat import BeatingDeadline, Heartbeat
-from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.kube import Kube
 from hooks.storage_profile.lease import ClaimLease
 from hooks.storage_profile.ledger import budget, read_ledger, utcnow, with_entry
 from hooks.storage_profile.preflight import Plan, preflight
@@ -287,17 +295,17 @@ def _patch(
             meta.get("resourceVersion"),
             annotations,
         )
-    except ApiException as exc:
-        if exc.status == 409:
-            _judge_conflict(kube, cfg, claim, entry, deadline, exc)
-            return annotations[LEDGER_ANNOTATION] if annotations else None
-        # 403: RBAC or a per-class quota; 422: the API server's rules (e.g. an unbound
-        # claim, or nil after a class was applied). Nothing changed either way.
-        if exc.status in (403, 404, 422):
-            raise PreflightRefused(
-                f"the API server refused to patch claim {ref}: {api_message(exc)}"
-            ) from exc
-        raise HookError(f"patching claim {ref} failed: {api_message(exc)}") from exc
+    except Conflict as exc:
+        _judge_conflict(kube, cfg, claim, entry, deadline, exc)
+        return annotations[LEDGER_ANNOTATION] if annotations else None
+    except (Forbidden, NotFound, Invalid) as exc:
+        # Forbidden: RBAC or a per-class quota; Invalid: the API server's rules (e.g. an
+        # unbound claim, or nil after a class was applied). Nothing changed either way.
+        raise PreflightRefused(
+            f"the API server refused to patch claim {ref}: {exc.server_message}"
+        ) from exc
+    except ApiError as exc:
+        raise HookError(f"patching claim {ref} failed: {exc.server_message}") from exc
     return annotations[LEDGER_ANNOTATION] if annotations else None
 
 
@@ -307,9 +315,9 @@ def _judge_conflict(
     claim: dict,
     entry: LedgerEntry,
     deadline: Deadline,
-    exc: ApiException,
+    exc: Conflict,
 ) -> None:
-    """A 409: the claim is not the one that was read. Our own patch may have landed on an
+    """A conflict: the claim is not the one that was read. Our own patch may have landed on an
     earlier try whose answer was lost (a retried patch then meets its own change): then the
     claim asks for our class and its ledger holds our entry. Found by what it is (time to
     the second, classes, holder), not by position: the ledger is sorted by time, and an
@@ -333,7 +341,7 @@ def _judge_conflict(
     raise PreflightRefused(
         f"claim {ref} changed since it was read (resourceVersion "
         f"{claim['metadata'].get('resourceVersion')} -> {now['metadata'].get('resourceVersion')})"
-        f"; not patched, run the switch again: {api_message(exc)}"
+        f"; not patched, run the switch again: {exc.server_message}"
     ) from exc
 
 

@@ -16,13 +16,11 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 
-from kubernetes.client.rest import ApiException
-
 from checkpoint_storage_bench.errors import BenchError
 from checkpoint_storage_bench.retry import Deadline, TemporaryError
-from hooks.storage_profile.errors import HookError, Infeasible, UnexpectedState
+from hooks.storage_profile.errors import ApiError, Gone, HookError, Infeasible, UnexpectedState
 from hooks.storage_profile.heartbeat import Heartbeat
-from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube, api_message, classify
+from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube
 
 log = logging.getLogger(__name__)
 
@@ -187,18 +185,16 @@ class ClaimWaiter:
                 # The watch ended (the server's timeout, or ours for the heartbeat): watch
                 # again from the last resourceVersion seen.
                 continue
-            except ApiException as exc:
+            except Gone:
                 version = None
-                error = classify(exc)
-                if exc.status == 410:
-                    gone += 1
-                    if gone == 1:
-                        log.info("watch of %s expired (410 Gone); listing again", self.ref)
-                        continue
-                    # Expiring again and again: back off instead of hammering the server.
-                    error = TemporaryError(f"watch of {self.ref} expired {gone} times in a row")
-                elif not isinstance(error, TemporaryError):
-                    raise HookError(f"{what}: {api_message(exc)}") from exc
+                gone += 1
+                if gone == 1:
+                    log.info("watch of %s expired (410 Gone); listing again", self.ref)
+                    continue
+                # Expiring again and again: back off instead of hammering the server.
+                error = TemporaryError(f"watch of {self.ref} expired {gone} times in a row")
+            except ApiError as exc:
+                raise HookError(f"{what}: {exc.server_message}") from exc
             except CONNECTION_ERRORS as exc:
                 version = None
                 error = TemporaryError(f"watch of {self.ref} dropped: {exc}")
@@ -304,7 +300,7 @@ class ClaimWaiter:
     def _surface_events(self, claim: dict) -> None:
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, BenchError, TemporaryError) as exc:
+        except (BenchError, TemporaryError) as exc:
             log.info("could not read events of %s: %s", self.ref, exc)
             return
         for event in events:
@@ -324,7 +320,7 @@ class ClaimWaiter:
                 return f"{cond.get('reason')}: {cond.get('message')}"
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, BenchError, TemporaryError) as exc:
+        except (BenchError, TemporaryError) as exc:
             events = []
             log.info("could not read events of %s: %s", self.ref, exc)
         warnings = [e for e in events if e.get("type") == "Warning"]

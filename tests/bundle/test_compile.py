@@ -47,6 +47,9 @@ def switch_argv(target: str) -> list[str]:
 
 
 FIO = ["python", "-m", "fio_sweep", "--mount", "/checkpoints", "--size-scale", "1.0"]
+# Between a stage's fio sweep and its training runs: the Lease the switch took, renewed.
+RENEW = [*HOOK, "renew", *CLAIM_ARGS, "--lease-duration", "21600", "--backend", "kubernetes",
+         f"--holder={HOLDER}"]  # fmt: skip
 
 
 def train_argv(run: str, profile: str) -> list[str]:
@@ -67,6 +70,7 @@ def stage_argv(i: int, profile: str) -> dict[str, list[str]]:
     return {
         f"{stage}/switch": switch_argv(profile),
         f"{stage}/fio": FIO,
+        f"{stage}/renew": RENEW,
         f"{stage}/train[0]": train_argv(f"{stage}/train[0]", profile),
     }
 
@@ -93,7 +97,13 @@ PIPELINE_ARGV = {
         *[*HOOK, "release", *CLAIM_ARGS, "--holder", HOLDER, "--backend", "kubernetes"],
     ],
 }
-KIND_OF_RUN = {"switch": "switch", "restore": "switch", "plan": "hook", "release": "hook"}
+KIND_OF_RUN = {
+    "switch": "switch",
+    "restore": "switch",
+    "plan": "hook",
+    "renew": "hook",
+    "release": "hook",
+}
 
 
 def assert_valid_pod(pod: Pod) -> None:
@@ -135,6 +145,7 @@ KIND_OF_COMPONENT = {
     "storage-profile": ("switch", {"target_class": "checkpoint-throughput"}),
     "storage-profile-plan": ("hook", {"profiles": ["checkpoint-baseline"]}),
     "storage-profile-release": ("hook", {"holder": "0" * 32}),
+    "storage-profile-renew": ("hook", {}),
     "fio-sweep": ("fio", {}),
     "data-workload": ("data", {"storage_profile": "checkpoint-baseline"}),
     "checkpoint-compare": ("compare", {"pipeline": "0" * 32}),

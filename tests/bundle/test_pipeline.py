@@ -98,10 +98,14 @@ def test_each_stage_switches_measures_then_trains_repeats_times(stages) -> None:
     for stage in stages:
         assert stage.run.concurrency == 1
         # The default workload: the training; the data workload's op is skipped.
-        assert [n for n in stage.order() if stage.runs(n)] == ["switch", "fio", "train"]
+        assert [n for n in stage.order() if stage.runs(n)] == ["switch", "fio", "renew", "train"]
         upstream = stage.upstream()
-        assert ancestors(upstream, "train") == {"switch", "fio"}
-        assert ancestors(upstream, "data") == {"switch", "fio"}
+        assert ancestors(upstream, "train") == {"switch", "fio", "renew"}
+        assert ancestors(upstream, "data") == {"switch", "fio", "renew"}
+        # The Lease is renewed after the sweep, right before the training runs.
+        assert stage.ops["renew"].dependencies == ["fio"]
+        assert stage.ops["train"].dependencies == ["renew"]
+        assert stage.ops["data"].dependencies == ["renew"]
         # A failed switch or fio leaves the training upstream-failed: nothing is measured on
         # the wrong class. The only conditions choose the workload.
         for name, op in stage.ops.items():
@@ -111,7 +115,8 @@ def test_each_stage_switches_measures_then_trains_repeats_times(stages) -> None:
         assert train.kind == "mapping" and train.concurrency == 1
         assert stage.mapping("train") == [{"repeat": 0}, {"repeat": 1}]
         # No switch between the repeats: one switch op per stage, before every training.
-        assert [n for n, op in stage.ops.items() if "storage-profile" in op.path_ref] == ["switch"]
+        switches = [n for n, op in stage.ops.items() if "/storage-profile/" in op.path_ref]
+        assert switches == ["switch"]
 
 
 def test_a_stage_labels_its_runs_with_the_class_its_switch_applied(stages) -> None:
@@ -156,6 +161,13 @@ def test_one_lease_holder_for_every_switch_and_the_release(three, stages, jobs) 
     release = three.compile_op("release").argv
     assert release[release.index("--holder") + 1] == PIPELINE_UUID
     assert all(s.inputs["holder"] == PIPELINE_UUID for s in stages)
+    # Every stage's renewal renews that same holder's Lease, for the same duration.
+    renewals = [pod for pod in jobs.values() if pod.argv[3:4] == ["renew"]]
+    assert len(renewals) == 4
+    assert {_holder(pod.argv) for pod in renewals} == {PIPELINE_UUID}
+    assert {pod.argv[pod.argv.index("--lease-duration") + 1] for pod in renewals} == {
+        str(three.inputs["lease_duration"])
+    }
 
 
 def _holder(argv: list[str]) -> str | None:
@@ -320,7 +332,7 @@ def test_the_two_profile_pipeline_runs_the_seeds_ops() -> None:
     names = [pod.run_name for pod in pipeline_jobs().values()]
     assert names == [
         "plan",
-        *["switch", "fio", "train"] * 2,
+        *["switch", "fio", "renew", "train"] * 2,
         "compare",
         "restore",
         "release",

@@ -526,24 +526,7 @@ class KubeDouble:
             # RBAC authorizes list/watch by name only through a metadata.name selector.
             auth_name = name or dict(selector).get("metadata.name")
             if not self.rbac.allows(verb, group, resource, ns, auth_name):
-                # kube-apiserver names the object of the URL, or of a metadata.name selector.
-                what = qualified(group, resource)
-                if auth_name:
-                    what += f' "{auth_name}"'
-                scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
-                return self._answer(
-                    request,
-                    query,
-                    verb,
-                    403,
-                    status_body(
-                        403,
-                        "Forbidden",
-                        f'{what} is forbidden: User "{self.rbac.user}" cannot {verb} resource '
-                        f'"{resource}" in API group "{group}" {scope}',
-                        details(group, resource, auth_name),
-                    ),
-                )
+                return self._forbidden(request, query, verb, verb, group, resource, ns, auth_name)
         if kind == "PersistentVolumeClaim" and verb in ("list", "watch"):
             unknown = [key for key, _ in selector if key not in CLAIM_FIELD_SELECTORS]
             if unknown:
@@ -605,6 +588,31 @@ class KubeDouble:
                 405, "MethodNotAllowed", f"the double does not implement {verb} {resource}"
             ),
         )
+
+    def _forbidden(
+        self,
+        request: web.Request,
+        query: dict,
+        verb: str,
+        denied: str,
+        group: str,
+        resource: str,
+        ns: str | None,
+        name: str | None,
+        body: Any = None,
+    ) -> web.Response:
+        """kube-apiserver's 403 for ``denied`` (the request's verb, or the create an update
+        of a missing object would be): it names the object of the URL or of a
+        metadata.name selector, the user and the scope."""
+        assert self.rbac is not None
+        what = qualified(group, resource) + (f' "{name}"' if name else "")
+        scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+        message = (
+            f'{what} is forbidden: User "{self.rbac.user}" cannot {denied} resource '
+            f'"{resource}" in API group "{group}" {scope}'
+        )
+        payload = status_body(403, "Forbidden", message, details(group, resource, name))
+        return self._answer(request, query, verb, 403, payload, body=body)
 
     def _answer(
         self,
@@ -828,20 +836,8 @@ class KubeDouble:
             old = self.get("Lease", lease_name, ns)
             if verb == "update" and old is None and self.rbac is not None:
                 if not self.rbac.allows("create", group, resource, ns, lease_name):
-                    return self._answer(
-                        request,
-                        query,
-                        verb,
-                        403,
-                        status_body(
-                            403,
-                            "Forbidden",
-                            f'{qualified(group, resource)} "{lease_name}" is forbidden: User '
-                            f'"{self.rbac.user}" cannot create resource "{resource}" in API '
-                            f'group "{group}" in the namespace "{ns}"',
-                            details(group, resource, lease_name),
-                        ),
-                        body=lease,
+                    return self._forbidden(
+                        request, query, verb, "create", group, resource, ns, lease_name, lease
                     )
             if verb == "update" and old is not None:
                 version = meta.get("resourceVersion")

@@ -21,15 +21,6 @@ CLAIM_PATH = f"/api/v1/namespaces/{NS}/{CLAIMS}/{CLAIM}"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def cluster(double: KubeDouble) -> KubeDouble:
-    """A bound EBS claim settled on ``baseline`` and two classes of its driver."""
-    make_volume(double)
-    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
-    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
-    return double
-
-
 def switch(kubeconfig: Path, *extra: str, to: str = "fast", claim: str = CLAIM):
     return run_hook(
         "switch",

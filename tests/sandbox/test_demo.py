@@ -1,6 +1,6 @@
 """The README's main-job command, for real: ``python -m sandbox demo`` runs the bundle's
 general pipeline (checkpoint-storage-profiles: plan, a mapping of nested stage DAGs
-switch -> fio -> training, compare gathering them with joins, release) in the CE server.
+switch -> fio -> renew -> training, compare gathering them with joins, release) in the CE server.
 
 - With the default profiles and the default demo sizes it emulates three gp3 classes
   (connections/vac-ebs-gp3.yaml and the sandbox-only sandbox-vac-extra.yaml): the fio write
@@ -48,8 +48,9 @@ pytestmark = [
 ]
 
 # The jobs of one run, in the order they ran (the nested stages' jobs by their labels).
-ORDER = ["plan", "stages[0]/switch", "stages[0]/fio", "stages[0]/train[0]", "stages[1]/switch",
-         "stages[1]/fio", "stages[1]/train[0]", "compare", "release"]  # fmt: skip
+ORDER = ["plan", "stages[0]/switch", "stages[0]/fio", "stages[0]/renew", "stages[0]/train[0]",
+         "stages[1]/switch", "stages[1]/fio", "stages[1]/renew", "stages[1]/train[0]", "compare",
+         "release"]  # fmt: skip
 TINY = ["-P", "steps=4", "-P", "checkpoint_every=2", "-P", "model_size=1MiB",
         "-P", "size_scale=0.01", "-P", "fio_runtime=1"]  # fmt: skip
 
