@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system tools (fio, chromium) when missing and we may install them,
+# Idempotent set-up: system tools (fio, chromium, the node tier's) when missing and we may install them,
 # then a project venv in .venv with torch first (a local CPU build on our machines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v fio >/dev/null || missing+=(fio)
 command -v chromium >/dev/null || missing+=(chromium)
+# The node tier (tests/node, docs/node.md): a container runtime, CNI plugins, OCI image tools.
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+command -v umoci >/dev/null || missing+=(umoci)
+[ -x /bin/busybox ] || missing+=(busybox-static)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${missing[*]} with apt-get" >&2
