@@ -54,6 +54,15 @@ def nothing_left(report_left: dict) -> dict:
     return {k: v for k, v in report_left.items() if v}
 
 
+# An address off the machine (TEST-NET-2): without a default route, the connect fails at once.
+NETWORK_CHECK = (
+    "busybox ip route; echo --; "
+    "busybox nc -w 5 10.0.0.1 443 </dev/null && echo service:open || echo service:closed; "
+    "busybox nc -w 5 198.51.100.1 80 </dev/null 2>/dev/null"
+    " && echo outside:reachable || echo outside:unreachable"
+)
+
+
 def smoke_pod(name: str, command: str) -> dict:
     """A pod as a platform team runs jobs: non-root, fsGroup, no privilege, baseline PSA."""
     return {
@@ -126,6 +135,13 @@ def test_start_run_a_pod_stop_clean(bin_dir: Path) -> None:
         (status,) = pod["status"]["containerStatuses"]
         assert status["state"]["terminated"]["exitCode"] == 0
         assert log.split() == ["1000", "written", NAMESPACE, "10.0.0.1:443"], log
+        # In-cluster clients reach the API server through the Service (kube-proxy's DNAT to
+        # the bridge address); nothing routes off the machine.
+        pod, log = node.run_pod(smoke_pod("network", NETWORK_CHECK))
+        assert pod["status"]["phase"] == "Succeeded", (pod["status"], log)
+        routes, verdicts = log.split("--\n")
+        assert "default" not in routes, routes
+        assert verdicts.split() == ["service:open", "outside:unreachable"], log
         during = leftovers()
         # The checks below can see a node: they are not vacuous.
         assert during["cgroups"] and during["processes"] and during["bridge"] and during["chains"]
