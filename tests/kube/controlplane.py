@@ -94,7 +94,15 @@ def _proc_start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, start_time: str | None) -> bool:
-    return start_time is not None and _proc_start_time(pid) == start_time
+    """That very process is running (a zombie whose parent is gone and that the machine's
+    init has not reaped yet counts as gone: it holds nothing and signals do nothing to it)."""
+    if start_time is None or _proc_start_time(pid) != start_time:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 # -- certificates ---------------------------------------------------------------------------

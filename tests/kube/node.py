@@ -285,17 +285,21 @@ def sweep(state_dir: Path, bin_dir: Path | None = None, *, lock: Any = None) -> 
     another live node holds the machine's lock; ``lock``: the caller's, already held.
     """
     own = lock is None
+    stopped: list[str] = []
     if own:
         try:
             lock = take_lock()
         except NodeError:
             # Held by this state dir's own detached node (`start` from the command line, or
             # a killed starter whose holder lives on): stop those processes, then it is free.
-            if not _stop_recorded_node(state_dir):
+            stopped = _stop_recorded_node(state_dir)
+            if not stopped:
                 raise
             lock = _retry(take_lock, 5.0)
     try:
-        return _sweep(state_dir, bin_dir)
+        report = _sweep(state_dir, bin_dir)
+        report["recorded"] = stopped + report["recorded"]
+        return report
     finally:
         if own:
             lock.close()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.kube.conftest import _binaries, _missing
 from tests.kube.controlplane import stop_recorded
-from tests.kube.node import NodeError, sweep
+from tests.kube.node import Node, NodeError, sweep
 
 STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
 TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "umoci", "unshare", "nsenter")
@@ -90,3 +91,21 @@ def state_dir(name: str) -> Path:
 def done_with(path: Path) -> None:
     if not os.environ.get("KUBE_TIER_KEEP_STATE"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node(bin_dir: Path) -> Iterator[Node]:
+    """A started node for one test module (tests that check the stop itself start their own)."""
+    state = state_dir("mod")
+    node = Node(bin_dir, state, die_with_parent=True)
+    try:
+        node.start()
+    except NodeError as exc:
+        pytest.fail(f"node tier: the node did not start: {exc}", pytrace=False)
+    try:
+        yield node
+    finally:
+        report = node.stop()
+        left = {k: v for k, v in report["left"].items() if v}
+        assert not left, f"the node left: {left}"
+        done_with(state)
