@@ -13,6 +13,8 @@ command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 command -v umoci >/dev/null || missing+=(umoci)
 [ -x /bin/busybox ] || missing+=(busybox-static)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v nft >/dev/null || missing+=(nftables)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${missing[*]} with apt-get" >&2

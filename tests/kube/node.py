@@ -890,6 +890,63 @@ def busybox_image(out_dir: Path, tag: str, entrypoint: list[str]) -> Path:
         shutil.rmtree(layout, ignore_errors=True)
 
 
+# The base of the node's images, from Debian's archive (no registry is reachable here).
+DEBIAN_SUITE = "bookworm"
+DEBIAN_PACKAGES = ("python3", "python3-venv", "python3-pip", "fio")
+BASE_IMAGE = f"localhost/csb-debian-base:{DEBIAN_SUITE}"
+
+
+def image_cache() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "checkpoint-storage-bench" / "images"
+
+
+def debian_base_image(cache: Path | None = None) -> Path:
+    """An OCI archive of a minbase Debian root with Python and fio (mmdebstrap, one layer
+    added with umoci), tagged ``DEBIAN_SUITE``. Cached under a key of the suite and the
+    package list: built once (minutes: it downloads ~100 MB of packages), then reused."""
+    import hashlib
+
+    cache = cache or image_cache()
+    key = hashlib.sha256(f"{DEBIAN_SUITE} minbase {sorted(DEBIAN_PACKAGES)}".encode()).hexdigest()
+    archive = cache / f"debian-base-{key[:12]}.tar"
+    if archive.exists():
+        return archive
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=cache, prefix="build-"))
+    try:
+        rootfs = work / "rootfs.tar"
+        _run(
+            "mmdebstrap",
+            "--variant=minbase",
+            f"--include={','.join(DEBIAN_PACKAGES)}",
+            "--quiet",
+            DEBIAN_SUITE,
+            str(rootfs),
+            timeout=3600,
+        )
+        oci = work / "oci"
+        image = f"{oci}:{DEBIAN_SUITE}"
+        _run("umoci", "init", "--layout", str(oci))
+        _run("umoci", "new", "--image", image)
+        _run("umoci", "raw", "add-layer", "--image", image, str(rootfs), timeout=600)
+        _run(
+            "umoci",
+            "config",
+            "--image",
+            image,
+            "--config.env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "--config.cmd=python3",
+        )
+        rootfs.unlink()
+        partial = work / "image.tar"
+        _run("tar", "-C", str(oci), "-cf", str(partial), ".", timeout=600)
+        partial.rename(archive)  # complete or absent: a killed build leaves no half archive
+        return archive
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def build_pause_image(out_dir: Path) -> Path:
     """The sandbox image: busybox sleeping (killed with SIGKILL when the pod stops)."""
     return busybox_image(out_dir, PAUSE_IMAGE.rsplit(":", 1)[1], ["/bin/sleep", "infinity"])

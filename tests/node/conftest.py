@@ -21,7 +21,17 @@ from tests.kube.controlplane import stop_recorded
 from tests.kube.node import Node, NodeError, sweep
 
 STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
-TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "umoci", "unshare", "nsenter")
+TOOLS = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "runc",
+    "ctr",
+    "umoci",
+    "mmdebstrap",
+    "unshare",
+    "nsenter",
+    "nft",
+)
 FILES = ("/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback", "/bin/busybox")
 
 
