@@ -20,6 +20,7 @@ from checkpoint_compare.cost import DEFAULT_PRICING
 from checkpoint_compare.errors import EXIT_CODES
 from checkpoint_compare.figures import DEFAULT_WARMUP
 from checkpoint_compare.recommendation import Budget
+from checkpoint_compare.workloads import WorkloadBudget
 from checkpoint_storage_bench.errors import exit_codes_help
 
 
@@ -151,6 +152,16 @@ def _pairs(values: tuple[str, ...], what: str, need_key: bool) -> list[tuple[str
     help="The team's checkpoint cadence, for the net cost (GPU time paused + storage).",
 )
 @click.option(
+    "--min-au",
+    type=FiniteFloat(0, 1),
+    help="Data workload scan: the lowest acceptable accelerator utilization (0-1; MLPerf: 0.9).",
+)
+@click.option(
+    "--max-p99-ms",
+    type=FiniteFloat(),
+    help="Data workload workspace: the highest acceptable p99 save latency, ms.",
+)
+@click.option(
     "--allow-resumed",
     is_flag=True,
     help="Rank runs resumed part-way (their timings cover only part of a run) against "
@@ -190,13 +201,16 @@ def main(
     max_pause_s: float | None,
     max_pause_share: float | None,
     checkpoints_per_month: float | None,
+    min_au: float | None,
+    max_p99_ms: float | None,
     allow_resumed: bool,
     html_path: Path | None,
     json_path: Path | None,
     markdown_path: Path | None,
     track: bool,
 ) -> None:
-    """Compare the training runs of storage profiles and say which one to keep."""
+    """Compare the training (or data-workload) runs of storage profiles and say which one to
+    keep."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     summary_paths = [(str(p), Path(v)) for p, v in _pairs(summaries, "--summary", True)]
     sources = Sources(
@@ -222,6 +236,7 @@ def main(
         baseline=baseline,
         expected=expected,
         budget=Budget(max_pause_s, max_pause_share, checkpoints_per_month),
+        workload_budget=WorkloadBudget(min_au, max_p99_ms),
         allow_resumed=allow_resumed,
         html_path=html_path,
         json_path=json_path,

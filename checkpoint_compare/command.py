@@ -15,19 +15,27 @@ from checkpoint_compare.grouping import group_by_profile
 from checkpoint_compare.records import RunKind
 from checkpoint_compare.sources import Loaded, load_runs
 from checkpoint_compare.verdict import Verdict, build_verdict, op_outputs
+from checkpoint_compare.workloads import (
+    WorkloadVerdict,
+    is_data_comparison,
+    judge_workloads,
+    outputs,
+    terminal,
+    to_json,
+)
 from checkpoint_storage_bench.tracking import tracked_run
 
 log = logging.getLogger("checkpoint_compare")
 
 
-def judge(config: CompareConfig) -> tuple[Verdict, Loaded]:
-    """Load, group, compare, price and recommend.
+def judge(config: CompareConfig, loaded: Loaded | None = None) -> tuple[Verdict, Loaded]:
+    """Load (unless given), group, compare, price and recommend.
 
     Raises:
         CompareError: A subclass carrying the exit code (bad input, runs missing, ...).
     """
     pricing = load_pricing(config.pricing_path, config.gpu_hourly, config.volume_gib)
-    loaded = load_runs(config.sources)
+    loaded = loaded or load_runs(config.sources)
     groups, failed = group_by_profile(loaded.records, expected=config.expected)
     for run in failed:
         log.warning("run %s %s and is not used: %s", run.label, run.status, run.message)
@@ -54,7 +62,10 @@ def run(config: CompareConfig) -> Verdict:
     """Judge, then print the verdict, write the reports and log it as a Polyaxon run (its
     outputs, the reports as artifacts, the markdown as the run's readme and, for the runs
     of a pipeline on a server, as the pipeline's readme too)."""
-    verdict, loaded = judge(config)
+    loaded = load_runs(config.sources)
+    if is_data_comparison(loaded.records):
+        return run_workloads(config, loaded)
+    verdict, loaded = judge(config, loaded)
     from checkpoint_compare.report_json import dumps
     from checkpoint_compare.report_markdown import to_markdown
     from checkpoint_compare.report_text import terminal
@@ -86,6 +97,47 @@ def run(config: CompareConfig) -> Verdict:
         try:
             loaded.api.set_readme(loaded.pipeline, markdown)
         except CompareError as exc:  # the verdict stands; only the pipeline's page lacks it
+            click.echo(f"warning: the pipeline's readme was not set: {exc}", err=True)
+    for path in written:
+        click.echo(f"wrote {path}")
+    return verdict
+
+
+def run_workloads(config: CompareConfig, loaded: Loaded) -> WorkloadVerdict:
+    """The verdict of a data workload's runs (scan, materialize, workspace), in its terms."""
+    pricing = load_pricing(config.pricing_path, config.gpu_hourly, config.volume_gib)
+    verdict = judge_workloads(
+        loaded.records,
+        pricing,
+        config.thresholds,
+        baseline=config.baseline,
+        budget=config.workload_budget,
+        expected=config.expected,
+    )
+    text = terminal(verdict)
+    click.echo(text, nl=False)
+    markdown = "\n".join(f"- {s}" for s in verdict.sentences) + "\n"
+    written: list[Path] = []
+    if config.json_path:
+        written.append(_write(config.json_path, to_json(verdict)))
+    if config.markdown_path:
+        written.append(_write(config.markdown_path, markdown))
+    with tracked_run("compare", tags=["compare", f"workload:{verdict.workload}"],
+                     enabled=config.track) as tracker:  # fmt: skip
+        tracker.log_inputs(
+            baseline=verdict.baseline,
+            profiles=",".join(p.profile for p in verdict.profiles),
+            compared_runs=",".join(u for p in verdict.profiles for u in p.runs),
+            workload=verdict.workload,
+        )
+        tracker.log_outputs(**outputs(verdict))
+        for path in written:
+            tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
+        tracker.set_readme(markdown)
+    if config.track and loaded.pipeline and loaded.api:
+        try:
+            loaded.api.set_readme(loaded.pipeline, markdown)
+        except CompareError as exc:
             click.echo(f"warning: the pipeline's readme was not set: {exc}", err=True)
     for path in written:
         click.echo(f"wrote {path}")

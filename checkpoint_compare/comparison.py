@@ -21,11 +21,12 @@ from __future__ import annotations
 import enum
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
+from checkpoint_compare.formatting import seconds
 from checkpoint_compare.intervals import Shift, hodges_lehmann, pairwise_range
-from checkpoint_storage_bench.contract import STAGES
+from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
 
 
 class Outcome(enum.Enum):
@@ -60,7 +61,7 @@ class Thresholds:
     runtime_floor: float = 0.02
     practical_floor_s: float = 0.01
     loss_tolerance: float = 1e-3
-    confidence: float = 0.95
+    confidence: float = VERDICT_CONFIDENCE
     warmup: int = DEFAULT_WARMUP
 
     def __post_init__(self) -> None:
@@ -164,6 +165,9 @@ class Comparison:
             same model.
         drift: The baseline's drift, when the pipeline returned to it.
         notes: Plain-language observations (dominating stage, loss mismatch, ...).
+        restore: The difference in the time to load and verify the newest checkpoint, one
+            figure per run, judged like the pause; None unless both profiles measured it.
+            It informs; the verdict stays on the whole run.
     """
 
     baseline: ProfileFigures
@@ -176,6 +180,7 @@ class Comparison:
     loss_unknown: bool = False
     drift: Drift | None = None
     notes: list[str] = field(default_factory=list)
+    restore: Difference | None = None
 
     @property
     def pause_delta_s(self) -> float:
@@ -226,7 +231,9 @@ def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) ->
     floor = t.runtime_floor * max(base.runtime_s, cand.runtime_s)
     if len(base.runtimes) >= 2 and len(cand.runtimes) >= 2:
         shift = hodges_lehmann(cand.runtimes, base.runtimes, t.confidence)
-        return shift if shift.has_interval else pairwise_range(cand.runtimes, base.runtimes)
+        if shift.has_interval:
+            return shift
+        return replace(pairwise_range(cand.runtimes, base.runtimes), asked=t.confidence)
     # A single run on one side at least: the difference ± the runtime floor, or ± the other
     # side's between-run spread when its repeats vary more than that.
     delta = cand.runtime_s - base.runtime_s
@@ -261,6 +268,22 @@ def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> S
     )  # fmt: skip
 
 
+def _restore_difference(
+    base: ProfileFigures, cand: ProfileFigures, t: Thresholds
+) -> Difference | None:
+    x, y = cand.restores, base.restores
+    if not x or not y:
+        return None
+    shift = hodges_lehmann(x, y, t.confidence)
+    if not shift.has_interval:
+        shift = replace(
+            shift,
+            method=f"too few restores for a {t.confidence:.0%} interval ({len(y)} and "
+            f"{len(x)}, one per run; a rank interval at 95 % needs e.g. 4 and 4 runs)",
+        )
+    return Difference.judge(shift, t.practical_floor_s, "restore")
+
+
 def compare(
     baseline: ProfileFigures,
     candidate: ProfileFigures,
@@ -292,6 +315,7 @@ def compare(
         loss_differs=loss_differs,
         loss_unknown=loss_delta is None,
         drift=drift,
+        restore=_restore_difference(baseline, candidate, t),
     )
     result.notes = _drift_notes(result) + _notes(result)
     return result
@@ -308,18 +332,18 @@ def _drift_notes(c: Comparison) -> list[str]:
             c.pause.counts = False
             c.pause.why_not = "pause: no larger than the baseline's drift"
         notes.append(
-            f"{drift.profile}'s own pauses moved by {drift.pause.estimate:+.3f} s between its "
+            f"{drift.profile}'s own pauses moved by {seconds(drift.pause.estimate, signed=True)} s between its "
             f"first and its last runs (drift), at least as much as the difference to {name} "
-            f"({c.pause.estimate:+.3f} s): the difference may be drift, not the profile"
+            f"({seconds(c.pause.estimate, signed=True)} s): the difference may be drift, not the profile"
         )
     if abs(drift.runtime_s) >= abs(c.runtime.estimate):
         if c.runtime.counts:
             c.runtime.counts = False
             c.runtime.why_not = "runtime: no larger than the baseline's drift"
         notes.append(
-            f"{drift.profile}'s own runtime moved by {drift.runtime_s:+.2f} s between its first "
+            f"{drift.profile}'s own runtime moved by {seconds(drift.runtime_s, signed=True)} s between its first "
             f"and its last runs (drift), at least as much as the difference to {name} "
-            f"({c.runtime.estimate:+.2f} s): the difference may be drift, not the profile"
+            f"({seconds(c.runtime.estimate, signed=True)} s): the difference may be drift, not the profile"
         )
     return notes
 
@@ -343,8 +367,8 @@ def _notes(c: Comparison) -> list[str]:
         longer = "longer" if c.runtime_delta_s > 0 else "shorter"
         checkpoints = max(c.baseline.checkpoint_count, c.candidate.checkpoint_count, 1)
         notes.append(
-            f"the run is {abs(c.runtime_delta_s):.2f} s {longer}, but {checkpoints} checkpoints "
-            f"differing by {c.pause_delta_s:+.3f} s each cannot explain it: not put down to "
+            f"the run is {seconds(abs(c.runtime_delta_s))} s {longer}, but {checkpoints} checkpoints "
+            f"differing by {seconds(c.pause_delta_s, signed=True)} s each cannot explain it: not put down to "
             "storage"
         )
     # The stage that dominates the baseline pause, so a team knows what storage can fix.

@@ -12,6 +12,7 @@ import click
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING
 from checkpoint_compare.recommendation import Budget
+from checkpoint_compare.workloads import WorkloadBudget
 from checkpoint_storage_bench.tracking import in_polyaxon_run
 
 
@@ -72,6 +73,7 @@ class CompareConfig:
         baseline: The baseline profile (default: the first one run).
         expected: Profiles that must be present.
         budget: Pause budget and cadence for the recommendation.
+        workload_budget: A data workload's budget (AU floor, p99 save latency).
         allow_resumed: Rank runs resumed part-way against uninterrupted ones anyway.
         html_path: Where to write the HTML report.
         json_path: Where to write the JSON report.
@@ -88,6 +90,7 @@ class CompareConfig:
     baseline: str | None = None
     expected: tuple[str, ...] = ()
     budget: Budget = field(default_factory=Budget)
+    workload_budget: WorkloadBudget = field(default_factory=WorkloadBudget)
     allow_resumed: bool = False
     html_path: Path | None = None
     json_path: Path | None = None

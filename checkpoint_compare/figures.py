@@ -26,12 +26,15 @@ from checkpoint_storage_bench.contract import (
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
     LOSS_METRIC,
+    RESTORE_MEASURED,
+    RESTORE_OUTPUTS,
     STAGES,
     VAC_PARAMETER_PREFIX,
+    VERDICT_WARMUP,
     WORLD_SIZE,
 )
 
-DEFAULT_WARMUP = 1
+DEFAULT_WARMUP = VERDICT_WARMUP
 """Checkpoints at the start of each run reported as warm-up and left out of the comparison."""
 
 
@@ -83,6 +86,9 @@ class RunFigures:
         world_size: Ranks that wrote each checkpoint (None: a single process).
         slowest_rank: Whether the pauses are the slowest rank's (a distributed run).
         resumed_from_step: The step a resumed run continued from (None: uninterrupted).
+        restore_s: Seconds to load and verify the newest checkpoint (None: not measured).
+        restore_gbps: Its rate.
+        restore_measured: ``resume`` or ``end`` (``--restore-check``).
     """
 
     run: RunRecord
@@ -101,6 +107,9 @@ class RunFigures:
     world_size: int | None = None
     slowest_rank: bool = False
     resumed_from_step: int | None = None
+    restore_s: float | None = None
+    restore_gbps: float | None = None
+    restore_measured: str | None = None
 
     @property
     def node(self) -> str | None:
@@ -205,6 +214,15 @@ class ProfileFigures:
         return "; ".join(problems) or None
 
     @property
+    def restores(self) -> list[float]:
+        """One restore time per run that measured one: compared like the pauses."""
+        return [r.restore_s for r in self.per_run if r.restore_s is not None]
+
+    @property
+    def restore_gbps_median(self) -> float | None:
+        return _median_or_none([r.restore_gbps for r in self.per_run])
+
+    @property
     def warmup_median(self) -> float | None:
         return statistics.median(self.warmup_pauses) if self.warmup_pauses else None
 
@@ -278,11 +296,13 @@ non-finite."""
 def _final_loss(run: RunRecord) -> tuple[float | None, str | None]:
     """The run's final loss, or None and why there is none to compare.
 
-    The trainer writes a loss that is not finite as null (the summary) or leaves the output
-    out (Polyaxon keeps no null outputs); its loss events, or the summary's curve, still
-    show that the loss went non-finite: such a run diverged, which is more than a run that
-    recorded no loss.
+    The trainer writes a loss that is not finite as null (the summary) or leaves it out (the
+    outputs and loss events take no non-finite number), and says where it went non-finite
+    (``diverged_at_step``); runs of older trainers show it in their loss events or the
+    summary's curve. Such a run diverged, which is more than a run that recorded no loss.
     """
+    if (step := run.diverged_at_step) is not None:
+        return None, f"has a non-finite loss from step {step} on ({DIVERGED})"
     curve = run.metrics.get(LOSS_METRIC, [])
     loss = _num(run.outputs.get("final_loss"))
     if loss is None and curve:
@@ -346,6 +366,9 @@ def run_figures(profile: str, run: RunRecord, warmup: int) -> RunFigures:
         or _num(run.outputs.get(f"{DISTRIBUTED_CHECKPOINT_METRICS['slowest_pause_s']}_median"))
         is not None,
         resumed_from_step=run.resumed_from_step,
+        restore_s=_num(run.outputs.get(RESTORE_OUTPUTS[0])),
+        restore_gbps=_num(run.outputs.get(RESTORE_OUTPUTS[2])),
+        restore_measured=run.meta.get(RESTORE_MEASURED),
     )
 
 

@@ -43,6 +43,8 @@ class Shift:
         n_x: Size of ``x``.
         n_y: Size of ``y``.
         method: How the interval was made, for the reader.
+        asked: The confidence asked for, which the report names (``confidence`` may be
+            above it; a range of the differences between few runs may be below it).
     """
 
     estimate: float
@@ -52,6 +54,7 @@ class Shift:
     n_x: int
     n_y: int
     method: str
+    asked: float | None = None
 
     @property
     def has_interval(self) -> bool:
@@ -111,6 +114,19 @@ def _rank_k(n: int, m: int, confidence: float) -> tuple[int, float] | None:
     return k, 1 - 2 * tail
 
 
+def values_for_interval(confidence: float = 0.95) -> int:
+    """The fewest values per sample (two samples of one size) for which the rank interval
+    reaches ``confidence``: what a run needs to make for its pauses to be compared.
+
+    >>> values_for_interval(0.95), values_for_interval(0.99)
+    (4, 5)
+    """
+    n = 1
+    while _rank_k(n, n, confidence) is None:
+        n += 1
+    return n
+
+
 def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Shift:
     """The shift of ``x`` over ``y`` and its rank-based confidence interval.
 
@@ -128,7 +144,7 @@ def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float = 0
         return Shift(estimate, None, None, None, len(x), len(y), "too few values for the interval")
     k, achieved = found
     method = "exact rank interval" if len(x) * len(y) <= EXACT_PAIRS else "normal approximation"
-    return Shift(estimate, diffs[k - 1], diffs[-k], achieved, len(x), len(y), method)
+    return Shift(estimate, diffs[k - 1], diffs[-k], achieved, len(x), len(y), method, confidence)
 
 
 def pairwise_range(x: Sequence[float], y: Sequence[float]) -> Shift:

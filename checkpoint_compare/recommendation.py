@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from checkpoint_compare.comparison import Comparison
 from checkpoint_compare.cost import Pricing, ProfileCost
 from checkpoint_compare.figures import ProfileFigures
+from checkpoint_compare.formatting import seconds, usd
 from checkpoint_compare.intervals import median_upper_bound
 
 NONE_MEETS = "none"
@@ -137,14 +138,14 @@ def _fit(
         else:
             problems = []
             if budget.max_pause_s is not None and high > budget.max_pause_s:
-                problems.append(f"pause up to {high:.3f} s > {budget.max_pause_s:g} s")
+                problems.append(f"pause up to {seconds(high)} s > {budget.max_pause_s:g} s")
             if budget.max_pause_share is not None and share > budget.max_pause_share:  # type: ignore[operator]
                 problems.append(
                     f"paused up to {share:.1%} of the run > {budget.max_pause_share:.1%}"
                 )
             meets = not problems
             why = "; ".join(problems) or (
-                f"pause ≤ {high:.3f} s, paused ≤ {share:.1%} of the run"  # type: ignore[str-format]
+                f"pause ≤ {seconds(high)} s, paused ≤ {share:.1%} of the run"  # type: ignore[str-format]
             )
     return ProfileFit(
         profile=figures.profile,
@@ -157,8 +158,7 @@ def _fit(
     )
 
 
-def _usd(value: float) -> str:
-    return f"{value:,.2f} USD"
+_usd = usd
 
 
 def _cost_words(fit: ProfileFit, budget: Budget) -> str:

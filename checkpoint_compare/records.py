@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from checkpoint_storage_bench.contract import (
+    DIVERGED_AT_STEP,
     FIO_METRIC,
     FIO_OUTPUT,
     RESUMED_FROM_STEP,
@@ -28,6 +29,9 @@ Series = list[tuple[int, float]]
 # The loss of a run that diverged is NaN or infinite: a result of training, reported as such
 # (the run cannot win), not malformed input. Every other recorded number must be finite
 # (and, in a training run, >= 0: the loss is also the only figure that may be negative).
+SUMMARY_UUID_PREFIX = "summary:"
+"""The uuid of a run read from a summary file: this prefix and the file's path."""
+
 LOSS_KEYS = SIGNED_FIGURES
 
 
@@ -115,14 +119,23 @@ class RunRecord:
                 if training and (why := _unsigned_problem(name, value)):
                     raise ValueError(f"metric {name} at step {step} = {value!r} {why}")
 
+    def _step_output(self, name: str) -> int | None:
+        """A step the trainer records as an output, 0 (or a null summary key) for none."""
+        step = self.outputs.get(name)
+        if isinstance(step, bool) or not isinstance(step, int | float) or not step > 0:
+            return None
+        return int(step)
+
     @property
     def resumed_from_step(self) -> int | None:
         """The step a resumed run continued from; None for a run that started at step 0
         (the trainer's output is 0 then, its summary null)."""
-        step = self.outputs.get(RESUMED_FROM_STEP)
-        if isinstance(step, bool) or not isinstance(step, int | float) or not step > 0:
-            return None
-        return int(step)
+        return self._step_output(RESUMED_FROM_STEP)
+
+    @property
+    def diverged_at_step(self) -> int | None:
+        """The first step whose loss was not finite; None while the loss stayed finite."""
+        return self._step_output(DIVERGED_AT_STEP)
 
     @property
     def succeeded(self) -> bool:
@@ -130,7 +143,10 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """A short identification for messages: name and uuid prefix."""
+        """A short identification for messages: name and uuid prefix (a summary file: its
+        file name, which names the run, where a uuid prefix would say only "summary:")."""
+        if self.uuid.startswith(SUMMARY_UUID_PREFIX):
+            return self.uuid.removeprefix(SUMMARY_UUID_PREFIX)
         short = self.uuid[:8]
         return f"{self.name} ({short})" if self.name else short
 

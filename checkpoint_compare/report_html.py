@@ -1,10 +1,9 @@
 """The self-contained HTML report: tables from ``report_tables`` plus matplotlib plots as PNGs.
 
 Everything is inline (base64 ``<img>``, a ``<style>`` block): the file opens from a
-run's artifacts or an air-gapped laptop without fetching anything. matplotlib is the
-``report`` extra: without it (the job image installs the package without extras, and the
-component always asks for HTML) the report has every table and the verdict, and says the
-plots need matplotlib, rather than the verdict failing.
+run's artifacts or an air-gapped laptop without fetching anything. matplotlib is a
+dependency of the default install; should it be missing all the same, the report has every
+table and the verdict, and says the plots need matplotlib, rather than the verdict failing.
 """
 
 from __future__ import annotations
@@ -12,24 +11,25 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from checkpoint_compare.comparison import Difference
 from checkpoint_compare.report_tables import (
-    COST_SECTION,
+    column_names,
     comparison_lines,
     recommendation_lines,
     sections,
 )
-from checkpoint_compare.verdict import Verdict
+from checkpoint_compare.verdict import Candidate, Verdict, interval
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NO_PLOTS = (
-    "plots need matplotlib, which is not installed "
-    "(pip install 'checkpoint-storage-bench[report]'); the tables hold every figure"
+    "plots need matplotlib, a dependency of the package that is not installed here "
+    "(pip install 'matplotlib>=3.8'); the tables hold every figure"
 )
 
 
@@ -42,7 +42,7 @@ def plots_available() -> bool:
     return True
 
 
-_STACKED = ("serialize", "write", "fsync", "upload")
+_STACKED = ("serialize", "write", "fsync", "checksum", "upload")
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 72em; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
@@ -71,10 +71,24 @@ def _png(draw: Callable[[Figure], None], size: tuple[float, float] = (8, 4)) -> 
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+_PALETTE = ("#4c72b0", "#dd8452", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd")
+
+
+def profile_colours(verdict: Verdict) -> dict[str, str]:
+    """One colour per profile in every plot (the baseline first), so a profile is the same
+    colour wherever it appears; the verdict's colours (green, red) are left to the
+    differences that decide it."""
+    return {s.profile: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(verdict.profiles)}
+
+
+def _label(verdict: Verdict, profile: str) -> str:
+    return profile + (" (baseline)" if profile == verdict.baseline else "")
+
+
 def _stage_bars(verdict: Verdict) -> Callable[[Figure], None]:
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
-        names = [s.profile for s in verdict.profiles]
+        names = [_label(verdict, s.profile) for s in verdict.profiles]
         bottoms = [0.0] * len(names)
         for stage in _STACKED:
             heights = [
@@ -93,26 +107,36 @@ def _stage_bars(verdict: Verdict) -> Callable[[Figure], None]:
             label="pause (training blocked)",
         )
         ax.set_ylabel("median seconds per checkpoint")
-        ax.set_title("Checkpoint stages per profile")
+        ax.set_title("Checkpoint stages per profile (measured checkpoints)")
         ax.legend()
 
     return draw
 
 
 def _pause_over_steps(verdict: Verdict) -> Callable[[Figure], None]:
+    colours = profile_colours(verdict)
+
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
         for s in verdict.profiles:
-            for i, series in enumerate(s.pause_series):
-                if series:
-                    steps, values = zip(*series, strict=True)
-                    label = s.profile if len(s.pause_series) == 1 else f"{s.profile} run {i + 1}"
-                    ax.plot(steps, values, marker="o", label=label)
+            many = len(s.per_run) > 1
+            for i, run in enumerate(s.per_run):
+                label = _label(verdict, s.profile) + (f" run {i + 1}" if many else "")
+                colour = colours[s.profile]
+                if run.measured:
+                    steps, values = zip(*sorted(run.measured), strict=True)
+                    ax.plot(steps, values, marker="o", color=colour, label=label)
+                if run.warmup:  # hollow: shown, not compared
+                    steps, values = zip(*sorted(run.warmup), strict=True)
+                    ax.plot(
+                        steps, values, marker="o", linestyle="none", markerfacecolor="white",
+                        color=colour, label=f"{label}, warm-up (not compared)",
+                    )  # fmt: skip
         ax.set_xlabel("training step")
-        ax.set_ylabel("pause (s)")
+        ax.set_ylabel("pause per checkpoint (s)")
         ax.set_ylim(bottom=0)
-        ax.set_title("Pause per checkpoint")
-        ax.legend()
+        ax.set_title("Pause per checkpoint, by profile")
+        ax.legend(fontsize="small")
 
     return draw
 
@@ -138,14 +162,36 @@ def _fio_bars(verdict: Verdict) -> Callable[[Figure], None]:
     return draw
 
 
-_SVG_W, _ROW_H, _LABEL_W, _PAD = 720, 34, 200, 24
+_SVG_W, _ROW_H, _LABEL_W, _PAD, _AXIS_H = 720, 34, 200, 24, 34
+GREEN, RED, GREY = "#1a7f37", "#c62828", "#888"
 
 
-def _interval_panel(title: str, rows: list[tuple[str, Difference]], unit: str) -> str:
+def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values (1, 2 or 5 × a power of ten) spanning [low, high]."""
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(low / step)
+    return [i * step for i in range(first, math.floor(high / step) + 1)]
+
+
+def interval_colour(cand: Candidate) -> str:
+    """Green or red only where the difference decides the verdict: the candidate's run is
+    measurably faster (or slower) because of its checkpoints. A difference that counts on
+    its own but does not decide (a faster pause under a run that is not measurably faster)
+    is grey, like one that does not count, so the colours never contradict the verdict."""
+    faster = cand.comparison.faster
+    return GREY if faster is None else GREEN if faster else RED
+
+
+def _interval_panel(
+    title: str, rows: list[tuple[str, Difference, str]], unit: str, panel: str
+) -> str:
     """One forest plot: per candidate its estimate (dot), interval (line) and practical
-    floor (band around zero); zero marked. Drawn as SVG, so it needs no plotting library."""
+    floor (band around zero), on an axis with numbers and a labelled zero line. Drawn as
+    SVG, so it needs no plotting library."""
     values = [0.0]
-    for _, diff in rows:
+    for _, diff, _ in rows:
         values += [diff.estimate, diff.floor, -diff.floor]
         if diff.shift.has_interval:
             values += [diff.shift.low, diff.shift.high]  # type: ignore[list-item]
@@ -157,20 +203,38 @@ def _interval_panel(title: str, rows: list[tuple[str, Difference]], unit: str) -
     def x(value: float) -> float:
         return _LABEL_W + (value - low) / (high - low) * width
 
-    height = _PAD * 2 + _ROW_H * len(rows)
+    bottom = _PAD + _ROW_H * len(rows)
+    height = bottom + _AXIS_H
     esc = html.escape
     out = [
-        f"<svg width='{_SVG_W}' height='{height}' role='img' aria-label='{esc(title)}'>",
+        f"<svg width='{_SVG_W}' height='{height}' role='img' aria-label='{esc(title)}' "
+        f"data-panel='{panel}'>",
         f"<text x='{_LABEL_W}' y='16' font-size='13'>{esc(title)} ({unit}, candidate − "
         "baseline)</text>",
-        f"<line x1='{x(0):.1f}' y1='{_PAD}' x2='{x(0):.1f}' y2='{height - 8}' stroke='#333' "
-        "stroke-dasharray='3,3'/>",
     ]
-    for i, (name, diff) in enumerate(rows):
+    # The axis: a baseline rule, round ticks with their values, the unit.
+    out.append("<g class='axis'>")
+    out.append(
+        f"<line x1='{_LABEL_W}' y1='{bottom}' x2='{_LABEL_W + width}' y2='{bottom}' stroke='#333'/>"
+    )
+    for tick in _ticks(low, high):
+        tx = x(tick)
+        out.append(
+            f"<line x1='{tx:.1f}' y1='{bottom}' x2='{tx:.1f}' y2='{bottom + 5}' stroke='#333'/>"
+            f"<text class='tick' x='{tx:.1f}' y='{bottom + 17}' font-size='11' "
+            f"text-anchor='middle'>{'0' if tick == 0 else f'{tick:+g}'}</text>"
+        )
+    out.append(
+        f"<text x='{_LABEL_W + width + 4}' y='{bottom + 17}' font-size='11'>{unit}</text></g>"
+    )
+    out.append(
+        f"<line class='zero' x1='{x(0):.1f}' y1='{_PAD}' x2='{x(0):.1f}' y2='{bottom}' "
+        "stroke='#333' stroke-dasharray='3,3'/>"
+        f"<text class='zero-label' x='{x(0):.1f}' y='{bottom + 31}' font-size='11' "
+        "text-anchor='middle' fill='#333'>0 = same as the baseline</text>"
+    )
+    for i, (name, diff, colour) in enumerate(rows):
         y = _PAD + _ROW_H * i + _ROW_H / 2
-        colour = "#888"
-        if diff.counts:
-            colour = "#1a7f37" if diff.estimate < 0 else "#c62828"
         s = diff.shift
         attrs = (
             f"class='interval' data-candidate='{esc(name)}' data-estimate='{s.estimate!r}' "
@@ -187,32 +251,59 @@ def _interval_panel(title: str, rows: list[tuple[str, Difference]], unit: str) -
                 f"<line x1='{x(s.low):.1f}' y1='{y:.1f}' x2='{x(s.high):.1f}' y2='{y:.1f}' "  # type: ignore[arg-type]
                 f"stroke='{colour}' stroke-width='3'/>"
             )
-        out.append(f"<circle cx='{x(s.estimate):.1f}' cy='{y:.1f}' r='5' fill='{colour}'/>")
+        out.append(
+            f"<circle cx='{x(s.estimate):.1f}' cy='{y:.1f}' r='5' fill='{colour}'>"
+            f"<title>{esc(interval(s))}</title></circle>"
+        )
         out.append("</g>")
     out.append("</svg>")
     return "".join(out)
 
 
 def intervals_svg(verdict: Verdict) -> str:
-    """The pause and whole-run differences of every candidate with their intervals."""
-    pause = [(c.comparison.candidate.profile, c.comparison.pause) for c in verdict.candidates]
-    runtime = [(c.comparison.candidate.profile, c.comparison.runtime) for c in verdict.candidates]
+    """The pause, whole-run (and restore) differences of every candidate with their
+    intervals, coloured as the verdict decides."""
+
+    def rows(
+        measure: Callable[[Candidate], Difference | None],
+        colour: Callable[[Candidate], str] = interval_colour,
+    ) -> list[tuple[str, Difference, str]]:
+        return [
+            (c.comparison.candidate.profile, diff, colour(c))
+            for c in verdict.candidates
+            if (diff := measure(c)) is not None
+        ]
+
     level = f"{verdict.thresholds.confidence:.0%}"
-    return (
-        "<div id='plot-intervals'>"
-        + _interval_panel(f"Pause per checkpoint, {level} interval", pause, "s")
-        + _interval_panel("Whole run", runtime, "s")
-        + "</div>"
-    )
+    panels = [
+        _interval_panel(
+            f"Pause per checkpoint, {level} interval", rows(lambda c: c.comparison.pause), "s",
+            "pause",
+        ),
+        _interval_panel("Whole run", rows(lambda c: c.comparison.runtime), "s", "runtime"),
+    ]  # fmt: skip
+    # The restore informs and does not decide the verdict: never a verdict colour.
+    if restore := rows(lambda c: c.comparison.restore, lambda c: GREY):
+        panels.append(_interval_panel("Restore of the newest checkpoint", restore, "s", "restore"))
+    return "<div id='plot-intervals'>" + "".join(panels) + "</div>"
+
+
+def _table(verdict: Verdict, title: str, rows: list[tuple[str, list[str]]]) -> str:
+    esc = html.escape
+    header = "".join(f"<th>{esc(name)}</th>" for name in column_names(verdict))
+    out = [f"<h2>{esc(title)}</h2><table><tr><th></th>{header}</tr>"]
+    for label, cells in rows:
+        tds = "".join(f"<td>{esc(c)}</td>" for c in cells)
+        out.append(f"<tr><td>{esc(label)}</td>{tds}</tr>")
+    out.append("</table>")
+    return "".join(out)
 
 
 def to_html(verdict: Verdict) -> str:
-    """Render the report as one self-contained HTML document."""
+    """Render the report as one self-contained HTML document that reads top-down as a
+    decision: the verdict and what to do, the plots that show why, the tables, the
+    assumptions, and last the comparison in words."""
     esc = html.escape
-    header = "".join(
-        f"<th>{esc(s.profile)}{' (baseline)' if s.profile == verdict.baseline else ''}</th>"
-        for s in verdict.profiles
-    )
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         "<title>Storage profile comparison</title>",
@@ -228,29 +319,18 @@ def to_html(verdict: Verdict) -> str:
             f"{esc(rec.reason)}</p>"
         )
     parts.append(
-        "<h2>Differences from the baseline</h2><p>Dot: the Hodges–Lehmann estimate; line: its "
-        "interval; grey band: the practical floor. Green: counts, faster; red: counts, "
-        "slower; grey: does not count.</p>" + intervals_svg(verdict)
+        "<section id='why'><h2>Differences from the baseline</h2><p>Dot: the Hodges–Lehmann "
+        "estimate; line: its interval; grey band: the practical floor. Green: measurably "
+        "faster, and it decides the verdict; red: measurably slower, and it decides; grey: "
+        "does not decide the verdict (within noise, or not borne out by the whole run)."
+        "</p>" + intervals_svg(verdict)
     )
     plots = [
-        ("plot-stages", "Stage breakdown", _stage_bars(verdict)),
-        ("plot-pause", "Pause per checkpoint over steps", _pause_over_steps(verdict)),
+        ("plot-pause", "Pause per checkpoint, by profile", _pause_over_steps(verdict)),
+        ("plot-stages", "Stage breakdown per profile", _stage_bars(verdict)),
     ]
     if any(s.fio for s in verdict.profiles):
         plots.append(("plot-fio", "fio bandwidth and latency per case", _fio_bars(verdict)))
-    for title, rows in sections(verdict):
-        parts.append(f"<h2>{esc(title)}</h2><table><tr><th></th>{header}</tr>")
-        for label, cells in rows:
-            tds = "".join(f"<td>{esc(c)}</td>" for c in cells)
-            parts.append(f"<tr><td>{esc(label)}</td>{tds}</tr>")
-        parts.append("</table>")
-        if title == COST_SECTION:
-            parts.append("<p>Assumptions:</p><ul id='assumptions'>")
-            parts += [f"<li>{esc(a)}</li>" for a in verdict.assumptions]
-            parts.append("</ul>")
-    lines = comparison_lines(verdict) + [""] + recommendation_lines(verdict)
-    lines += [f"note: {n}" for n in verdict.notes]
-    parts.append("<h2>Comparison</h2><pre>" + esc("\n".join(lines)) + "</pre>")
     if not plots_available():
         parts.append(f"<p id='no-plots'><i>{esc(NO_PLOTS)}</i></p>")
         plots = []
@@ -260,6 +340,16 @@ def to_html(verdict: Verdict) -> str:
             f"<h2>{esc(title)}</h2><img id='{plot_id}' alt='{esc(title)}' "
             f"src='data:image/png;base64,{_png(draw, size)}'>"
         )
+    parts.append("</section><section id='tables'>")
+    for title, rows in sections(verdict):
+        parts.append(_table(verdict, title, rows))
+    parts.append("</section><section id='assumptions'><h2>Assumptions</h2><ul>")
+    parts += [f"<li>{esc(a)}</li>" for a in verdict.assumptions]
+    parts.append("</ul></section>")
+    if verdict.notes:
+        parts.append("<section id='notes'><h2>Notes</h2><ul>")
+        parts += [f"<li>{esc(n)}</li>" for n in verdict.notes]
+        parts.append("</ul></section>")
     if verdict.failed_runs:
         parts.append("<h2>Failed runs (not used)</h2><ul>")
         parts += [
@@ -267,5 +357,11 @@ def to_html(verdict: Verdict) -> str:
             for r in verdict.failed_runs
         ]
         parts.append("</ul>")
+    lines = comparison_lines(verdict) + [""] + recommendation_lines(verdict)
+    parts.append(
+        "<details id='comparison'><summary>The comparison in words</summary><pre>"
+        + esc("\n".join(lines))
+        + "</pre></details>"
+    )
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -47,6 +47,9 @@ def _run(r: RunFigures) -> dict[str, Any]:
         "pause_is_slowest_rank": r.slowest_rank,
         "aggregate_gbps_median": r.aggregate_gbps_median,
         "resumed_from_step": r.resumed_from_step,
+        "restore_s": r.restore_s,
+        "restore_gbps": r.restore_gbps,
+        "restore_measured": r.restore_measured,
     }
 
 
@@ -68,6 +71,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
             "upload_gbps_median": s.upload_gbps_median,
             "runtime_s": s.runtime_s,
             "runtimes_s": s.runtimes,
+            "restores_s": s.restores,
             "pause_total_s": s.pause_total_s,
             "pause_share": s.pause_share,
             "final_loss": s.final_loss,
@@ -93,6 +97,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
                 "runtime_delta_s": c.runtime_delta_s,
                 "runtime_measurable": c.runtime_measurable,
                 "explained_by_checkpoints": c.explained_by_checkpoints,
+                "restore": _difference(c.restore) if c.restore else None,
                 "stage_deltas": c.stage_deltas,
                 "final_loss_delta": c.loss_delta,
                 "final_loss_unknown": c.loss_unknown,

@@ -3,7 +3,8 @@ on its page), so the pipeline's page answers the question without opening an art
 
 from __future__ import annotations
 
-from checkpoint_compare.report_tables import comparison_lines, recommendation_lines
+from checkpoint_compare.formatting import seconds, usd
+from checkpoint_compare.report_tables import column_names, comparison_lines, recommendation_lines
 from checkpoint_compare.verdict import Verdict, interval
 
 
@@ -12,17 +13,14 @@ def _cell(text: str) -> str:
 
 
 def _usd(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"
+    return usd(value, unit=False)
 
 
 def to_markdown(verdict: Verdict) -> str:
     """The verdict, the recommendation, one table of headline figures, the comparisons."""
     rec = verdict.recommendation
     level = f"{verdict.thresholds.confidence:.0%}"
-    names = [
-        f + (" (baseline)" if f == verdict.baseline else "")
-        for f in (p.profile for p in verdict.profiles)
-    ]
+    names = column_names(verdict)
     by_candidate = {c.comparison.candidate.profile: c for c in verdict.candidates}
 
     def row(label: str, cells: list[str]) -> str:
@@ -33,23 +31,23 @@ def to_markdown(verdict: Verdict) -> str:
         "|" + "---|" * (len(names) + 1),
         row("training runs", [str(len(p.per_run)) for p in verdict.profiles]),
         row("checkpoints compared", [str(len(p.measured_pauses)) for p in verdict.profiles]),
-        row("pause median s", [f"{p.pause.median:.3f}" for p in verdict.profiles]),
+        row("pause median s", [seconds(p.pause.median) for p in verdict.profiles]),
         row(
             f"pause vs baseline, {level} interval",
             [
                 "–"
                 if p.profile not in by_candidate
-                else interval(by_candidate[p.profile].comparison.pause.shift)
+                else interval(by_candidate[p.profile].comparison.pause.shift, say_why=False)
                 for p in verdict.profiles
             ],
         ),  # fmt: skip
-        row("runtime s (median)", [f"{p.runtime_s:.2f}" for p in verdict.profiles]),
+        row("runtime s (median)", [seconds(p.runtime_s) for p in verdict.profiles]),
         row(
             "runtime vs baseline",
             [
                 "–"
                 if p.profile not in by_candidate
-                else interval(by_candidate[p.profile].comparison.runtime.shift, digits=2)
+                else interval(by_candidate[p.profile].comparison.runtime.shift, say_why=False)
                 for p in verdict.profiles
             ],
         ),  # fmt: skip

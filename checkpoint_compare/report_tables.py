@@ -4,11 +4,13 @@ one place."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 from checkpoint_compare.comparison import Difference
 from checkpoint_compare.figures import ProfileFigures
+from checkpoint_compare.formatting import seconds, timestamp, usd
 from checkpoint_compare.verdict import Verdict, interval
 from checkpoint_storage_bench.contract import STAGES
 
@@ -16,14 +18,37 @@ Row = tuple[str, list[str]]
 COST_SECTION = "Cost"  # the assumptions are shown right after this section
 
 
-def _f(value: float | None, fmt: str = "{:.3f}", unit: str = "") -> str:
-    return "–" if value is None else fmt.format(value) + unit
-
-
-def _usd(value: float | None) -> str:
+def _f(value: float | None, fmt: str | None = None, unit: str = "") -> str:
+    """A figure: 3 significant digits unless ``fmt`` says otherwise."""
     if value is None:
         return "–"
-    return f"{value:.4f} USD" if abs(value) < 1 else f"{value:,.2f} USD"
+    return (seconds(value) if fmt is None else fmt.format(value)) + unit
+
+
+_usd = usd
+
+
+def column_names(verdict: Verdict) -> list[str]:
+    """One header per profile: its name, whether it is the baseline, and how it wrote its
+    checkpoints (format, sync or async, durability), so two unlike runs never look alike."""
+    return [
+        s.profile + (" (baseline)" if s.profile == verdict.baseline else "") + f" · {_how(s)}"
+        for s in verdict.profiles
+    ]
+
+
+def _how(s: ProfileFigures) -> str:
+    def one(key: str, show=str) -> str:  # noqa: ANN001 — the runs' value(s) of one input
+        values = list(dict.fromkeys(show(r.run.inputs.get(key)) for r in s.per_run))
+        return "/".join(values)
+
+    return " ".join(
+        (
+            one("checkpoint_format", lambda v: v or "?"),
+            one("async_checkpoint", lambda v: "?" if v is None else "async" if v else "sync"),
+            one("durability", lambda v: v or "?"),
+        )
+    )
 
 
 def _s(value: Any) -> str:
@@ -40,14 +65,14 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
     warmup = verdict.thresholds.warmup
     timing = [
         row("training runs", lambda s: ", ".join(r.run.label for r in s.per_run)),
-        row("measured from", lambda s: _s(s.interval[0])),
-        row("measured until", lambda s: _s(s.interval[1])),
+        row("measured from", lambda s: timestamp(s.interval[0])),
+        row("measured until", lambda s: timestamp(s.interval[1])),
         row("checkpoints per run", lambda s: str(s.checkpoint_count)),
         row(f"warm-up pause s (first {warmup})", lambda s: _f(s.warmup_median)),
         row("checkpoints compared", lambda s: str(len(s.measured_pauses))),
         row(
             "pause median (min–max) s",
-            lambda s: f"{s.pause.median:.3f} ({s.pause.min:.3f}–{s.pause.max:.3f})",
+            lambda s: f"{_f(s.pause.median)} ({_f(s.pause.min)}–{_f(s.pause.max)})",
         ),
     ]
     for stage in STAGES:
@@ -66,12 +91,27 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
             else []
         ),
         row("upload GB/s (median)", lambda s: _f(s.upload_gbps_median)),
-        row("total runtime s (median)", lambda s: f"{s.runtime_s:.2f}"),
+        *(
+            [
+                row(
+                    "restore s (median; per run: when)",
+                    lambda s: (
+                        _f(statistics.median(s.restores)) + f" ({_restore_when(s)})"
+                        if s.restores
+                        else "– (not measured)"
+                    ),
+                ),
+                row("restore GB/s (median)", lambda s: _f(s.restore_gbps_median)),
+            ]
+            if any(s.restores for s in profiles)
+            else []
+        ),
+        row("total runtime s (median)", lambda s: _f(s.runtime_s)),
         row(
             "runtime between runs s",
-            lambda s: "– (one run)" if len(s.per_run) < 2 else f"±{s.runtime_spread_s / 2:.2f}",
+            lambda s: "– (one run)" if len(s.per_run) < 2 else f"±{_f(s.runtime_spread_s / 2)}",
         ),
-        row("time paused s", lambda s: _f(s.pause_total_s, "{:.2f}")),
+        row("time paused s", lambda s: _f(s.pause_total_s)),
         row("share paused", lambda s: _f(s.pause_share, "{:.1%}")),
         row("final loss", lambda s: _f(s.final_loss, "{:.4f}") if not s.loss_problem else "?"),
     ]
@@ -113,9 +153,9 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
         row("claim", lambda s: _claim(s)),
         row("volume handle (driver)", lambda s: _volume(s)),
         row("applied class", lambda s: _s(s.hook.get("applied_class"))),
-        row("settle: kubernetes s", lambda s: _f(s.hook.get("k8s_settle_s"), "{:.1f}")),
-        row("settle: provider s", lambda s: _f(s.hook.get("provider_settle_s"), "{:.1f}")),
-        row("settle: total s", lambda s: _f(s.hook.get("total_settle_s"), "{:.1f}")),
+        row("settle: kubernetes s", lambda s: _f(s.hook.get("k8s_settle_s"))),
+        row("settle: provider s", lambda s: _f(s.hook.get("provider_settle_s"))),
+        row("settle: total s", lambda s: _f(s.hook.get("total_settle_s"))),
     ]
 
     def cost(attr: str, fmt=_usd):  # noqa: ANN001, ANN202
@@ -138,6 +178,10 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
     return result
 
 
+def _restore_when(s: ProfileFigures) -> str:
+    return ", ".join(r.restore_measured or "?" for r in s.per_run if r.restore_s is not None)
+
+
 def _claim(s: ProfileFigures) -> str:
     if not s.hook:
         return "– (no hook run)"
@@ -156,7 +200,10 @@ def _provisioned(verdict: Verdict, s: ProfileFigures) -> str:
 
 
 def _counts(diff: Difference) -> str:
-    return "counts" if diff.counts else f"does not count ({diff.why_not})"
+    if diff.counts:
+        return "counts"
+    # Without an interval the note below says why; the line does not say it again.
+    return "does not count" if not diff.shift.has_interval else f"does not count ({diff.why_not})"
 
 
 def comparison_lines(verdict: Verdict) -> list[str]:
@@ -167,21 +214,28 @@ def comparison_lines(verdict: Verdict) -> list[str]:
         pause = interval(drift.pause) if drift.pause else "–"
         lines.append(
             f"drift of {drift.profile} (its last {len(drift.last)} run(s) − its first "
-            f"{len(drift.first)}): pause {pause}, runtime {drift.runtime_s:+.2f} s"
+            f"{len(drift.first)}): pause {pause}, runtime {seconds(drift.runtime_s, signed=True)} s"
         )
     for cand in verdict.candidates:
         c = cand.comparison
         speedup = f"; speedup ×{c.pause_speedup:.2f}" if c.pause_speedup else ""
         lines.append(f"{c.candidate.profile} vs {c.baseline.profile}: {cand.outcome.value}")
         lines.append(
-            f"  pause per checkpoint {interval(c.pause.shift)}: {_counts(c.pause)}{speedup}"
+            f"  pause per checkpoint {interval(c.pause.shift, say_why=False)}: "
+            f"{_counts(c.pause)}{speedup}"
         )
         lines.append(
-            f"  whole run {interval(c.runtime.shift, digits=2)} ({c.runtime.shift.method}): "
+            f"  whole run {interval(c.runtime.shift, say_why=False)} ({c.runtime.shift.method}): "
             f"{_counts(c.runtime)}"
         )
+        if c.restore is not None:
+            lines.append(
+                f"  restore of the newest checkpoint {interval(c.restore.shift, say_why=False)}: "
+                f"{_counts(c.restore) if c.restore.shift.has_interval else 'does not count'}"
+                + ("" if c.restore.shift.has_interval else f" ({c.restore.shift.method})")
+            )
         stages = ", ".join(
-            f"{s} {d:+.3f} s" for s, d in c.stage_deltas.items() if s not in ("pause",)
+            f"{s} {seconds(d, signed=True)} s" for s, d in c.stage_deltas.items() if s != "pause"
         )
         if stages:
             lines.append(f"  stage medians: {stages}")
@@ -192,7 +246,8 @@ def comparison_lines(verdict: Verdict) -> list[str]:
                 f"{_usd(d.gpu_per_1000_checkpoints)}; storage per month {_usd(d.storage_month)}; "
                 f"one run {_usd(d.run_total)}"
             )
-            if d.breakeven_checkpoints_month is not None:
+            # Only a difference that counts saves GPU time worth setting against the price.
+            if d.breakeven_checkpoints_month is not None and c.pause.counts:
                 lines.append(
                     f"  the extra storage pays for itself above "
                     f"{d.breakeven_checkpoints_month:,.0f} checkpoints a month"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from checkpoint_compare.report_tables import (
     COST_SECTION,
     Row,
+    column_names,
     comparison_lines,
     recommendation_lines,
     sections,
@@ -24,10 +25,7 @@ def _table(header: list[str], rows: list[Row]) -> list[str]:
 
 def terminal(verdict: Verdict) -> str:
     """The report as plain text for a terminal or a run's log."""
-    header = [""] + [
-        s.profile + (" (baseline)" if s.profile == verdict.baseline else "")
-        for s in verdict.profiles
-    ]
+    header = ["", *column_names(verdict)]
     lines = []
     for title, rows in sections(verdict):
         lines += ["", f"== {title}"] + _table(header, rows)

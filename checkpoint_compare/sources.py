@@ -23,18 +23,24 @@ from typing import Any, TypeVar
 from checkpoint_compare.config import Sources
 from checkpoint_compare.errors import BadInput, RunsMissing, SourceUnavailable
 from checkpoint_compare.records import (
+    SUMMARY_UUID_PREFIX,
     RunKind,
     RunRecord,
     parse_metric_events,
     parse_time,
 )
+from checkpoint_compare.workloads import SAMPLE_METRICS, is_data_run, record_from_summary
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
+    DATA_SUMMARY_SCHEMA,
     DISTRIBUTED_CHECKPOINT_METRICS,
     FIO_METRIC,
     IMAGE_INPUT,
     LOSS_METRIC,
     PROVENANCE_KEYS,
+    RESTORE_MEASURED,
+    RUN_FINISHED_AT,
+    RUN_STARTED_AT,
     SUMMARY_SCHEMA,
 )
 from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
@@ -154,6 +160,8 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise BadInput(f"cannot read summary {path}: {exc}") from exc
+    if isinstance(data, dict) and data.get("schema") == DATA_SUMMARY_SCHEMA:
+        return _checked(record_from_summary(profile, data, path))
     if not isinstance(data, dict) or data.get("schema") != SUMMARY_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise BadInput(f"{path} is not a {SUMMARY_SCHEMA} summary (schema: {found!r})")
@@ -201,17 +209,22 @@ def load_summary(profile: str, path: Path) -> RunRecord:
         "code_revision": data.get("code_revision"),
         "image_digest": inputs.get("image_digest"),
     } | {k: provenance[k] for k in PROVENANCE_KEYS if k in provenance and k != IMAGE_INPUT}
+    if isinstance(data.get(RESTORE_MEASURED), str):
+        meta[RESTORE_MEASURED] = data[RESTORE_MEASURED]
     if provenance.get(IMAGE_INPUT):
         inputs.setdefault(IMAGE_INPUT, provenance[IMAGE_INPUT])
     return _checked(
         RunRecord(
             # The path, not the file name: repeats may be summary.json in two directories.
-            uuid=f"summary:{path}",
+            uuid=f"{SUMMARY_UUID_PREFIX}{path}",
             name=path.stem,
             status="succeeded",
             inputs=inputs,
             outputs=outputs,
             metrics=metrics,
+            # When it ran (trainers since the summary recorded it): orders profiles by time.
+            started_at=parse_time(data.get(RUN_STARTED_AT)),
+            finished_at=parse_time(data.get(RUN_FINISHED_AT)),
             source=str(path),
             meta={k: v for k, v in meta.items() if v is not None},
         )
@@ -393,6 +406,8 @@ class ApiSource:
             wanted = list(METRIC_NAMES)
         elif kind is RunKind.FIO:
             wanted = [k for k in record.outputs if FIO_METRIC.match(k)]
+        elif is_data_run(record):
+            wanted = list(SAMPLE_METRICS)
         if wanted and record.status not in ("created", "queued", "scheduled"):
             metrics.update(self._metric_events(record.uuid, wanted))
             _checked(record)

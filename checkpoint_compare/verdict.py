@@ -26,12 +26,19 @@ from checkpoint_compare.cost import (
 )
 from checkpoint_compare.errors import BadInput, RunsMissing
 from checkpoint_compare.figures import ProfileFigures, profile_figures
+from checkpoint_compare.formatting import level, seconds, usd
 from checkpoint_compare.grouping import ProfileRuns, run_time
 from checkpoint_compare.intervals import Shift
 from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
 from checkpoint_compare.switches import check_switches
-from checkpoint_storage_bench.contract import output_key
+from checkpoint_storage_bench.contract import (
+    LEGACY_PROFILE_OUTPUTS,
+    RECOMMENDED_PROFILE_OUTPUT,
+    VERDICT_OUTPUT,
+    output_key,
+    profile_output,
+)
 
 
 @dataclass
@@ -111,17 +118,15 @@ def _cheapest(c: Candidate) -> tuple[float, float]:
     return (c.cost.run_total if c.cost else 0.0, c.comparison.runtime_delta_s)
 
 
-def _fmt_usd(value: float) -> str:
-    return f"{value:.4f} USD" if abs(value) < 1 else f"{value:.2f} USD"
-
-
-def interval(shift: Shift, digits: int = 3) -> str:
-    """``+0.123 s [+0.100, +0.150] 95 %``, or the estimate and why there is no interval."""
-    est = f"{shift.estimate:+.{digits}f} s"
+def interval(shift: Shift, digits: int = 3, say_why: bool = True) -> str:
+    """``+0.123 s [+0.1, +0.15] 95 %`` (``digits`` significant), or the estimate and why
+    there is no interval (``say_why=False``: where a note next to it says why)."""
+    est = f"{seconds(shift.estimate, signed=True, digits=digits)} s"
     if not shift.has_interval:
-        return f"{est} (no interval: {shift.method})"
-    level = f" {shift.confidence:.0%}" if shift.confidence is not None else ""
-    return f"{est} [{shift.low:+.{digits}f}, {shift.high:+.{digits}f}]{level}"
+        return f"{est} (no interval: {shift.method})" if say_why else f"{est} (no interval)"
+    low, high = (seconds(v, signed=True, digits=digits) for v in (shift.low, shift.high))
+    shown = level(shift.confidence, shift.asked)
+    return f"{est} [{low}, {high}]" + (f" {shown}" if shown else "")
 
 
 def _counted(diff: Difference) -> str:
@@ -137,7 +142,7 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
     if faster is None:
         return Outcome.NO_DIFFERENCE, (
             f"{name} vs {base}: pause per checkpoint {interval(comp.pause.shift)}, "
-            f"{_counted(comp.pause)}; whole run {interval(comp.runtime.shift, digits=2)}, "
+            f"{_counted(comp.pause)}; whole run {interval(comp.runtime.shift)}, "
             f"{_counted(comp.runtime)}"
             + (
                 "; the checkpoints cannot account for the run's difference"
@@ -150,7 +155,7 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
                 else ""
             )
         )
-    runtime = f"a {abs(comp.runtime_delta_s):.2f} s {'shorter' if faster else 'longer'} run"
+    runtime = f"a {seconds(abs(comp.runtime_delta_s))} s {'shorter' if faster else 'longer'} run"
     if delta is None:
         if faster:
             return Outcome.BETTER, f"{name} is measurably faster ({runtime}); cost not priced"
@@ -160,15 +165,15 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
         )
     if faster and delta.run_total > 0:
         return Outcome.FASTER_COSTLIER, (
-            f"{name} is faster ({runtime}) but costs {_fmt_usd(delta.run_total)} more per run: "
+            f"{name} is faster ({runtime}) but costs {usd(delta.run_total)} more per run: "
             "the storage change outweighs the saved GPU time"
         )
     if faster:
-        saving = "costs the same" if delta.run_total == 0 else f"saves {_fmt_usd(-delta.run_total)}"
+        saving = "costs the same" if delta.run_total == 0 else f"saves {usd(-delta.run_total)}"
         return Outcome.BETTER, f"{name} is faster ({runtime}) and {saving} per run"
     if delta.run_total < 0:
         return Outcome.SLOWER_CHEAPER, (
-            f"{name} is slower ({runtime}) but costs {_fmt_usd(-delta.run_total)} less per run "
+            f"{name} is slower ({runtime}) but costs {usd(-delta.run_total)} less per run "
             f"than {base}: the storage saved outweighs the GPU time lost"
         )
     return Outcome.WORSE, f"{name} is measurably slower than {base} ({runtime}) and no cheaper"
@@ -210,8 +215,9 @@ def build_verdict(
     if baseline is None and untimed:
         # Without start times "the first profile run" is only the order of the arguments.
         raise BadInput(
-            f"the runs of {', '.join(untimed)} have no start time (e.g. summary files), so "
-            "which profile ran first is unknown: give --baseline PROFILE"
+            f"the runs of {', '.join(untimed)} have no start time (e.g. summary files of a "
+            "trainer that did not record started_at), so which profile ran first is unknown: "
+            "give --baseline PROFILE"
         )
     baseline = baseline or names[0]
     if baseline not in names:
@@ -278,10 +284,10 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
     comp, delta = best.comparison, best.cost
     rec = verdict.recommendation
     out: dict[str, Any] = {
-        "verdict": verdict.verdict,
+        VERDICT_OUTPUT: verdict.verdict,
         "verdict_reason": verdict.reason,
         "verdict_outcome": best.outcome.value,
-        "recommended_profile": rec.profile if rec else None,
+        RECOMMENDED_PROFILE_OUTPUT: rec.profile if rec else None,
         "recommendation_reason": rec.reason if rec else None,
         "baseline_profile": verdict.baseline,
         "candidate_profile": comp.candidate.profile,
@@ -310,16 +316,29 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
             "breakeven_checkpoints_per_month": delta.breakeven_checkpoints_month,
         }
     for s in verdict.profiles:
-        key = output_key(s.profile)
-        out[f"{key}_pause_s_median"] = s.pause.median
-        out[f"{key}_warmup_pause_s_median"] = s.warmup_median
-        out[f"{key}_runtime_s"] = s.runtime_s
-        out[f"{key}_runs"] = len(s.per_run)
         cost = verdict.costs[s.profile]
-        if cost.known:
-            out[f"{key}_run_cost_usd"] = cost.run_total
+        out |= _profile_outputs(
+            s.profile,
+            pause_s_median=s.pause.median,
+            warmup_pause_s_median=s.warmup_median,
+            runtime_s=s.runtime_s,
+            runs=len(s.per_run),
+            run_cost_usd=cost.run_total if cost.known else None,
+        )
     for cand in verdict.candidates:
-        key = output_key(cand.comparison.candidate.profile)
-        out[f"pause_diff_ci_low_{key}"] = cand.comparison.pause.shift.low
-        out[f"pause_diff_ci_high_{key}"] = cand.comparison.pause.shift.high
+        out |= _profile_outputs(
+            cand.comparison.candidate.profile,
+            pause_diff_ci_low_s=cand.comparison.pause.shift.low,
+            pause_diff_ci_high_s=cand.comparison.pause.shift.high,
+        )
     return {k: _round(v) if isinstance(v, float) else v for k, v in out.items() if v is not None}
+
+
+def _profile_outputs(profile: str, **figures: Any) -> dict[str, Any]:
+    """One profile's figures under their output names, and under the previous release's
+    names where a figure had one (logged beside for one release)."""
+    out = {profile_output(profile, name): value for name, value in figures.items()}
+    for name, value in figures.items():
+        if legacy := LEGACY_PROFILE_OUTPUTS.get(name):
+            out[legacy.format(key=output_key(profile))] = value
+    return out

@@ -9,21 +9,39 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-
-from checkpoint_storage_bench.io_limits import IoLimits
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 # --------------------------------------------------------------------------- trainer
 
 SUMMARY_SCHEMA = "checkpoint-training/1"
 """The ``schema`` of the trainer's ``--summary-json``."""
 
-STAGES = ("serialize", "write", "fsync", "upload", "pause", "total")
-"""The stages of one checkpoint's timeline, in order (docs/contracts.md, README)."""
+STAGES = ("serialize", "write", "fsync", "checksum", "upload", "pause", "total")
+"""The stages of one checkpoint's timeline, in order (docs/contracts.md, README).
+``checksum`` is the read-back of a file a library wrote (torch, dcp, safetensors), to
+checksum it; the raw writer checksums while writing, so it has none."""
+
+CHECKPOINT_DIR_PATTERN = r"step-\d{8}"
+"""The name of a published checkpoint directory (``step-NNNNNNNN``, 8 digits): what a
+trainer must refuse to write over, checked before torch is imported."""
+
+RUN_STARTED_AT = "started_at"
+RUN_FINISHED_AT = "finished_at"
+"""Summary keys: when the training job started and ended (ISO 8601 UTC to the second,
+``2026-12-01T23:41:29Z``), so the verdict orders summary files by time as it orders
+tracked runs."""
+
+RESTORE_OUTPUTS = ("restore_s", "restore_bytes", "restore_gbps")
+"""Trainer outputs and summary keys: seconds to load and verify the newest checkpoint (its
+files read back, every checksum checked, the state built), its bytes and GB/s; absent
+(summary: null) when no restore was measured."""
+
+RESTORE_MEASURED = "restore_measured"
+"""Summary key and run meta (outputs are numbers): when the restore was measured: ``resume`` (the run
+continued from a checkpoint) or ``end`` (``--restore-check``: the newest checkpoint loaded
+back once training ended)."""
 
 CHECKPOINT_METRICS = {f"{s}_s": f"ckpt_{s}_s" for s in STAGES} | {
     "bytes": "ckpt_bytes",
@@ -53,7 +71,7 @@ STAGE_OUTPUTS = tuple(f"ckpt_{s}_s_median" for s in STAGES) + (
 )
 """Outputs summarizing the per-checkpoint figures (comparison-view columns)."""
 
-# Many ranks under torchrun (issue 16): every rank writes its shard, rank 0 commits.
+# Many ranks under torchrun: every rank writes its shard, rank 0 commits.
 
 PARALLEL_MODES = ("none", "ddp", "fsdp")
 """``--parallel``: one process; DDP (replicated model, the checkpoint split across ranks);
@@ -104,12 +122,24 @@ RESUMED_FROM_STEP = "resumed_from_step"
 summary null: it started at step 0, so only a step past 0 is a resume). A resumed run's
 timings cover only part of the run."""
 
+DIVERGED_AT_STEP = "diverged_at_step"
+"""Trainer output and summary key: the first logged step whose loss was not finite (NaN or
+infinity); output 0 and summary null while the loss stayed finite. The loss itself is then
+null in the summary and missing from the outputs and the ``loss`` metric (neither takes a
+non-finite number), so this is what tells a diverged run from one that logged no loss."""
+
 SIGNED_FIGURES = frozenset({"final_loss", LOSS_METRIC})
 """The only numbers of a training run that may be negative (a loss). Every other number it
 records (outputs, per-checkpoint metrics, summary figures: seconds, bytes, rates, shares,
 counts, steps) is >= 0, and ``runtime_s`` > 0: a run that took no time measured nothing."""
 
-TRAINING_OUTPUTS = RUN_OUTPUTS + STAGE_OUTPUTS + (RESUMED_FROM_STEP,) + DISTRIBUTED_OUTPUTS
+TRAINING_OUTPUTS = (
+    RUN_OUTPUTS
+    + STAGE_OUTPUTS
+    + (RESUMED_FROM_STEP, DIVERGED_AT_STEP)
+    + DISTRIBUTED_OUTPUTS
+    + RESTORE_OUTPUTS
+)
 """Every output the training job logs, hence every output its component declares."""
 
 IMAGE_INPUT = "image"
@@ -191,10 +221,86 @@ FIO_OUTPUT = re.compile(rf"^fio_(?P<case>.+)_(?P<measure>{'|'.join(FIO_MEASURES)
 FIO_METRIC = re.compile(r"^fio[.-](?P<case>.+)[.-](?P<measure>bw_mbps|iops|lat_p\d+_us)$")
 """Metrics are logged as ``fio.<case>.<measure>``; Polyaxon stores the name with ``-``."""
 
+# --------------------------------------------------------------------------- verdict
+
+VERDICT_CONFIDENCE = 0.95
+"""The confidence of the verdict's intervals unless asked otherwise (``--confidence``)."""
+
+VERDICT_WARMUP = 1
+"""Checkpoints at the start of each run the verdict reports as warm-up and leaves out."""
+
+MIN_MEASURED_CHECKPOINTS = 4
+"""The fewest measured checkpoints per profile (one run each) for which a rank interval of
+the pause difference reaches :data:`VERDICT_CONFIDENCE`: what the trainer warns about at
+start (the verdict's interval code computes it; a test holds the two equal)."""
+
+VERDICT_OUTPUT = "verdict"
+RECOMMENDED_PROFILE_OUTPUT = "recommended_profile"
+VERDICT_OUTPUTS = (
+    VERDICT_OUTPUT,
+    "verdict_reason",
+    "verdict_outcome",
+    RECOMMENDED_PROFILE_OUTPUT,
+    "recommendation_reason",
+    "baseline_profile",
+    "candidate_profile",
+    "profile_count",
+    "confidence",
+    "pause_speedup",
+    "pause_delta_s",
+    "pause_delta_ci_low_s",
+    "pause_delta_ci_high_s",
+    "runtime_delta_s",
+    "runtime_delta_ci_low_s",
+    "runtime_delta_ci_high_s",
+    "final_loss_delta",
+    "failed_runs",
+    "baseline_drift_runtime_s",
+    "baseline_drift_pause_s",
+    "cost_delta_usd_per_checkpoint",
+    "cost_delta_usd_per_1000_ckpt",
+    "storage_delta_usd_per_month",
+    "run_cost_delta_usd",
+    "breakeven_checkpoints_per_month",
+)
+"""The compare op's outputs about the whole comparison (the best candidate against the
+baseline); each is logged only when it is known."""
+
+PROFILE_FIGURES = (
+    "pause_s_median",
+    "warmup_pause_s_median",
+    "runtime_s",
+    "runs",
+    "run_cost_usd",
+    "pause_diff_ci_low_s",
+    "pause_diff_ci_high_s",
+)
+"""The compare op's outputs per profile, named by :func:`profile_output`; the two
+``pause_diff_*`` are a candidate's interval against the baseline."""
+
+LEGACY_PROFILE_OUTPUTS = {
+    "pause_diff_ci_low_s": "pause_diff_ci_low_{key}",
+    "pause_diff_ci_high_s": "pause_diff_ci_high_{key}",
+}
+"""Names of this release's profile figures as the previous release logged them (the figure
+after the profile): still logged beside the new names for one release, for dashboards
+and readers that look for them; to be dropped in the next."""
+
+
+def profile_output(profile: str, figure: str) -> str:
+    """The compare op's output name of one profile's figure, the profile first.
+
+    >>> profile_output("checkpoint-throughput", "pause_diff_ci_low_s")
+    'checkpoint_throughput_pause_diff_ci_low_s'
+    """
+    if figure not in PROFILE_FIGURES:
+        raise ValueError(f"{figure!r} is not a profile figure (one of {PROFILE_FIGURES})")
+    return f"{output_key(profile)}_{figure}"
+
+
 # ---------------------------------------------------------------- storage-profile hook
 
 SWITCH_SCHEMA = "storage-profile-switch/1"
-HOOK_INPUTS = ("claim", "namespace", "driver", "volume_handle", "previous_class", "target_class")
 LEDGER_OUTPUT = "ledger"
 """The hook logs the claim's ledger after its switch (the value of :data:`LEDGER_ANNOTATION`,
 as :func:`format_ledger` writes it) as this output: the verdict refuses a profile whose
@@ -217,6 +323,9 @@ LEDGER_ANNOTATION = "checkpoint-storage-bench.io/class-switches"
 """Annotation on the claim: a JSON list of ``{"at": ISO-8601 UTC, "from": str|null,
 "to": str, "holder": str|null}``, oldest first, at most :data:`LEDGER_MAX_ENTRIES`."""
 LEDGER_MAX_ENTRIES = 32
+LEDGER_TIME_MARGIN = timedelta(days=366)
+"""Longer than any modification window: an entry's time must leave this much room before
+the calendar ends (or starts), else the ledger is refused as not a ledger."""
 
 
 @dataclass(frozen=True)
@@ -244,18 +353,48 @@ def parse_ledger(text: str | None) -> list[LedgerEntry]:
     """
     if not text:
         return []
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        # A hand-made annotation nested thousands deep: json gives up with RecursionError.
+        raise ValueError(f"{LEDGER_ANNOTATION} is nested too deeply to be a ledger") from None
     if not isinstance(data, list):
         raise ValueError(f"{LEDGER_ANNOTATION} is not a JSON list")
     entries = []
     for item in data:
-        if not isinstance(item, dict) or not isinstance(item.get("to"), str):
-            raise ValueError(f"{LEDGER_ANNOTATION}: not a ledger entry: {item!r}")
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("to"), str)
+            or not isinstance(item.get("from"), str | None)
+            or not isinstance(item.get("holder"), str | None)
+        ):
+            raise ValueError(f"{LEDGER_ANNOTATION}: not a ledger entry: {_short(item)}")
         at = datetime.fromisoformat(str(item.get("at")).replace("Z", "+00:00"))
         if at.tzinfo is None:
-            raise ValueError(f"{LEDGER_ANNOTATION}: time without a zone: {item!r}")
+            raise ValueError(f"{LEDGER_ANNOTATION}: time without a zone: {_short(item)}")
+        if not _in_calendar(at):
+            raise ValueError(f"{LEDGER_ANNOTATION}: time out of range: {_short(item)}")
         entries.append(LedgerEntry(at, item.get("from"), item["to"], item.get("holder")))
     return sorted(entries, key=lambda e: e.at)
+
+
+def _in_calendar(at: datetime) -> bool:
+    """Whether ``at`` leaves :data:`LEDGER_TIME_MARGIN` before the calendar ends (or starts):
+    every reader adds or subtracts a modification window and writes the time back in UTC,
+    which would overflow at the calendar's ends."""
+    try:
+        utc = at.astimezone(UTC)
+    except OverflowError:
+        return False
+    low = datetime.min.replace(tzinfo=UTC) + LEDGER_TIME_MARGIN
+    high = datetime.max.replace(tzinfo=UTC) - LEDGER_TIME_MARGIN
+    return low <= utc <= high
+
+
+def _short(item: object, limit: int = 200) -> str:
+    """An entry as shown in an error: ``repr``, cut (a hand-made annotation may be huge)."""
+    text = repr(item)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def format_ledger(entries: list[LedgerEntry]) -> str:
@@ -266,16 +405,31 @@ def format_ledger(entries: list[LedgerEntry]) -> str:
 
 LEASE_PREFIX = "storage-profile-"
 """The ``coordination.k8s.io`` Lease that makes a pipeline the claim's only switcher is
-named ``storage-profile-<claim>``, in the claim's namespace."""
+named ``storage-profile-<claim>``, in the claim's namespace (see :func:`lease_name` for a
+claim name too long for that)."""
+LEASE_NAME_MAX = 253
+"""A Lease's name is a DNS-1123 subdomain: kube-apiserver refuses a longer one (422)."""
+LEASE_HASH_CHARS = 10
 
 
 def lease_name(claim: str) -> str:
-    """The name of the Lease guarding ``claim``.
+    """The name of the Lease guarding ``claim``: ``storage-profile-<claim>`` when that fits
+    in :data:`LEASE_NAME_MAX` characters; else the claim's name cut short (without a
+    trailing ``-`` or ``.``), ``-`` and the first :data:`LEASE_HASH_CHARS` hex digits of the
+    SHA-256 of the whole claim name: always a valid name, the same for the same claim, and
+    different for two long claims that share their beginning.
 
     >>> lease_name("training-checkpoints")
     'storage-profile-training-checkpoints'
+    >>> len(lease_name("a" * 253))
+    253
     """
-    return f"{LEASE_PREFIX}{claim}"
+    name = f"{LEASE_PREFIX}{claim}"
+    if len(name) <= LEASE_NAME_MAX:
+        return name
+    digest = hashlib.sha256(claim.encode()).hexdigest()[:LEASE_HASH_CHARS]
+    head = name[: LEASE_NAME_MAX - LEASE_HASH_CHARS - 1].rstrip("-.")
+    return f"{head}-{digest}"
 
 
 MODIFICATION_WINDOWS: dict[str, tuple[int, float]] = {
@@ -287,9 +441,8 @@ since 2026-01-15, each after the previous one completed; GKE Hyperdisk: once per
 driver not listed has no known limit."""
 
 # ------------------------------------------------------------ sandbox storage profiles
-# ``connections/sandbox-profiles.yaml`` (docs/contracts.md): read by the hook's local
-# backend (switch, status) and by the sandbox (mounts, media, the agent). One parser, one set
-# of checks; each part turns :class:`ProfilesFileError` into its own error and exit code.
+# ``connections/sandbox-profiles.yaml`` (docs/contracts.md): its names; the parser and the
+# claim's state file are ``checkpoint_storage_bench.sandbox_profiles``.
 
 SANDBOX_PROFILES_FILE = "connections/sandbox-profiles.yaml"
 """Default profiles file, relative to the sandbox root (``$SANDBOX_ROOT``, else the repo)."""
@@ -303,232 +456,72 @@ SANDBOX_EMULATED_DRIVER = "local-throttled"
 """The hook's ``driver`` for a profile that emulates a VolumeAttributesClass with block-I/O
 limits on the local disk; its ``vac_*`` parameters are the class's own."""
 
-_PROFILES_KEYS = {"claim", "namespace", "claimPath", "classesFile", "profiles"}
-_PROFILE_KEYS = {"path", "description", "volumeAttributesClass"}
 
+# ------------------------------------------------------------------- data workloads
+# ``python -m data_workloads scan|materialize|workspace`` (docs/data-workloads.md): the
+# other workloads teams put on the same kind of claim, measured in their own terms.
 
-class ProfilesFileError(ValueError):
-    """The sandbox profiles file is missing, unreadable or malformed."""
+WORKLOADS = ("checkpoint", "scan", "materialize", "workspace")
+"""The profiles pipeline's ``workload`` input: the checkpointing training run (the default),
+or one of the data workloads."""
 
+DATA_WORKLOADS = WORKLOADS[1:]
+"""The subcommands of ``python -m data_workloads``."""
 
-@dataclass(frozen=True)
-class SandboxProfile:
-    """One profile: a directory the claim points at, and the class it emulates there.
+DATA_FORMATS = ("webdataset", "files")
+"""``--dataset-format``: WebDataset tar shards, or a directory of many small files."""
 
-    Attributes:
-        name: The profile's name (the ``--to`` of a switch).
-        path: The directory.
-        description: For people.
-        volume_attributes_class: The emulated class's name (None: a plain medium).
-        driver: The emulated class's ``driverName`` (None: a plain medium).
-        class_parameters: The emulated class's ``parameters``, as the cluster has them.
-        limits: The block-I/O limits that emulate the class (None: no limit).
-    """
+DATA_SUMMARY_SCHEMA = "data-workload/1"
+"""The ``schema`` of ``python -m data_workloads ... --summary-json``."""
 
-    name: str
-    path: Path
-    description: str = ""
-    volume_attributes_class: str | None = None
-    driver: str | None = None
-    class_parameters: dict[str, str] = field(default_factory=dict)
-    limits: IoLimits | None = None
+DATASET_MANIFEST_SCHEMA = "data-workload-dataset/1"
+"""The ``schema`` of a generated dataset's ``manifest.json`` (what makes it reusable)."""
 
+DATASET_OUTPUTS = ("dataset_records", "dataset_bytes", "dataset_generated")
+"""Outputs of scan and materialize: the dataset measured (its records, its bytes on the
+volume) and whether this run generated it (False: it was reused, after verification). Its
+format is the input ``dataset_format`` (an output of the same name would shadow the input in
+Polyaxon's templates)."""
 
-@dataclass(frozen=True)
-class SandboxProfiles:
-    """The profiles file, every path absolute.
+SCAN_OUTPUTS = (
+    "scan_epoch_s",
+    "scan_au",
+    "scan_au_ok",
+    "scan_samples_per_s",
+    "scan_mbps",
+    "scan_first_batch_s",
+    "scan_wait_p50_ms",
+    "scan_wait_p99_ms",
+    "scan_cache_kept_out",
+)
+"""Scan outputs: the median epoch's figures (AU = emulated compute time / wall time;
+``scan_au_ok`` = AU ≥ ``min_au``), batch waits over all epochs, and whether every epoch read
+the whole dataset from the device (null where the file system does not count block reads)."""
 
-    Attributes:
-        source: The file it was read from.
-        root: What relative paths were resolved against (absolute).
-        claim: The claim name the pipeline passes.
-        namespace: The claim's namespace.
-        claim_path: The symlink the sandbox agent mounts at the claim's mount path.
-        profiles: Name → profile, in the file's order (the first is where a fresh claim starts).
-        classes_file: The (first) VolumeAttributesClass manifests file the emulated profiles
-            come from.
-    """
+MATERIALIZE_STAGES = ("read", "transform", "write", "fsync")
+"""The timed stages of building a cache, like a checkpoint's."""
 
-    source: Path
-    root: Path
-    claim: str
-    namespace: str
-    claim_path: Path
-    profiles: dict[str, SandboxProfile]
-    classes_file: Path | None = None
+MATERIALIZE_OUTPUTS = (
+    "materialize_total_s",
+    *(f"materialize_{s}_s" for s in MATERIALIZE_STAGES),
+    "materialize_write_mbps",
+    "materialize_output_bytes",
+)
+"""Materialize outputs: total and per-stage seconds, output MB/s (written bytes / write +
+fsync time) and bytes."""
 
-    @property
-    def emulated(self) -> bool:
-        """Whether any profile emulates a class (and so needs the kernel's throttle)."""
-        return any(p.limits is not None for p in self.profiles.values())
+WORKSPACE_OPERATIONS = ("save", "list", "reopen")
+"""A notebook workspace's operations: save (write, fsync, rename into place, directory
+fsync), list (walk and stat the tree, as ``git status``), reopen (read a file back)."""
 
-    @property
-    def cgroup_name(self) -> str:
-        """The claim's cgroup (one per claim and sandbox root, so that two sandboxes on one
-        machine never share limits).
+WORKSPACE_OUTPUTS = tuple(
+    f"workspace_{op}_{q}_ms" for op in WORKSPACE_OPERATIONS for q in ("p50", "p99", "max")
+)
+"""Workspace outputs: latency percentiles per operation, in milliseconds."""
 
-        >>> p = SandboxProfiles(Path("f"), Path("/srv/sb"), "ckpt", "ns", Path("/c"), {})
-        >>> p.cgroup_name
-        'ckpt-0d6525e4a1'
-        """
-        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:10]
-        return f"{self.claim}-{digest}"
-
-    @property
-    def state_file(self) -> Path:
-        """Where the hook records the claim's current profile, next to the claim's link
-        (several profiles may share one directory: the link alone cannot tell them apart)."""
-        return self.claim_path.with_name(self.claim_path.name + ".profile")
-
-    def recorded(self) -> str | None:
-        """The profile the last switch recorded (None: none, or unreadable)."""
-        try:
-            name = json.loads(self.state_file.read_text()).get("profile")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return name if name in self.profiles else None
-
-    def record(self, name: str) -> None:
-        """Record ``name`` as the claim's current profile (atomically: write, then rename)."""
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
-        at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        tmp.write_text(json.dumps({"profile": name, "at": at}) + "\n")
-        os.replace(tmp, self.state_file)
-
-    def current(self) -> SandboxProfile | None:
-        """The profile the claim is on: the recorded one when the link leads to its
-        directory, else the only profile whose directory the link leads to (None: missing,
-        dangling, elsewhere, or ambiguous)."""
-        if not self.claim_path.is_symlink() or not self.claim_path.exists():
-            return None
-        target = self.claim_path.resolve()
-        matching = [p for p in self.profiles.values() if p.path.resolve() == target]
-        recorded = self.recorded()
-        for profile in matching:
-            if profile.name == recorded:
-                return profile
-        return matching[0] if len(matching) == 1 else None
-
-
-def _read_classes(path: Path) -> dict[str, dict]:
-    import yaml
-
-    try:
-        docs = list(yaml.safe_load_all(path.read_text()))
-    except OSError as exc:
-        raise ProfilesFileError(f"cannot read classes file {path}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ProfilesFileError(f"classes file {path} is not YAML: {exc}") from exc
-    classes = {}
-    for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "VolumeAttributesClass":
-            name = (doc.get("metadata") or {}).get("name")
-            if name:
-                classes[str(name)] = doc
-    return classes
-
-
-def load_sandbox_profiles(path: Path, root: Path) -> SandboxProfiles:
-    """Read and check a sandbox profiles file; relative paths resolve against ``root``,
-    except ``classesFile``, which is relative to the profiles file itself.
-
-    ``root`` itself is made absolute first: from a relative root, every path would be
-    relative, and a symlink written with such a target resolves against the link's own
-    directory, not the working directory (a dangling claim link).
-
-    Raises:
-        ProfilesFileError: The file (or its classes file) is unreadable or does not follow
-            docs/contracts.md.
-    """
-    import yaml  # the base's other modules do not need yaml; import it where it is used
-
-    root = Path(root).resolve()
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ProfilesFileError(f"cannot read profiles file {path}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ProfilesFileError(f"profiles file {path} is not YAML: {exc}") from exc
-
-    def bad(why: str) -> ProfilesFileError:
-        return ProfilesFileError(f"profiles file {path}: {why}")
-
-    if not isinstance(data, dict):
-        raise bad("expected a mapping with claim, namespace, claimPath and profiles")
-    unknown = set(data) - _PROFILES_KEYS
-    if unknown:
-        raise bad(f"unknown keys {sorted(unknown)} (known: {sorted(_PROFILES_KEYS)})")
-    for key in ("claim", "namespace", "claimPath"):
-        if not isinstance(data.get(key), str) or not data[key].strip():
-            raise bad(f"{key} must be a non-empty string")
-    if not isinstance(data.get("profiles"), dict) or not data["profiles"]:
-        raise bad("profiles must be a non-empty mapping of name -> {path, description}")
-    classes_file = None
-    classes: dict[str, dict] = {}
-    where: dict[str, Path] = {}  # class name -> the file that defines it
-    if data.get("classesFile") is not None:
-        # One file, or a list: the cluster's manifests plus, e.g., a sandbox-only class.
-        names = data["classesFile"]
-        names = [names] if isinstance(names, str) else names
-        if (
-            not isinstance(names, list)
-            or not names
-            or not all(isinstance(n, str) and n.strip() for n in names)
-        ):
-            raise bad("classesFile must be a path or a non-empty list of paths")
-        for name in names:
-            one = (Path(path).resolve().parent / name).resolve()
-            for vac, doc in _read_classes(one).items():
-                if vac in classes:
-                    raise bad(f"VolumeAttributesClass {vac} is in both {where[vac]} and {one}")
-                classes[vac], where[vac] = doc, one
-        classes_file = (Path(path).resolve().parent / names[0]).resolve()
-    profiles = {}
-    for name, spec in data["profiles"].items():
-        if not isinstance(spec, dict):
-            raise bad(f"profile {name} must be a mapping, not {spec!r}")
-        unknown = set(spec) - _PROFILE_KEYS
-        if unknown:
-            raise bad(
-                f"profile {name}: unknown keys {sorted(unknown)} (known: {sorted(_PROFILE_KEYS)})"
-            )
-        if not isinstance(spec.get("path"), str) or not spec["path"].strip():
-            raise bad(f"profile {name} needs a path")
-        emulated: dict = {}
-        vac = spec.get("volumeAttributesClass")
-        if vac is not None:
-            if classes_file is None:
-                raise bad(f"profile {name} emulates class {vac}, but there is no classesFile")
-            if vac not in classes:
-                raise bad(
-                    f"profile {name}: no VolumeAttributesClass {vac} in "
-                    f"{', '.join(str(p) for p in dict.fromkeys(where.values())) or classes_file} "
-                    f"(it has: {', '.join(sorted(classes)) or 'none'})"
-                )
-            parameters = {k: str(v) for k, v in (classes[vac].get("parameters") or {}).items()}
-            try:
-                limits = IoLimits.from_class_parameters(parameters)
-            except ValueError as exc:
-                raise bad(f"profile {name}: class {vac} in {where[vac]}: {exc}") from exc
-            emulated = dict(
-                volume_attributes_class=str(vac),
-                driver=classes[vac].get("driverName"),
-                class_parameters=parameters,
-                limits=limits,
-            )
-        profiles[str(name)] = SandboxProfile(
-            name=str(name),
-            path=root / spec["path"],
-            description=str(spec.get("description", "")),
-            **emulated,
-        )
-    return SandboxProfiles(
-        source=Path(path),
-        root=root,
-        claim=data["claim"],
-        namespace=data["namespace"],
-        claim_path=root / data["claimPath"],
-        profiles=profiles,
-        classes_file=classes_file,
-    )
+DATA_WORKLOAD_OUTPUTS = {
+    "scan": DATASET_OUTPUTS + SCAN_OUTPUTS,
+    "materialize": DATASET_OUTPUTS + MATERIALIZE_OUTPUTS,
+    "workspace": WORKSPACE_OUTPUTS,
+}
+"""Every output each data workload logs (the component declares their union)."""

@@ -177,6 +177,11 @@ def _mounts(mountinfo: Path) -> list[_Mount]:
     return mounts
 
 
+def read_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[_Mount]:
+    """Every mount the kernel lists: its device, mount point, type, source and options."""
+    return _mounts(mountinfo)
+
+
 def _mount_of(path: Path, dev: int, mounts: Iterable[_Mount]) -> _Mount | None:
     """The mount that holds ``path``: the longest mount point above it with its device."""
     best = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,3 +164,38 @@ def retry(
             else:
                 sleep(delay)
     raise AssertionError("unreachable")
+
+
+def within(fn: Callable[[], T], *, what: str, deadline: Deadline | None) -> T:
+    """Call ``fn``, but wait for it only until ``deadline``.
+
+    For a blocking call whose own timeouts cannot be set from here (a kubeconfig ``exec``
+    credential plugin, the STS call inside botocore's credential chain, google-auth's
+    metadata probe): it runs in a daemon thread, which is left behind when the deadline
+    passes; the command ends by its deadline all the same.
+
+    Raises:
+        DeadlineExceeded: ``fn`` had not returned by the deadline (naming ``what``).
+        Exception: Whatever ``fn`` raised.
+    """
+    if deadline is None:
+        return fn()
+    deadline.check(what)
+    outcome: list[tuple[bool, object]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name=what, daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline.remaining()))
+    if not outcome:
+        raise DeadlineExceeded(f"deadline of {deadline.seconds:g}s passed while {what}")
+    ok, value = outcome[0]
+    if not ok:
+        assert isinstance(value, BaseException)
+        raise value
+    return value  # type: ignore[return-value]

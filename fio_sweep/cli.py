@@ -64,7 +64,12 @@ from fio_sweep.sweep import Config, prepare, run_sweep
 @click.option(
     "--allow-raw-device", is_flag=True, help="Allow --mount to be a block device (destructive)."
 )
-@click.option("--no-track", is_flag=True, help="Do not log a Polyaxon run.")
+@click.option(
+    "--track/--no-track",
+    default=True,
+    show_default=True,
+    help="Log each case with Polyaxon tracking (offline outside a run).",
+)
 def main(
     mount: Path,
     target: Path | None,
@@ -75,7 +80,7 @@ def main(
     reference_dir: Path | None,
     summary_json: Path | None,
     allow_raw_device: bool,
-    no_track: bool,
+    track: bool,
 ) -> None:
     """Run a fio sweep on a mounted claim and log each case with Polyaxon tracking."""
     config = Config(
@@ -92,7 +97,7 @@ def main(
     with signals_raise_interrupted():
         plan = prepare(config)
         tags = ["fio-sweep", f"spec:{Path(plan.spec.source).stem}"]
-        with tracked_run("fio-sweep", tags=tags, enabled=not no_track) as tracker:
+        with tracked_run("fio-sweep", tags=tags, enabled=track) as tracker:
             summary = run_sweep(plan, config, tracker)
     print_results(summary)
 

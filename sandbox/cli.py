@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from checkpoint_storage_bench.contract import WORKLOADS
 from checkpoint_storage_bench.errors import exit_codes_help
 from sandbox import orchestration
 from sandbox.config import (
@@ -268,7 +269,17 @@ def submit(
 )
 @click.option("-P", "--param", "params", multiple=True, help="Override a pipeline input.")
 @click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds.")
-def demo(root, host, port, agent_file, profiles_file, project, polyaxonfile, params, timeout):
+@click.option(
+    "--workload",
+    type=click.Choice(WORKLOADS),
+    default="checkpoint",
+    show_default=True,
+    help="What each stage measures: the training's checkpoints, or a data workload "
+    "(docs/data-workloads.md) at small sizes.",
+)
+def demo(
+    root, host, port, agent_file, profiles_file, project, polyaxonfile, params, timeout, workload
+):
     """Start everything, run the storage-profile pipeline, print the comparison.
 
     Re-running reuses the running server, project and hub (versions are re-registered from
@@ -283,4 +294,5 @@ def demo(root, host, port, agent_file, profiles_file, project, polyaxonfile, par
         timeout,
         echo=click.echo,
         fallback=profiles_file is None,
+        workload=workload,
     )

@@ -17,9 +17,8 @@ from typing import Any
 
 import yaml
 
-from checkpoint_storage_bench.contract import (
-    SANDBOX_MEDIA_PROFILES_FILE,
-    SANDBOX_PROFILES_FILE,
+from checkpoint_storage_bench.contract import SANDBOX_MEDIA_PROFILES_FILE, SANDBOX_PROFILES_FILE
+from checkpoint_storage_bench.sandbox_profiles import (
     ProfilesFileError,
     SandboxProfiles,
     load_sandbox_profiles,

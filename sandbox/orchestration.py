@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from checkpoint_storage_bench.io_limits import ThrottleUnavailable, probe
+from checkpoint_storage_bench.io_limits import BlockDevice, ThrottleUnavailable, probe
+from checkpoint_storage_bench.sandbox_profiles import SandboxProfiles
 from sandbox import claim
 from sandbox.components import ensure_project, find_components, pipeline_twin, register
 from sandbox.config import (
@@ -63,6 +64,18 @@ DEMO_PARAMS = {
 }
 
 
+# ``demo --workload scan|materialize|workspace``: the same pipeline with a data workload in
+# every stage instead of the training. 32 MiB decoded (about 20 MiB of shards on the claim):
+# under a second per epoch at the baseline class's 125 MiB/s, generated once by the first
+# stage and reused by the others; an AU budget so that the verdict recommends a profile.
+DATA_DEMO_PARAMS = {
+    "dataset_size": "32MiB",
+    "num_workers": "2",
+    "compute_ms": "5",
+    "min_au": "0.5",
+}
+
+
 def stop_hint(sb: Sandbox) -> str:
     """The command that stops this sandbox."""
     root = "" if sb.paths.root == REPO_ROOT else f" --root {shlex.quote(str(sb.paths.root))}"
@@ -78,21 +91,24 @@ def require_server(sb: Sandbox) -> None:
         )
 
 
-def emulation_or_media(sb: Sandbox, echo: Echo = print) -> Sandbox:
+def emulation_or_media(
+    sb: Sandbox, echo: Echo = print, made: list[claim.ClaimVolume] | None = None
+) -> Sandbox:
     """The sandbox as it is when the kernel can emulate its profiles' classes (or none
     needs emulating); else the same sandbox on the plain media profiles, said in one line.
 
     For the default profiles file only: a profiles file the user named is used as it is
-    (and refused, exit 3, where its emulation is impossible).
+    (and refused, exit 3, where its emulation is impossible). The claim's volumes are made
+    on the way (appended to ``made``); a fallback removes them again.
     """
     profiles = sb.agent.profiles
     if profiles is None or not profiles.emulated:
         return sb
+    volumes: list[claim.ClaimVolume] = []
     try:
-        for profile in profiles.profiles.values():
-            if profile.limits is not None:
-                _, device = probe(profile.path, profiles.cgroup_name)
+        devices = emulation_devices(profiles, echo, volumes)
     except ThrottleUnavailable as exc:
+        claim.remove_created(profiles, volumes)
         echo(f"sandbox: cannot emulate the volume classes on this machine: {exc}")
         echo(
             f"sandbox: NOT AN EMULATION: falling back to {MEDIA_PROFILES_FILE.name}, two "
@@ -101,15 +117,38 @@ def emulation_or_media(sb: Sandbox, echo: Echo = print) -> Sandbox:
         )
         media = load_agent_settings(sb.paths.root, sb.agent.agent_file, MEDIA_PROFILES_FILE)
         return dataclasses.replace(sb, agent=media)
+    if made is not None:
+        made.extend(volumes)
     for profile in profiles.profiles.values():
         what = (
             f"emulates {profile.volume_attributes_class} ({profile.limits.describe()}) "
-            f"on {device.name} ({device.id})"
+            f"on {devices[profile.path].name} ({devices[profile.path].id})"
             if profile.limits
             else f"{profile.path} as it is (no emulation)"
         )
         echo(f"sandbox: profile {profile.name} {what}")
     return sb
+
+
+def emulation_devices(
+    profiles: SandboxProfiles, echo: Echo = print, made: list[claim.ClaimVolume] | None = None
+) -> dict[Path, BlockDevice]:
+    """Make the claim's volumes (saying which device backs the claim and how fast it writes
+    unthrottled; appended to ``made``) and check the kernel can throttle them: each emulated
+    profile's directory → its device.
+
+    Raises:
+        ThrottleUnavailable: No volume, a volume too slow, or no throttle here.
+    """
+    for volume in claim.prepare_volumes(profiles):
+        echo(f"sandbox: {volume.describe()}")
+        if made is not None:
+            made.append(volume)
+    return {
+        p.path: probe(p.path, profiles.cgroup_name)[1]
+        for p in profiles.profiles.values()
+        if p.limits is not None
+    }
 
 
 def start_all(
@@ -125,8 +164,24 @@ def start_all(
         ConfigError: The profiles emulate classes the kernel cannot throttle here (before
             anything is started).
     """
+    created: list[claim.ClaimVolume] = []
     if fallback:
-        sb = emulation_or_media(sb, echo)
+        sb = emulation_or_media(sb, echo, created)
+    elif sb.agent.profiles is not None and sb.agent.profiles.emulated:
+        try:
+            emulation_devices(sb.agent.profiles, echo, created)
+        except ThrottleUnavailable as exc:
+            claim.remove_created(sb.agent.profiles, created)
+            raise ConfigError(claim.cannot_emulate(sb.agent.profiles, str(exc))) from exc
+    try:
+        return _start(sb, owner, project, echo)
+    except BaseException:
+        if sb.agent.profiles is not None:
+            claim.remove_created(sb.agent.profiles, created)
+        raise
+
+
+def _start(sb: Sandbox, owner: str, project: str, echo: Echo) -> Sandbox:
     claim.claim_cgroup(sb.agent.profiles)  # refuse an impossible emulation before starting
     if sb.agent.profiles:
         prepare_media(sb.agent.profiles)
@@ -163,11 +218,16 @@ def declared_inputs(polyaxonfile: Path) -> set[str]:
     return {i.get("name") for i in spec.get("inputs") or [] if isinstance(i, dict)}
 
 
-def demo_params(sb: Sandbox, pipeline: Path, overrides: dict[str, str]) -> dict[str, str]:
+def demo_params(
+    sb: Sandbox, pipeline: Path, overrides: dict[str, str], workload: str = "checkpoint"
+) -> dict[str, str]:
     """The demo's pipeline inputs: small sizes, the local hook backend, this sandbox's API,
-    and every profile of the profiles file, in its order (a pipeline that takes a list)."""
+    and every profile of the profiles file, in its order (a pipeline that takes a list);
+    with a data ``workload``, that workload and its small sizes."""
     declared = declared_inputs(pipeline)
     values = dict(DEMO_PARAMS, api_host=sb.url)
+    if workload != "checkpoint":
+        values.update(DATA_DEMO_PARAMS, workload=workload)
     profiles = sb.agent.profiles
     if sb.agent.profiles_file:
         values["profiles_file"] = str(sb.agent.profiles_file)
@@ -225,6 +285,8 @@ COMPARE_FLAGS = {
     "checkpoints_per_month": "--checkpoints-per-month",
     "warmup": "--warmup",
     "practical_floor_s": "--practical-floor-s",
+    "min_au": "--min-au",
+    "max_p99_ms": "--max-p99-ms",
 }
 
 
@@ -328,17 +390,18 @@ def run_demo(
     timeout: float,
     echo: Echo = print,
     fallback: bool = False,
+    workload: str = "checkpoint",
 ) -> str:
     """Start everything, run the pipeline through the hub, follow it, print the comparison,
     and always the runs-table URL and the stop command. Returns the pipeline's uuid.
 
-    ``fallback``: see :func:`start_all`.
+    ``fallback``: see :func:`start_all`. ``workload``: see :func:`demo_params`.
 
     Raises:
         SandboxError: Whatever step failed (the runs table is printed first).
     """
     sb = start_all(sb, DEFAULT_OWNER, project, echo=echo, fallback=fallback)
-    values = demo_params(sb, polyaxonfile, overrides)
+    values = demo_params(sb, polyaxonfile, overrides, workload)
     uuid = submit_pipeline(sb, polyaxonfile, values, project, True, echo=echo)
     try:
         ops = follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)

@@ -335,6 +335,8 @@ class Sandbox:
             killed = cgroup.remove()
             left = f" and {len(killed)} process(es) left in it" if killed else ""
             stopped.append(f"claim cgroup {cgroup.path}{left}")
+        # Its volume goes last, once nothing runs on it: the RAM it holds is freed.
+        stopped += claim.remove_volumes(self.agent.profiles)
         return stopped
 
     def _owns_group(self, pgid: int) -> bool:

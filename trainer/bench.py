@@ -623,7 +623,7 @@ def main(
     try:
         if shutil.disk_usage(work).free < 6 * nbytes:
             raise click.ClickException(f"{work} needs about {format_bytes(6 * nbytes)} free")
-        if ranks > 1:  # many writers at once (issue 16)
+        if ranks > 1:  # many writers at once, as the ranks of a torchrun job write
             from trainer import bench_ranks
 
             result = bench_ranks.run_ranks(work, nbytes, ranks, repeats)

@@ -21,6 +21,7 @@ import click
 from checkpoint_storage_bench.errors import exit_codes_help
 from trainer.config import TrainConfig, field_docs, flag
 from trainer.errors import EXIT_CODES
+from trainer.preflight import check_before_training
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,7 +97,7 @@ def main(**settings: Any) -> None:
     """Train a small transformer and time every checkpoint stage on the mounted volume."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig(**settings)
-    cfg.check_checkpoint_dir()  # before a tracked run is opened for nothing
+    check_before_training(cfg, lambda line: click.echo(line, err=True))  # before torch, tracking
     from trainer.job import run_job  # torch is slow to import: not for --help
 
     run_job(cfg)

@@ -20,6 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from checkpoint_storage_bench.contract import PARALLEL_MODES
 from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
 
@@ -27,8 +28,9 @@ Device = Literal["auto", "cpu", "cuda"]
 Format = Literal["raw", "torch", "dcp", "safetensors"]
 Durability = Literal["fsync", "none"]
 Resume = Literal["never", "auto", "always"]
-# Many ranks (issue 16): how the model is spread over torchrun's processes.
-Parallel = Literal["none", "ddp", "fsdp"]
+# How the model is spread over torchrun's processes, in the contract's names: the run
+# logs the mode as an input that the verdict reads.
+Parallel = Literal[PARALLEL_MODES]  # type: ignore[valid-type]
 
 DEVICES: tuple[str, ...] = get_args(Device)
 FORMATS: tuple[str, ...] = get_args(Format)
@@ -42,6 +44,9 @@ to the artifacts store (True) or into the local outputs directory Polyaxon syncs
 
 MIN_MODEL_BYTES = 64 * 1024
 MAX_IO_STREAMS = 64
+MAX_CHECKPOINT_TIMEOUT_S = 7 * 24 * 3600
+"""A week: a bound far above any checkpoint's wait, and one the process group's timeout
+(a ``timedelta``, then milliseconds) can hold; ``inf`` would overflow it on every rank."""
 
 
 def cli(
@@ -155,7 +160,11 @@ class TrainConfig:
     """Record the run with Polyaxon tracking (the current run inside Polyaxon, else an
     offline run)."""
 
-    # -- many ranks (issue 16); used only under torchrun with more than one process
+    restore_check: bool = False
+    """At the end of the run, load the newest checkpoint back and verify it, timed as the
+    restore figure (a resumed run measures its restore anyway)."""
+
+    # -- many ranks: used only under torchrun with more than one process
     parallel: Parallel = "none"
     """Under torchrun with several processes: ddp (replicated model, the checkpoint split
     across ranks) or fsdp (FSDP2 fully_shard, each rank writes its local shards); none for
@@ -164,7 +173,7 @@ class TrainConfig:
     checkpoint_timeout: float = 600.0
     """Under torchrun: seconds rank 0 waits for every rank to report its checkpoint shard
     durable (and a rank for rank 0's answer); past it nothing is committed and the run
-    fails (exit 7)."""
+    fails (exit 7). At most 604800 (a week)."""
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -207,9 +216,10 @@ class TrainConfig:
                 )
         if not self.storage_profile:
             raise ConfigError("--storage-profile must not be empty")
-        if not self.checkpoint_timeout > 0:
+        if not 0 < self.checkpoint_timeout <= MAX_CHECKPOINT_TIMEOUT_S:
             raise ConfigError(
-                f"--checkpoint-timeout must be positive, got {self.checkpoint_timeout}"
+                f"--checkpoint-timeout must be positive and at most {MAX_CHECKPOINT_TIMEOUT_S} "
+                f"seconds (a week), got {self.checkpoint_timeout}"
             )
 
     def check_checkpoint_dir(self) -> None:

@@ -2,8 +2,10 @@
 
 ``torchrun --nproc-per-node N -m trainer --parallel ddp|fsdp ...`` starts N copies of the
 trainer; torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and the rendezvous address)
-in each one's environment. With a world of one process :func:`setup` returns None and the
-trainer runs exactly its single-process path, whatever ``--parallel`` says.
+in each one's environment. :func:`join` gives every process its :class:`Ranks`; a world of
+one process is a :class:`Ranks` too (:class:`OneProcess`), whose collectives are local no-ops:
+it creates no process group, and the trainer writes and reads it as a single process,
+whatever ``--parallel`` says.
 
 Two process groups:
 
@@ -90,9 +92,9 @@ class Ranks:
         rank: This process's rank, 0 … world_size-1.
         world_size: Processes in the job.
         local_rank: Rank on this node (the CUDA device index).
-        parallel: ddp or fsdp.
+        parallel: ddp or fsdp; none for a world of one.
         device: The device this rank trains on.
-        ckpt_group: The gloo group of the checkpoint protocol.
+        ckpt_group: The gloo group of the checkpoint protocol (None for a world of one).
         timeout_s: How long a checkpoint collective may wait for the slowest rank.
         mesh: FSDP's device mesh (set by :func:`wrap`).
     """
@@ -172,17 +174,46 @@ class Ranks:
             dist.destroy_process_group()
 
 
+class OneProcess(Ranks):
+    """A world of one process: every collective is the process's own value, no group exists.
+
+    The single-process fast paths (the overlapped O_DIRECT writer, ``--io-streams``,
+    ``--async``) must not pay for a process group or a collective call.
+    """
+
+    def mean(self, value: torch.Tensor) -> float:
+        return value.item()
+
+    def barrier(self) -> None:
+        pass
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        return [obj]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def close(self) -> None:
+        pass
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] + ("…" if len(text) > 300 else "")
 
 
-def resolve_device(name: str, local_rank: int) -> torch.device:
-    """This rank's device: ``cuda:LOCAL_RANK`` on a GPU node (one GPU per rank), else cpu."""
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` on a GPU node (one GPU per rank), else cpu;
+    ``local_rank`` None (a single process): the current CUDA device."""
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is available")
+    if local_rank is None:
+        return torch.device("cuda")
     if local_rank >= torch.cuda.device_count():
         raise ConfigError(
             f"LOCAL_RANK {local_rank} has no GPU: this node has {torch.cuda.device_count()} "
@@ -218,8 +249,21 @@ def init(
     return Ranks(rank, world_size, local_rank, parallel, device, ckpt_group, timeout_s)
 
 
+def join(cfg: Any) -> Ranks:
+    """This process's place: the torchrun job ``cfg`` runs in, or a world of one.
+
+    Raises:
+        ConfigError: As :func:`setup`, or the device asked for is not there.
+    """
+    ranks = setup(cfg)
+    if ranks is not None:
+        return ranks
+    device = resolve_device(cfg.device)
+    return OneProcess(0, 1, 0, "none", device, None, cfg.checkpoint_timeout)
+
+
 def setup(cfg: Any) -> Ranks | None:
-    """Join the torchrun job ``cfg`` runs in, or None for a single process (N=1 path).
+    """Join the torchrun job ``cfg`` runs in, or None for a single process (no group).
 
     Raises:
         ConfigError: ``--parallel none`` under a multi-process torchrun, or a format whose
@@ -238,8 +282,8 @@ def setup(cfg: Any) -> Ranks | None:
             f"--format {cfg.format} cannot be written as per-rank shards; under torchrun use "
             f"{' or '.join(SHARDED_FORMATS)}"
         )
-    # --io-streams (issue 15) stripes one process's image over files; here each rank
-    # writes its own file already (getattr: the field comes with that branch).
+    # --io-streams stripes one process's image over files; here each rank writes its own
+    # file already (getattr: a caller's config may predate the field).
     if getattr(cfg, "io_streams", 1) > 1:
         raise ConfigError(
             f"--io-streams {cfg.io_streams} stripes one process's checkpoint; under torchrun "
@@ -251,11 +295,14 @@ def setup(cfg: Any) -> Ranks | None:
 
 
 def wrap(model: nn.Module, ranks: Ranks) -> nn.Module:
-    """Wrap the model for data-parallel training: DDP (replicated) or FSDP2 (sharded).
+    """Wrap the model for data-parallel training: DDP (replicated) or FSDP2 (sharded);
+    a world of one trains the model as it is.
 
     FSDP2 shards each transformer block, then the root (embeddings, final norm, head), so
     one block's parameters are gathered at a time.
     """
+    if ranks.world_size == 1:
+        return model
     if ranks.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -273,11 +320,12 @@ def wrap(model: nn.Module, ranks: Ranks) -> nn.Module:
     raise ConfigError(f"unknown --parallel {ranks.parallel!r}; choose from {', '.join(PARALLEL)}")
 
 
+@dataclass
 class RankData:
     """The synthetic dataset as one rank sees it: its own batch at every step."""
 
-    def __init__(self, data: Any, ranks: Ranks) -> None:
-        self.data, self.ranks = data, ranks
+    data: Any
+    ranks: Ranks
 
     def batch(self, step: int) -> torch.Tensor:
         return self.data.batch(self.ranks.batch_index(step))

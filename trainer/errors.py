@@ -65,7 +65,7 @@ class CheckpointCorruptError(TrainerError):
     exit_code = EXIT_CORRUPT
 
 
-# ------------------------------------------------------- many ranks (torchrun), issue 16
+# ---------------------------------------------------------------- many ranks (torchrun)
 
 
 class RankFailedError(TrainerError):

@@ -9,13 +9,14 @@ from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
     DISTRIBUTED_CHECKPOINT_METRICS,
     IMAGE_INPUT,
+    RESTORE_MEASURED,
 )
 from checkpoint_storage_bench.tracking import Tracker, tracked_run
 from checkpoint_storage_bench.units import significant
 from trainer import provenance
 from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
 from trainer.errors import ConfigError
-from trainer.summary import format_timeline, write_json_atomic
+from trainer.summary import finite_or_null, format_timeline, utc_now, write_json_atomic
 
 UPLOAD_SUBDIR = "checkpoints"
 """Where ``--upload-to run-artifacts`` puts the checkpoints, under the run's outputs."""
@@ -52,9 +53,10 @@ def run_job(cfg: TrainConfig) -> None:
     writes the summary, and resolves ``--upload-to run-artifacts`` (train() hands its URL
     to the other ranks).
     """
-    from trainer.distributed import is_main_process
-    from trainer.train import resolve_device, run_inputs, train  # torch: not for --help
+    from trainer.distributed import is_main_process, resolve_device
+    from trainer.train import run_inputs, train  # torch: not for --help
 
+    started = utc_now()
     main = is_main_process()
     echo = click.echo if main else lambda *args, **kwargs: None
     # A single process's record has no aggregate: getattr gives None, which is not logged.
@@ -94,7 +96,10 @@ def run_job(cfg: TrainConfig) -> None:
         summary = train(
             cfg,
             on_checkpoint=on_checkpoint,
-            on_loss=lambda step, loss: tracker.log_metrics(step, {"loss": significant(loss, 6)}),
+            # A diverged loss (NaN) is left out of the metric, as it is null in the summary.
+            on_loss=lambda step, loss: tracker.log_metrics(
+                step, {"loss": finite_or_null(significant(loss, 6))}
+            ),
             say=echo,
             on_progress=tracker.log_progress,
             upload_url=url,
@@ -102,6 +107,7 @@ def run_job(cfg: TrainConfig) -> None:
         if not main:
             return  # rank 0 reports for the job
         summary.provenance = prov
+        summary.started_at, summary.finished_at = started, utc_now()
         # Known only once the model is built.
         tracker.log_inputs(
             param_count=summary.inputs["param_count"], device=summary.inputs["device"]
@@ -112,6 +118,8 @@ def run_job(cfg: TrainConfig) -> None:
         data["code_revision"] = prov["code_revision"]
         data["polyaxon_run_uuid"] = tracker.run_uuid
         tracker.log_outputs(**summary.outputs())
+        if summary.restore is not None:
+            tracker.log_meta(**{RESTORE_MEASURED: summary.restore.measured})
         tracker.log_progress(1.0)
         if cfg.summary_json is not None:
             write_json_atomic(cfg.summary_json, data)

@@ -16,26 +16,18 @@ from checkpoint_storage_bench.retry import Backoff
 from trainer import distributed
 from trainer.ckpt import sharded, store
 from trainer.ckpt.checkpointer import Checkpointer, CheckpointRecord
-from trainer.ckpt.formats import WriteOptions, load_verified, make_format
+from trainer.ckpt.formats import WriteOptions, make_format
 from trainer.ckpt.fs import LocalFS
-from trainer.ckpt.io import AlignedBuffer
 from trainer.ckpt.upload import DEFAULT_BACKOFF, Uploader
 from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
-from trainer.errors import CheckpointCorruptError, CheckpointDirError, ConfigError
+from trainer.errors import CheckpointDirError, ConfigError
 from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
 from trainer.progress import PROGRESS_EVERY_S, StepProgress
 from trainer.provenance import image_ref, run_uuid
+from trainer.restore import RestoreFigure, check_restore, restore_figure
 from trainer.summary import RunSummary
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for but no CUDA device is available")
-    return torch.device(name)
 
 
 def _state(
@@ -52,56 +44,6 @@ def _state(
         "rng": rng,
         "config": cfg.record(),
     }
-
-
-def restore_latest(
-    cfg: TrainConfig,
-    fs: LocalFS,
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    say: Callable[[str], None],
-) -> int | None:
-    """Load the newest checkpoint that is complete and verifies; returns its step.
-
-    Anything incomplete or corrupt is skipped with a message, never loaded.
-
-    Returns:
-        The restored step, or None when the directory holds no published checkpoint.
-
-    Raises:
-        CheckpointCorruptError: Checkpoints exist but none verifies: starting over would
-            silently throw the run's progress away.
-    """
-    fmt = make_format(cfg.format)
-    buffer = AlignedBuffer()
-    refs = store.list_checkpoints(cfg.checkpoint_dir)
-    for ref in refs:
-        try:
-            # Shards of several ranks are refused (exit 2), never misread as one file.
-            sharded.check_world(store.read_manifest(ref.path), ref.path.name, 1, "none")
-            manifest, data = store.read_verified(fs, ref.path, buffer)
-            if manifest["format"] != cfg.format:
-                raise CheckpointCorruptError(
-                    f"{ref.path.name} is format {manifest['format']!r}, this run uses {cfg.format!r}"
-                )
-            state = load_verified(fmt, ref.path, manifest, data)
-        except CheckpointCorruptError as exc:
-            say(f"resume: skipping {exc}")
-            continue
-        _check_same_model(cfg, state.get("config", {}), ref.path.name)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"].clone())  # needs its own storage
-        device = next(model.parameters()).device
-        if "cuda" in state["rng"] and device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"].clone(), device)
-        say(f"resume: continuing from {ref.path.name} (step {state['step']})")
-        return int(state["step"])
-    if refs:
-        raise CheckpointCorruptError(
-            f"--resume: none of the {len(refs)} checkpoints in {cfg.checkpoint_dir} is complete and verified"
-        )
-    return None
 
 
 def check_resume_mode(cfg: TrainConfig, existing: list[store.CheckpointRef]) -> None:
@@ -173,122 +115,100 @@ def train(
     """
     fs = fs or LocalFS()
     cfg.check_checkpoint_dir()
-    # Under torchrun with several processes (issue 16); None: the single-process path.
-    ranks = distributed.setup(cfg)
-    device = ranks.device if ranks else resolve_device(cfg.device)
+    ranks = distributed.join(cfg)
+    device = ranks.device
     torch.manual_seed(cfg.seed)
     shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
-    model = TinyGPT(shape, cfg.seq_len).to(device)
-    if ranks:
-        model = distributed.wrap(model, ranks)
+    model = distributed.wrap(TinyGPT(shape, cfg.seq_len).to(device), ranks)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     param_count = sum(p.numel() for p in model.parameters())
     say(
         f"model: d_model={shape.d_model} layers={shape.n_layers} params={param_count:,} "
         f"({param_count * 4 / 2**20:.1f} MiB fp32) on {device}"
-        + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks else "")
+        + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks.world_size > 1 else "")
     )
+    inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
+    records: list[CheckpointRecord] = []
+    curve: list[tuple[int, float]] = []
+    loss_value: float | None = None
 
-    start = 0
-    check_resume_mode(cfg, store.list_checkpoints(cfg.checkpoint_dir))
-    resumed = None
-    if cfg.resume != "never" and ranks:
-        resumed = sharded.restore(
+    def load_newest(tell: Callable[[str], None]) -> int | None:
+        """Load the newest checkpoint every rank verifies into the model; returns its step."""
+        return sharded.restore(
             cfg.checkpoint_dir,
-            cfg.format,
             make_format(cfg.format),
             fs,
             model,
             opt,
             ranks,
-            say,
+            tell,
             check_config=lambda saved, name: _check_same_model(cfg, saved, name),
         )
-    elif cfg.resume != "never":
-        resumed = restore_latest(cfg, fs, model, opt, say)
-    if cfg.resume != "never":
-        if resumed is None:
-            say("resume: no complete checkpoint found; starting from step 0")
-        start = resumed or 0
-    inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
-    if start >= cfg.steps:
-        say(f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do")
-        if ranks:
-            ranks.close()
+
+    def summary(steps_run: int, runtime: float, restore: RestoreFigure | None) -> RunSummary:
         return RunSummary(
             storage_profile=cfg.storage_profile,
             checkpoint_dir=str(Path(cfg.checkpoint_dir)),
             inputs=inputs,
-            runtime_s=0.0,
-            steps_run=0,
-            final_loss=None,
-            checkpoints=[],
+            runtime_s=runtime,
+            steps_run=steps_run,
+            final_loss=loss_value,
+            checkpoints=records,
+            loss_curve=curve,
             resumed_from=start or None,
-            world_size=ranks.world_size if ranks else 1,
+            world_size=ranks.world_size,
+            restore=restore,
         )
+
+    check_resume_mode(cfg, store.list_checkpoints(cfg.checkpoint_dir))
+    resumed = None
+    restore_started = time.monotonic()
+    if cfg.resume != "never":
+        resumed = load_newest(say)
+    restore = restore_figure(
+        cfg.checkpoint_dir, resumed, time.monotonic() - restore_started, "resume"
+    )
+    if cfg.resume != "never" and resumed is None:
+        say("resume: no complete checkpoint found; starting from step 0")
+    start = resumed or 0
+    if start >= cfg.steps:
+        say(f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do")
+        ranks.close()
+        return summary(0, 0.0, restore)
     if cfg.durability == "none":
         say(
             f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
             "made durable must not replace an older one"
         )
-    if ranks:
-        removed, left = sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
-    else:
-        removed, left = store.remove_stale_tmp(fs, cfg.checkpoint_dir)
+    removed, left = sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
     for path in removed:
         say(f"removed {path.name}, left by an earlier process of this run")
     for path in left:
         say(f"left {path.name} alone: not this run's (another run, host or writer)")
-    if ranks:
-        # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
-        # shard to where rank 0's URL points.
-        upload_url = ranks.broadcast(upload_url)
+    # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
+    # shard to where rank 0's URL points.
+    upload_url = ranks.broadcast(upload_url)
     if upload_url is None and cfg.upload_to in RUN_ARTIFACTS_TARGETS:
         raise ConfigError(
             f"--upload-to {cfg.upload_to} names a Polyaxon run's artifacts: only a tracked run has them"
         )
     uploader = None
     if upload_url := upload_url or cfg.upload_to:
-        uploader = Uploader(upload_url, upload_backoff, say=say, progress_every_s=progress_every_s)
-    verified = () if resumed is None else (resumed,)
-    ckpt: Checkpointer | sharded.ShardedCheckpointer
-    if ranks:
-        ckpt = sharded.ShardedCheckpointer(
-            cfg.checkpoint_dir,
-            make_format(cfg.format, pin=device.type == "cuda"),
-            fs,
-            durable=cfg.durability == "fsync",
-            keep=cfg.keep,
-            ranks=ranks,
-            uploader=uploader,
-            asynchronous=cfg.async_checkpoint,
-            verified=verified,
+        uploader = Uploader(
+            upload_url,
+            upload_backoff,
+            say=say,
+            progress_every_s=progress_every_s,
+            checkpoint_dir=cfg.checkpoint_dir,
         )
-    else:
-        ckpt = Checkpointer(
-            cfg.checkpoint_dir,
-            make_format(cfg.format, pin=device.type == "cuda"),
-            fs,
-            durable=cfg.durability == "fsync",
-            keep=cfg.keep,
-            uploader=uploader,
-            asynchronous=cfg.async_checkpoint,
-            device=device,
-            verified=verified,
-            options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
-        )
-    data = SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len)
-    if ranks:
-        data = distributed.RankData(data, ranks)  # each rank its own batches
-    records: list[CheckpointRecord] = []
-    curve: list[tuple[int, float]] = []
+    ckpt = _checkpointer(cfg, fs, ranks, uploader, verified=() if resumed is None else (resumed,))
+    data = distributed.RankData(SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len), ranks)
 
     def hand_over(done: list[CheckpointRecord]) -> None:
         for record in done:
             records.append(record)
             on_checkpoint(record)
 
-    loss_value: float | None = None
     progress = StepProgress(start, cfg.steps, say, on_progress, every_s=progress_every_s)
     t_start = time.monotonic()
     try:
@@ -300,7 +220,7 @@ def train(
             loss.backward()
             opt.step()
             if step % cfg.log_every == 0 or step == cfg.steps:
-                loss_value = ranks.mean(loss) if ranks else loss.item()
+                loss_value = ranks.mean(loss)
                 curve.append((step, loss_value))
                 on_loss(step, loss_value)
             if step % cfg.checkpoint_every == 0:
@@ -313,20 +233,55 @@ def train(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     runtime = time.monotonic() - t_start
-    if ranks:
-        ranks.close()
-    return RunSummary(
-        storage_profile=cfg.storage_profile,
-        checkpoint_dir=str(Path(cfg.checkpoint_dir)),
-        inputs=inputs,
-        runtime_s=runtime,
-        steps_run=cfg.steps - start,
-        final_loss=loss_value,
-        checkpoints=records,
-        loss_curve=curve,
-        resumed_from=start or None,
-        world_size=ranks.world_size if ranks else 1,
+    if cfg.restore_check:
+        restore = (
+            end_of_run_restore(cfg, ranks, say, lambda: load_newest(lambda _: None)) or restore
+        )
+    ranks.close()
+    return summary(cfg.steps - start, runtime, restore)
+
+
+def _checkpointer(
+    cfg: TrainConfig,
+    fs: LocalFS,
+    ranks: distributed.Ranks,
+    uploader: Uploader | None,
+    verified: tuple[int, ...],
+) -> Checkpointer | sharded.ShardedCheckpointer:
+    """The writer of this run's checkpoints: a world of one writes a single process's
+    checkpoint (every format, overlap and streams), several ranks their shards."""
+    fmt = make_format(cfg.format, pin=ranks.device.type == "cuda")
+    common = {
+        "durable": cfg.durability == "fsync",
+        "keep": cfg.keep,
+        "uploader": uploader,
+        "asynchronous": cfg.async_checkpoint,
+        "verified": verified,
+    }
+    if ranks.world_size > 1:
+        return sharded.ShardedCheckpointer(cfg.checkpoint_dir, fmt, fs, ranks=ranks, **common)
+    return Checkpointer(
+        cfg.checkpoint_dir,
+        fmt,
+        fs,
+        device=ranks.device,
+        options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
+        **common,
     )
+
+
+def end_of_run_restore(
+    cfg: TrainConfig,
+    ranks: distributed.Ranks,
+    say: Callable[[str], None],
+    load_newest: Callable[[], int | None],
+) -> RestoreFigure | None:
+    """``--restore-check``: time ``load_newest`` (the newest checkpoint back into the model).
+    The training is over, so replacing its state (and RNG) changes nothing it reports."""
+    if ranks.world_size > 1:
+        say("--restore-check: measured for one process only; not under torchrun")
+        return None
+    return check_restore(load_newest, cfg.checkpoint_dir, say)
 
 
 def run_inputs(cfg: TrainConfig) -> dict[str, Any]:

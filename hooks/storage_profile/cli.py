@@ -1,4 +1,4 @@
-"""Command line: ``python -m hooks.storage_profile switch|release|status|plan``.
+"""Command line: ``python -m hooks.storage_profile switch|renew|release|status|plan``.
 
 Parse the options → build the config (``config.py``) → call (``commands.py``). Every
 failure leaves as one of the hook's errors, which click maps to the exit code its class
@@ -25,6 +25,7 @@ from hooks.storage_profile.config import (
     SETTLE_MODES,
     PlanConfig,
     ReleaseConfig,
+    RenewConfig,
     StatusConfig,
     SwitchConfig,
     parse_profiles,
@@ -33,6 +34,17 @@ from hooks.storage_profile.errors import EXIT_CODES, as_hook_error
 from hooks.storage_profile.switch import default_provider
 
 EPILOG = exit_codes_help(EXIT_CODES)
+
+# The top-level --help lists each subcommand with this: a whole sentence, where click would
+# cut the docstring's first sentence at its width.
+SHORT_HELP = {
+    "plan": "Check that the provider's window allows the run's switches now.",
+    "release": "Release the claim's Lease (only its holder can).",
+    "renew": "Extend the claim's Lease while this holder still holds it.",
+    "status": "Show a claim's class, modify status, conditions and events.",
+    "switch": "Switch the claim's class and wait until it really settled.",
+}
+
 
 # Seams for tests: retry schedule, provider lookup, longest single watch, heartbeat.
 BACKOFF = Backoff()
@@ -117,7 +129,17 @@ def _target_options(fn: Any) -> Any:
     return fn
 
 
-@main.command(epilog=EPILOG)
+def _lease_duration(command: str) -> Any:
+    return click.option(
+        "--lease-duration",
+        type=float,
+        default=LEASE_DURATION,
+        show_default=True,
+        help=f"Seconds the claim's Lease lasts from this {command}.",
+    )
+
+
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["switch"])
 @_target_options
 @click.option("--to", "target", required=True, help="The VolumeAttributesClass (or profile).")
 @click.option(
@@ -155,13 +177,7 @@ def _target_options(fn: Any) -> Any:
     "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here."
 )
 @click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
-@click.option(
-    "--lease-duration",
-    type=float,
-    default=LEASE_DURATION,
-    show_default=True,
-    help="Seconds the claim's Lease lasts from this switch.",
-)
+@_lease_duration("switch")
 def switch(**options: Any) -> None:
     """Preflight, take the claim's Lease, patch spec.volumeAttributesClassName (and the
     claim's ledger of switches), wait until settled, report."""
@@ -175,7 +191,7 @@ def switch(**options: Any) -> None:
     commands.run_switch(cfg, provider_for=PROVIDER_FOR)
 
 
-# release, status and plan only read (or drop a Lease): one short deadline for all of them.
+# renew, release, status and plan only read (or write a Lease): one short deadline for all.
 _read_timeout = click.option(
     "--timeout",
     type=float,
@@ -185,7 +201,7 @@ _read_timeout = click.option(
 )
 
 
-@main.command(epilog=EPILOG)
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["release"])
 @_target_options
 @click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
 @_read_timeout
@@ -194,7 +210,19 @@ def release(**options: Any) -> None:
     commands.run_release(config_or_usage_error(ReleaseConfig, backoff=BACKOFF, **options))
 
 
-@main.command(epilog=EPILOG)
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["renew"])
+@_target_options
+@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@_lease_duration("renewal")
+@_read_timeout
+def renew(**options: Any) -> None:
+    """Extend the claim's Lease by --lease-duration from now, only while this holder still
+    holds it (a stage's op between its fio sweep and its training runs); exit 3 when the
+    Lease was lost, released or taken."""
+    commands.run_renew(config_or_usage_error(RenewConfig, backoff=BACKOFF, **options))
+
+
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["status"])
 @_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the block.")
 @_read_timeout
@@ -210,7 +238,7 @@ def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> li
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
 
 
-@main.command(epilog=EPILOG)
+@main.command(epilog=EPILOG, short_help=SHORT_HELP["plan"])
 @_target_options
 @click.option(
     "--profiles",

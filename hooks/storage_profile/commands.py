@@ -14,11 +14,19 @@ import click
 
 from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile import plan as planning
-from hooks.storage_profile.config import PlanConfig, ReleaseConfig, StatusConfig, SwitchConfig
+from hooks.storage_profile.config import (
+    LEASE_DURATION,
+    PlanConfig,
+    ReleaseConfig,
+    RenewConfig,
+    StatusConfig,
+    SwitchConfig,
+)
 from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, PlanRefused, as_hook_error
+from hooks.storage_profile.heartbeat import BeatingDeadline
 from hooks.storage_profile.kube import Kube, load_api_client
 from hooks.storage_profile.lease import ClaimLease, default_holder
-from hooks.storage_profile.local import SandboxProfiles, status_local, switch_local
+from hooks.storage_profile.local import SandboxProfiles, render_local, status_local, switch_local
 from hooks.storage_profile.report import Report
 from hooks.storage_profile.status import claim_status, render_status
 from hooks.storage_profile.switch import ProviderFactory, default_provider, switch_kubernetes
@@ -51,13 +59,19 @@ def run_switch(
     )
     failure = None
     try:
-        if cfg.holder is None and cfg.backend == "kubernetes":
-            cfg.holder = default_holder()
         if cfg.backend == "local":
             switch_local(cfg, SandboxProfiles.load(cfg.profiles_file), report, echo=echo)
         else:
-            kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
-            switch_kubernetes(cfg, kube, report, provider_for=provider_for, echo=echo)
+            # The deadline starts first: finding the holder and loading the configuration
+            # (an exec credential plugin) are waits of this switch too.
+            assert cfg.timeout is not None
+            deadline = BeatingDeadline(cfg.timeout)
+            if cfg.holder is None:
+                cfg.holder = default_holder(deadline=deadline)
+            kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+            switch_kubernetes(
+                cfg, kube, report, provider_for=provider_for, echo=echo, deadline=deadline
+            )
     except Exception as exc:  # noqa: BLE001 - every failure still gets its report
         failure = as_hook_error(exc)
         report.error = failure.format_message()
@@ -82,13 +96,35 @@ def run_release(cfg: ReleaseConfig) -> str:
     Raises:
         PreflightRefused: Another holder's Lease is fresh, or RBAC forbids it.
     """
+    return _on_lease(cfg, "release", ClaimLease.release)
+
+
+def run_renew(cfg: RenewConfig) -> str:
+    """Extend the claim's Lease held by ``cfg.holder`` by ``cfg.lease_duration``; print
+    what was done.
+
+    Raises:
+        PreflightRefused: The Lease is not (or no longer) held by ``cfg.holder``, or RBAC
+            forbids it.
+    """
+    return _on_lease(cfg, "renew", ClaimLease.renew, cfg.lease_duration)
+
+
+def _on_lease(
+    cfg: ReleaseConfig,
+    verb: str,
+    act: Callable[[ClaimLease, Deadline], str],
+    duration: float = LEASE_DURATION,
+) -> str:
+    """Do ``act`` to the claim's Lease as ``cfg.holder`` (else the default holder) and
+    print its note; the local backend has no Lease."""
     if cfg.backend == "local":
-        note = "local backend: the sandbox has no Lease; nothing to release"
+        note = f"local backend: the sandbox has no Lease; nothing to {verb}"
     else:
-        holder = cfg.holder or default_holder()
-        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
-        lease = ClaimLease(kube, cfg.namespace, cfg.claim, holder)
-        note = lease.release(Deadline(cfg.timeout))
+        deadline = Deadline(cfg.timeout)
+        holder = cfg.holder or default_holder(deadline=deadline)
+        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+        note = act(ClaimLease(kube, cfg.namespace, cfg.claim, holder, duration), deadline)
     click.echo(note)
     return note
 
@@ -98,11 +134,12 @@ def run_status(cfg: StatusConfig) -> dict:
     if cfg.backend == "local":
         sandbox = SandboxProfiles.load(cfg.profiles_file)
         sandbox.check_claim(cfg.namespace, cfg.claim)
-        data = status_local(sandbox)
+        data, render = status_local(sandbox), render_local
     else:
-        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
-        data = claim_status(kube, cfg.namespace, cfg.claim, Deadline(cfg.timeout))
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render_status(data))
+        deadline = Deadline(cfg.timeout)
+        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+        data, render = claim_status(kube, cfg.namespace, cfg.claim, deadline), render_status
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render(data))
     return data
 
 
@@ -121,15 +158,10 @@ def run_plan(cfg: PlanConfig) -> planning.ModificationPlan:
             sandbox, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now
         )
     else:
-        kube = Kube(load_api_client(cfg.kubeconfig), cfg.backoff)
+        deadline = Deadline(cfg.timeout)
+        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
         plan = planning.plan_kubernetes(
-            kube,
-            cfg.namespace,
-            cfg.claim,
-            cfg.profiles,
-            cfg.return_to_first,
-            now,
-            Deadline(cfg.timeout),
+            kube, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now, deadline
         )
     click.echo(plan.render())
     if cfg.summary_json is not None:

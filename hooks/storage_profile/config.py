@@ -28,15 +28,16 @@ LEASE_DURATION_MAX = 2**31 - 1
 
 # Kubernetes object names: a namespace is a DNS-1123 label, a claim and a class DNS-1123
 # subdomains. Checked here because a name like ".." would otherwise become part of a URL
-# path (``--claim ..`` asked for the namespace itself).
+# path (``--claim ..`` asked for the namespace itself). Always ``fullmatch``: ``$`` also
+# matches before a trailing newline, which would let ``"claim\n"`` through.
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-DNS1123_LABEL = re.compile(rf"^{_LABEL}$")
-DNS1123_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+DNS1123_LABEL = re.compile(_LABEL)
+DNS1123_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 
 
 def check_label(option: str, value: str) -> None:
     """Refuse a namespace that is not a DNS-1123 label (``ValueError``)."""
-    if len(value) > 63 or not DNS1123_LABEL.match(value):
+    if len(value) > 63 or not DNS1123_LABEL.fullmatch(value):
         raise ValueError(
             f"{option} {value!r} is not a valid namespace name (DNS-1123 label: at most 63 "
             "lowercase letters, digits and '-', starting and ending with a letter or digit)"
@@ -45,7 +46,7 @@ def check_label(option: str, value: str) -> None:
 
 def check_subdomain(option: str, value: str) -> None:
     """Refuse a name that is not a DNS-1123 subdomain (``ValueError``)."""
-    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.fullmatch(value):
         raise ValueError(
             f"{option} {value!r} is not a valid object name (DNS-1123 subdomain: at most 253 "
             "lowercase letters, digits, '-' and '.', each part starting and ending with a "
@@ -95,6 +96,20 @@ class Target:
             raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}")
 
 
+def check_lease_duration(seconds: float) -> None:
+    """Refuse a ``--lease-duration`` a Lease cannot store.
+
+    Raises:
+        ValueError: Not finite, or outside 1 to :data:`LEASE_DURATION_MAX` seconds.
+    """
+    check_seconds("--lease-duration", seconds)
+    if not 1 <= seconds <= LEASE_DURATION_MAX:
+        # The Lease stores whole seconds, more than 0 (422) and at most an int32 (400).
+        raise ValueError(
+            f"--lease-duration must be 1 to {LEASE_DURATION_MAX} seconds, not {seconds:g}"
+        )
+
+
 @dataclass(kw_only=True)
 class SwitchConfig(Target):
     """Everything ``switch`` was asked to do, validated once.
@@ -140,13 +155,7 @@ class SwitchConfig(Target):
         if self.timeout is None:
             self.timeout = DEFAULT_TIMEOUT[self.settle]
         check_seconds("--timeout", self.timeout)
-        check_seconds("--lease-duration", self.lease_duration)
-        if not 1 <= self.lease_duration <= LEASE_DURATION_MAX:
-            # The Lease stores whole seconds, more than 0 (422) and at most an int32 (400).
-            raise ValueError(
-                f"--lease-duration must be 1 to {LEASE_DURATION_MAX} seconds, not "
-                f"{self.lease_duration:g}"
-            )
+        check_lease_duration(self.lease_duration)
         check_seconds("heartbeat", self.heartbeat)
         if self.holder is not None:
             check_holder(self.holder)
@@ -176,6 +185,21 @@ class ReleaseConfig(Target):
         check_seconds("--timeout", self.timeout)
         if self.holder is not None:
             check_holder(self.holder)
+
+
+@dataclass(kw_only=True)
+class RenewConfig(ReleaseConfig):
+    """What ``renew`` was asked to extend.
+
+    Attributes:
+        lease_duration: Seconds the Lease lasts from this renewal.
+    """
+
+    lease_duration: float = LEASE_DURATION
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_lease_duration(self.lease_duration)
 
 
 @dataclass(kw_only=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import requests
 
-from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry
+from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry, within
 from checkpoint_storage_bench.units import parse_quantity
 from hooks.storage_profile.errors import HookError, Infeasible, PreflightRefused
 
@@ -40,8 +40,8 @@ ENDPOINT_ENV = "STORAGE_PROFILE_COMPUTE_ENDPOINT"
 SCOPES = ("https://www.googleapis.com/auth/compute.readonly",)
 # The driver's volume handle: a zonal or a regional (replicated) disk.
 _HANDLE = re.compile(
-    r"^projects/(?P<project>[^/]+)/(?P<scope>zones|regions)/(?P<location>[^/]+)"
-    r"/disks/(?P<disk>[^/]+)$"
+    r"projects/(?P<project>[^/\s]+)/(?P<scope>zones|regions)/(?P<location>[^/\s]+)"
+    r"/disks/(?P<disk>[^/\s]+)"
 )
 MIB = 2**20
 CONNECT_TIMEOUT = 10.0
@@ -68,7 +68,7 @@ def disk_path(volume_handle: str) -> str:
     Raises:
         ComputeApiError: Not a handle of this driver.
     """
-    if not _HANDLE.match(volume_handle or ""):
+    if not _HANDLE.fullmatch(volume_handle or ""):
         raise ComputeApiError(
             f"volume handle {volume_handle!r} is not a Compute Engine disk "
             "(expected projects/P/zones/Z/disks/D or projects/P/regions/R/disks/D)"
@@ -199,6 +199,11 @@ class GkeProvider:
 
     @property
     def session(self) -> requests.Session:
+        return self.session_within(None)
+
+    def session_within(self, deadline: Deadline | None) -> requests.Session:
+        """The authorized session; finding the credentials ends by ``deadline`` (outside a
+        GKE pod, google-auth probes the metadata server with its own timeouts and retries)."""
         if self._session is None:
             import google.auth
             from google.auth.exceptions import DefaultCredentialsError
@@ -207,7 +212,11 @@ class GkeProvider:
             credentials = self._credentials
             if credentials is None:
                 try:
-                    credentials, _ = google.auth.default(scopes=list(SCOPES))
+                    credentials, _ = within(
+                        lambda: google.auth.default(scopes=list(SCOPES)),
+                        what="finding Google credentials",
+                        deadline=deadline,
+                    )
                 except DefaultCredentialsError as exc:
                     raise ComputeApiError(
                         f"no Google credentials (Application Default Credentials): {exc}; "
@@ -241,7 +250,7 @@ class GkeProvider:
                 # a valid timeout.
                 timeout = max(0.05, min(timeout, deadline.remaining()))
             try:
-                response = self.session.get(
+                response = self.session_within(deadline).get(
                     url,
                     timeout=(min(CONNECT_TIMEOUT, timeout), timeout),
                     max_allowed_time=timeout,

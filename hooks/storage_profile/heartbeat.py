@@ -40,6 +40,8 @@ class Heartbeat:
         interval: Seconds between two lines at most often.
         kubernetes: The claim's state as last seen.
         provider: The provider's state as last seen (``what`` of its last sleep).
+        short_watches: Watches of the claim that ended at once without an event (each one
+            backed off before the next).
         clock: Monotonic clock (injectable).
     """
 
@@ -50,6 +52,7 @@ class Heartbeat:
     clock: Callable[[], float] = time.monotonic
     deadline: Deadline | None = None
     phase: str = "kubernetes"
+    short_watches: int = 0
     _last: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
@@ -68,7 +71,12 @@ class Heartbeat:
         if self.deadline is not None:
             elapsed = now - self.deadline.start
             timing = f"; elapsed {duration(elapsed)}, {duration(self.deadline.remaining())} left"
-        self.echo(f"waiting: kubernetes: {self.kubernetes}; provider: {self.provider}{timing}")
+        watches = ""
+        if self.short_watches:
+            watches = f"; {self.short_watches} watches ended at once without an event, backing off"
+        self.echo(
+            f"waiting: kubernetes: {self.kubernetes}; provider: {self.provider}{watches}{timing}"
+        )
 
 
 @dataclass

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -24,8 +26,16 @@ from checkpoint_storage_bench.retry import (
     DeadlineExceeded,
     TemporaryError,
     retry,
+    within,
 )
-from hooks.storage_profile.errors import HookError, PreflightRefused
+from hooks.storage_profile.errors import (
+    ApiError,
+    Forbidden,
+    HookError,
+    NotFound,
+    PreflightRefused,
+    api_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,48 +63,111 @@ def request_timeout(read: float, deadline: Deadline | None) -> float | tuple[flo
     return max(0.05, left)
 
 
-def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+def load_api_client(kubeconfig: str | None, deadline: Deadline | None = None) -> client.ApiClient:
     """An API client from ``kubeconfig``, else in-cluster config, else the default kubeconfig.
+
+    Loading ends by ``deadline``: a kubeconfig's ``exec`` credential plugin runs here, for
+    as long as it likes.
 
     Raises:
         PreflightRefused: No usable configuration (missing, or a kubeconfig that does not
             parse: a YAML error or a wrong shape surfaces from the loader as such).
     """
     configuration = client.Configuration()
-    try:
+    source = f" in {kubeconfig}" if kubeconfig else ""
+    server_field = ["clusters[].cluster.server of the current context"]
+
+    def load() -> None:
         if kubeconfig:
+            _check_kubeconfig_shape(Path(kubeconfig))
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-            except ConfigException:
-                config.load_kube_config(client_configuration=configuration)
-    except (ConfigException, OSError, yaml.YAMLError, TypeError, ValueError, KeyError) as exc:
-        source = f" in {kubeconfig}" if kubeconfig else ""
+            return
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            server_field[0] = "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT"
+        except ConfigException:
+            default = Path(os.path.expanduser(config.KUBE_CONFIG_DEFAULT_LOCATION))
+            if os.pathsep not in config.KUBE_CONFIG_DEFAULT_LOCATION and default.is_file():
+                _check_kubeconfig_shape(default)
+            config.load_kube_config(client_configuration=configuration)
+
+    try:
+        within(load, what=f"loading the Kubernetes configuration{source}", deadline=deadline)
+    except (
+        ConfigException,
+        OSError,
+        yaml.YAMLError,
+        TypeError,
+        ValueError,
+        KeyError,
+        AttributeError,
+    ) as exc:
         raise PreflightRefused(
             f"no usable Kubernetes configuration{source}: {type(exc).__name__}: {exc}"
         ) from exc
+    problem = server_problem(configuration.host)
+    if problem is not None:
+        # Retrying cannot cure it: refused at once instead of at the deadline.
+        raise PreflightRefused(
+            f"no usable Kubernetes configuration{source}: {server_field[0]} {problem}"
+        )
     # urllib3 would retry each request 3 more times by itself, each with the full timeout
     # and outside our deadline: the shared retry loop is the only one.
     configuration.retries = False
     return client.ApiClient(configuration)
 
 
-def retry_after_seconds(exc: ApiException) -> float | None:
-    """The ``Retry-After`` header of a response, in seconds, if it has a numeric one."""
-    value = (exc.headers or {}).get("Retry-After")
+def server_problem(host: str | None) -> str | None:
+    """Why the API server's URL cannot be used (missing, unparsable, not http(s)), if so.
+
+    >>> server_problem("https://10.0.0.1:6443") is None
+    True
+    >>> server_problem("http://host:abc")
+    "'http://host:abc' is not a URL: Failed to parse: 'host:abc' is not a valid host or port"
+    """
+    if not host:
+        return "is missing"
     try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+        url = urllib3.util.parse_url(host)
+    except urllib3.exceptions.LocationParseError as exc:
+        return f"{host!r} is not a URL: {exc}"
+    if url.scheme not in ("http", "https") or not url.host:
+        return f"{host!r} is not an http:// or https:// URL with a host"
+    return None
 
 
-def api_message(exc: ApiException) -> str:
-    """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
-    try:
-        return json.loads(exc.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return f"{exc.status} {exc.reason}"
+def _check_kubeconfig_shape(path: Path) -> None:
+    """Refuse a kubeconfig whose current context names entries of the wrong shape, naming
+    the field (the client's loader would fail on them with an ``AttributeError``).
+
+    Raises:
+        ConfigException: A field of the current context is not what a kubeconfig holds.
+    """
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict):
+        raise ConfigException("the file is not a kubeconfig mapping")
+    current = doc.get("current-context")
+    if current is None:
+        return  # the loader names what is missing
+    named = {}
+    for kind, field in (("contexts", "context"), ("clusters", "cluster"), ("users", "user")):
+        entries = doc.get(kind) or []
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ConfigException(f"{kind} must be a list of mappings")
+        named[kind] = {e.get("name"): (e.get(field), f"{kind}[{e.get('name')}].{field}")
+                       for e in entries}  # fmt: skip
+    context, where = named["contexts"].get(current, (None, None))
+    if context is None:
+        return
+    if not isinstance(context, dict):
+        raise ConfigException(f"{where} must be a mapping, not {type(context).__name__}")
+    for kind, key in (("clusters", "cluster"), ("users", "user")):
+        value, where = named[kind].get(context.get(key), (None, None))
+        if value is not None and not isinstance(value, dict):
+            raise ConfigException(f"{where} must be a mapping, not {type(value).__name__}")
+    cluster, where = named["clusters"].get(context.get("cluster"), (None, None))
+    if isinstance(cluster, dict) and not isinstance(cluster.get("server", ""), str):
+        raise ConfigException(f"{where}.server must be a string")
 
 
 def unreachable(exc: BaseException) -> str | None:
@@ -106,17 +179,6 @@ def unreachable(exc: BaseException) -> str | None:
     if isinstance(exc, urllib3.exceptions.NewConnectionError):
         return f"cannot connect to the API server: {exc}"
     return None
-
-
-def classify(exc: Exception) -> Exception:
-    """Turn throttling, server errors and broken connections into :class:`TemporaryError`."""
-    if isinstance(exc, ApiException) and (exc.status == 429 or exc.status >= 500):
-        return TemporaryError(
-            f"API server answered {exc.status}: {api_message(exc)}", retry_after_seconds(exc)
-        )
-    if isinstance(exc, CONNECTION_ERRORS):
-        return TemporaryError(f"connection to the API server failed: {exc}")
-    return exc
 
 
 class Kube:
@@ -163,7 +225,8 @@ class Kube:
             PreflightRefused: The API server was never reached (refused, TLS).
             TemporaryError: Still failing after ``backoff.tries`` tries.
             DeadlineExceeded: The deadline passed while retrying (naming the last error).
-            ApiException: Any other API error (404, 403, 422, …), for the caller to judge.
+            ApiError: Any other answer (NotFound, Forbidden, Invalid, …), named once here
+                for the caller to judge.
         """
         last: list[TemporaryError] = []
 
@@ -190,11 +253,10 @@ class Kube:
                     last[:] = [error]
                     raise error from exc
                 self.answered = True
-                error = classify(exc)
+                error = api_error(exc)
                 if isinstance(error, TemporaryError):
                     last[:] = [error]
-                    raise error from exc
-                raise
+                raise error from exc
             except CONNECTION_ERRORS as exc:
                 error = self._connection_failed(what, exc, unreachable(exc))
                 last[:] = [error]
@@ -221,15 +283,16 @@ class Kube:
     def _read(
         self, what: str, fn: Callable[..., Any], *args: Any, deadline: Deadline | None = None
     ) -> dict | None:
-        """Like :meth:`call` for a single object, with 404 as None and 403 as a refusal."""
+        """Like :meth:`call` for a single object, with NotFound as None and Forbidden as a
+        refusal."""
         try:
             return self.call(what, fn, *args, deadline=deadline)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            if exc.status == 403:
-                raise PreflightRefused(f"forbidden to {what}: {api_message(exc)}") from exc
-            raise HookError(f"{what} failed: {api_message(exc)}") from exc
+        except NotFound:
+            return None
+        except Forbidden as exc:
+            raise PreflightRefused(f"forbidden to {what}: {exc.server_message}") from exc
+        except ApiError as exc:
+            raise HookError(f"{what} failed: {exc.server_message}") from exc
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -293,16 +356,14 @@ class Kube:
             body = self.call(
                 f"list pods in {ns}", self.core.list_namespaced_pod, ns, deadline=deadline
             )
-        except ApiException as exc:
-            if exc.status == 403:
-                raise PreflightRefused(f"forbidden to list pods: {api_message(exc)}") from exc
-            raise
+        except Forbidden as exc:
+            raise PreflightRefused(f"forbidden to list pods: {exc.server_message}") from exc
         return body.get("items") or []
 
     # -- leases -----------------------------------------------------------------------------
 
     def read_lease(self, ns: str, name: str, deadline: Deadline | None = None) -> dict | None:
-        """The Lease, or None; other API errors (403, …) raise ``ApiException``."""
+        """The Lease, or None; other answers (Forbidden, …) raise their :class:`ApiError`."""
         try:
             return self.call(
                 f"read Lease {ns}/{name}",
@@ -311,10 +372,8 @@ class Kube:
                 ns,
                 deadline=deadline,
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
     def create_lease(self, ns: str, body: dict, deadline: Deadline | None = None) -> dict:
         return self.call(
@@ -382,8 +441,10 @@ class Kube:
 
         Ends when the server closes the stream after ``timeout`` seconds, or at the latest
         :data:`WATCH_GRACE` later (a server that ignores its timeout or trickles blank
-        lines). A 410, a throttled start or a dropped connection raise (ApiException /
-        urllib3 errors); the caller re-lists. A silent connection ends by the deadline.
+        lines). An expired resourceVersion (:class:`Gone`), a throttled start
+        (:class:`TemporaryError`), any other answer (:class:`ApiError`) or a dropped
+        connection (urllib3 errors) raise; the caller re-lists. A silent connection ends by
+        the deadline.
         """
         seconds = max(1, int(timeout))
         ends = time.monotonic() + seconds + WATCH_GRACE
@@ -404,6 +465,8 @@ class Kube:
                     yield event["type"], event["raw_object"]
                 if time.monotonic() > ends or (deadline is not None and deadline.remaining() <= 0):
                     return
+        except ApiException as exc:
+            raise api_error(exc) from exc
         finally:
             stream.close()
 

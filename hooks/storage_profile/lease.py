@@ -2,8 +2,9 @@
 
 ``switch`` takes the Lease (or renews it, when it already holds it) before it patches;
 another holder's Lease that has not expired refuses the switch (exit 3), naming the holder
-and when the Lease expires; an expired one is taken over. ``release`` gives it up (the
-pipeline's last op, ``trigger: all_done``). The Lease is advisory: ``kubectl`` can still
+and when the Lease expires; an expired one is taken over. ``renew`` extends a Lease this
+holder still holds (a stage renews it between its fio sweep and its training runs) and
+refuses one it lost. ``release`` gives it up (the pipeline's last op, ``trigger: all_done``). The Lease is advisory: ``kubectl`` can still
 change the claim, which the waits notice (another writer → exit 1).
 
 The holder id: ``--holder``, else inside a Polyaxon run the pipeline's uuid (the run's
@@ -17,18 +18,22 @@ import logging
 import math
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from kubernetes.client.rest import ApiException
-
 from checkpoint_storage_bench.contract import lease_name
-from checkpoint_storage_bench.retry import Deadline
+from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded, within
 from hooks.storage_profile.config import LEASE_DURATION
-from hooks.storage_profile.errors import HookError, PreflightRefused
-from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    HookError,
+    Invalid,
+    PreflightRefused,
+)
+from hooks.storage_profile.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -78,46 +83,51 @@ class LeaseState:
 
 
 def pipeline_of_run(owner: str, project: str, run_uuid: str) -> str | None:
-    """The uuid of the pipeline a Polyaxon run belongs to, asked from Polyaxon's API.
+    """The uuid of the pipeline a Polyaxon run belongs to, asked from Polyaxon's API; None
+    when the run has no pipeline or the API failed."""
+    try:
+        from polyaxon.client import RunClient
 
-    Bounded (the API may be unreachable from the pod): None when it did not answer in time
-    or the run has no pipeline.
-    """
-    found: list[str | None] = []
-
-    def ask() -> None:
-        try:
-            from polyaxon.client import RunClient
-
-            run = RunClient(owner=owner, project=project, run_uuid=run_uuid)
-            run.refresh_data()
-            pipeline = getattr(run.run_data, "pipeline", None)
-            found.append(getattr(pipeline, "uuid", None) if pipeline else None)
-        except Exception as exc:  # noqa: BLE001 - any failure falls back to the run uuid
-            log.warning("cannot ask Polyaxon for the pipeline of run %s: %s", run_uuid, exc)
-
-    # A thread so that an API that never answers cannot hold the switch.
-    thread = threading.Thread(target=ask, name="polyaxon-pipeline", daemon=True)
-    thread.start()
-    thread.join(PIPELINE_LOOKUP_TIMEOUT)
-    return found[0] if found else None
+        run = RunClient(owner=owner, project=project, run_uuid=run_uuid)
+        run.refresh_data()
+        pipeline = getattr(run.run_data, "pipeline", None)
+        return getattr(pipeline, "uuid", None) if pipeline else None
+    except Exception as exc:  # noqa: BLE001 - any failure falls back to the run uuid
+        log.warning("cannot ask Polyaxon for the pipeline of run %s: %s", run_uuid, exc)
+        return None
 
 
 def default_holder(
     environ: dict[str, str] | None = None,
     pipeline_of: Callable[[str, str, str], str | None] = pipeline_of_run,
+    deadline: Deadline | None = None,
 ) -> str:
     """The holder id when ``--holder`` is not given.
 
     Inside a Polyaxon run (``POLYAXON_RUN_INSTANCE`` = ``owner.project.runs.uuid``): the
-    pipeline's uuid, else the run's; outside: ``user@host``.
+    pipeline's uuid, else the run's; outside: ``user@host``. The lookup of the pipeline
+    (the API may be unreachable from the pod) waits at most
+    :data:`PIPELINE_LOOKUP_TIMEOUT`, and never past the command's ``deadline``: it is
+    part of the command's ``--timeout``.
     """
     environ = os.environ if environ is None else environ
     instance = environ.get("POLYAXON_RUN_INSTANCE") or ""
     parts = instance.split(".")
     if len(parts) == 4 and parts[2] == "runs" and parts[3]:
         owner, project, _, run_uuid = parts
-        return pipeline_of(owner, project, run_uuid) or run_uuid
+        seconds = PIPELINE_LOOKUP_TIMEOUT
+        if deadline is not None:
+            seconds = max(0.01, min(seconds, deadline.remaining()))
+        try:
+            pipeline = within(
+                lambda: pipeline_of(owner, project, run_uuid),
+                what=f"asking Polyaxon for the pipeline of run {run_uuid}",
+                deadline=Deadline(seconds),
+            )
+        except DeadlineExceeded as exc:
+            log.warning("%s; the holder is the run itself", exc)
+            pipeline = None
+        return pipeline or run_uuid
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no passwd entry for the uid (some containers)
@@ -230,6 +240,43 @@ class ClaimLease:
                 )
         raise PreflightRefused(f"{self.ref} kept changing while it was being taken; try again")
 
+    def renew(self, deadline: Deadline) -> str:
+        """Extend our Lease by ``duration`` from now; return a note.
+
+        Only a Lease this holder still holds is renewed, even one that expired (nobody took
+        it: another pipeline would have had to take it first to switch the claim). A Lease
+        that is gone, released or taken by another holder is not taken here: the claim may
+        have been switched since this stage's switch, so what would be measured next is
+        not known to be on this stage's class.
+
+        Raises:
+            PreflightRefused: The Lease is not held by this holder, or RBAC forbids it.
+        """
+        for _ in range(3):
+            lease = self._read(deadline)
+            state = LeaseState.of(lease) if lease is not None else None
+            if state is None or state.holder != self.holder:
+                held = (
+                    "does not exist"
+                    if state is None
+                    else (
+                        f"is held by {state.holder}" if state.holder else "is not held (released)"
+                    )
+                )
+                raise PreflightRefused(
+                    f"{self.ref} {held}, not by {self.holder}: not renewed; the claim may "
+                    "have been switched since this holder's switch, so nothing more is "
+                    "measured on it"
+                )
+            assert lease is not None
+            now = self.now()
+            spec = dict(lease.get("spec") or {})
+            spec.update(leaseDurationSeconds=self.seconds, renewTime=microtime(now))
+            if self._write("update", {**lease, "spec": spec}, deadline):
+                expires = microtime(now + timedelta(seconds=self.duration))[:19] + "Z"
+                return f"renewed {self.ref} as {self.holder} until {expires}"
+        raise PreflightRefused(f"{self.ref} kept changing while it was being renewed; try again")
+
     def release(self, deadline: Deadline) -> str:
         """Give the Lease up when we hold it; return a note.
 
@@ -265,23 +312,25 @@ class ClaimLease:
     def _read(self, deadline: Deadline) -> dict | None:
         try:
             return self.kube.read_lease(self.namespace, self.name, deadline)
-        except ApiException as exc:
+        except ApiError as exc:
             raise self._refusal("read", exc) from exc
 
     def _write(self, verb: str, body: dict, deadline: Deadline) -> bool:
-        """Create or update; False when someone else wrote it first (409: read again)."""
+        """Create or update; False when someone else wrote it first (a conflict: read
+        again)."""
         try:
             if verb == "create":
                 self.kube.create_lease(self.namespace, body, deadline)
             else:
                 self.kube.replace_lease(self.namespace, self.name, body, deadline)
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
+        except Conflict:
+            return False
+        except ApiError as exc:
             raise self._refusal(verb, exc) from exc
         return True
 
-    def _refusal(self, verb: str, exc: ApiException) -> HookError:
-        if exc.status in (403, 422):
-            return PreflightRefused(f"cannot {verb} {self.ref}: {api_message(exc)}")
-        return HookError(f"{verb} {self.ref} failed: {api_message(exc)}")
+    def _refusal(self, verb: str, exc: ApiError) -> HookError:
+        # RBAC, or the API server's validation: nothing was written either way.
+        if isinstance(exc, (Forbidden, Invalid)):
+            return PreflightRefused(f"cannot {verb} {self.ref}: {exc.server_message}")
+        return HookError(f"{verb} {self.ref} failed: {exc.server_message}")

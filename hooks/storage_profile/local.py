@@ -16,8 +16,7 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
-from checkpoint_storage_bench import contract
-from checkpoint_storage_bench.contract import SandboxProfile
+from checkpoint_storage_bench import contract, sandbox_profiles
 from checkpoint_storage_bench.io_limits import (
     BlockDevice,
     Cgroup,
@@ -25,6 +24,7 @@ from checkpoint_storage_bench.io_limits import (
     ThrottleUnavailable,
     probe,
 )
+from checkpoint_storage_bench.sandbox_profiles import SandboxProfile
 from hooks.storage_profile.config import SwitchConfig
 from hooks.storage_profile.errors import PreflightRefused, UnexpectedState
 from hooks.storage_profile.report import Report, now_iso
@@ -39,7 +39,7 @@ def sandbox_root() -> Path:
     return Path(os.environ.get("SANDBOX_ROOT") or os.getcwd()).resolve()
 
 
-class SandboxProfiles(contract.SandboxProfiles):
+class SandboxProfiles(sandbox_profiles.SandboxProfiles):
     """The profiles file (parsed by :mod:`checkpoint_storage_bench.contract`), with the
     hook's checks: a refused file or claim is a preflight refusal (exit 3)."""
 
@@ -55,8 +55,8 @@ class SandboxProfiles(contract.SandboxProfiles):
         if not path.is_absolute() and not path.exists():
             path = root / path
         try:
-            parsed = contract.load_sandbox_profiles(path, root)
-        except contract.ProfilesFileError as exc:
+            parsed = sandbox_profiles.load_sandbox_profiles(path, root)
+        except sandbox_profiles.ProfilesFileError as exc:
             raise PreflightRefused(str(exc)) from exc
         return cls(**{f.name: getattr(parsed, f.name) for f in fields(parsed)})
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry
+from checkpoint_storage_bench.retry import Backoff, Deadline, TemporaryError, retry, within
 from hooks.storage_profile.errors import BudgetExceeded, HookError, Infeasible, PreflightRefused
 from hooks.storage_profile.gke import GkeProvider
 
@@ -183,7 +183,15 @@ class EbsProvider:
 
         def once() -> dict:
             try:
-                return self.client(deadline).describe_volumes_modifications(VolumeIds=[volume_id])
+                # within(): resolving the credentials (IRSA: an STS call with botocore's
+                # own 60 s timeouts and retries) is part of the first call.
+                return within(
+                    lambda: self.client(deadline).describe_volumes_modifications(
+                        VolumeIds=[volume_id]
+                    ),
+                    what=what,
+                    deadline=deadline,
+                )
             except ClientError as exc:
                 code = exc.response["Error"]["Code"]
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from checkpoint_storage_bench.contract import lease_name
 from checkpoint_storage_bench.retry import Deadline
-from hooks.storage_profile.errors import PreflightRefused
-from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.errors import ApiError, PreflightRefused
+from hooks.storage_profile.kube import Kube
 from hooks.storage_profile.lease import LeaseState
 from hooks.storage_profile.ledger import read_ledger
 
@@ -26,7 +26,7 @@ def claim_status(kube: Kube, namespace: str, name: str, deadline: Deadline) -> d
     volume = claim["spec"].get("volumeName")
     pv = kube.read_pv(volume, deadline) if volume else None
     csi = (pv or {}).get("spec", {}).get("csi") or {}
-    events = kube.claim_events(namespace, claim, deadline)[-RECENT_EVENTS:]
+    events, events_error = _recent_events(kube, namespace, claim, deadline)
     try:
         ledger: list[dict] | str = [e.to_json() for e in read_ledger(claim)]
     except ValueError as exc:
@@ -58,17 +58,28 @@ def claim_status(kube: Kube, namespace: str, name: str, deadline: Deadline) -> d
             }
             for e in events
         ],
+        "eventsError": events_error,
     }
+
+
+def _recent_events(
+    kube: Kube, namespace: str, claim: dict, deadline: Deadline
+) -> tuple[list[dict], str | None]:
+    """The claim's recent events, and why there are none when they cannot be listed: a
+    role without ``events`` ``list`` still gets the claim's state."""
+    try:
+        return kube.claim_events(namespace, claim, deadline)[-RECENT_EVENTS:], None
+    except ApiError as exc:
+        what = f"list events of claim {namespace}/{claim['metadata']['name']}"
+        return [], f"cannot {what}: {exc.server_message}"
 
 
 def _lease(kube: Kube, namespace: str, claim: str, deadline: Deadline) -> dict | str | None:
     """Who holds the claim's Lease; a string when it cannot be read (RBAC)."""
-    from kubernetes.client.rest import ApiException
-
     try:
         lease = kube.read_lease(namespace, lease_name(claim), deadline)
-    except ApiException as exc:
-        return f"cannot read: {api_message(exc)}"
+    except ApiError as exc:
+        return f"cannot read: {exc.server_message}"
     if lease is None:
         return None
     state = LeaseState.of(lease)
@@ -81,17 +92,8 @@ def _lease(kube: Kube, namespace: str, claim: str, deadline: Deadline) -> dict |
 
 
 def render_status(data: dict) -> str:
-    """The readable block printed by ``status``."""
-    if data.get("backend") == "local":
-        lines = [
-            f"sandbox claim {data['namespace']}/{data['claim']}",
-            f"  claim path     {data['claimPath']} -> {data['pointsAt'] or '-'}",
-            f"  current        {data['currentProfile'] or '-'}",
-        ]
-        for name, prof in sorted(data["profiles"].items()):
-            missing = "" if prof["exists"] else "  (missing)"
-            lines.append(f"  profile        {name}: {prof['path']}{missing}")
-        return "\n".join(lines)
+    """The readable block printed by ``status`` for a claim on Kubernetes (the sandbox's is
+    :func:`hooks.storage_profile.local.render_local`)."""
     modify = data["modifyVolumeStatus"] or {}
     lines = [
         f"claim {data['namespace']}/{data['claim']} (uid {data['uid'] or '-'}, "
@@ -124,7 +126,10 @@ def render_status(data: dict) -> str:
     lines.append("  conditions" + ("" if data["conditions"] else "     -"))
     for c in data["conditions"]:
         lines.append(f"    {c['type']}={c['status']} {c['reason'] or ''}: {c['message'] or ''}")
-    lines.append("  events" + ("" if data["events"] else "         -"))
+    if data.get("eventsError"):
+        lines.append(f"  events         not shown: {data['eventsError']}")
+    else:
+        lines.append("  events" + ("" if data["events"] else "         -"))
     for e in data["events"]:
         lines.append(f"    {e['lastTimestamp'] or '-'} {e['type']} {e['reason']}: {e['message']}")
     return "\n".join(lines)

@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Callable
 from datetime import datetime
-
-from kubernetes.client.rest import ApiException
 
 from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
 from checkpoint_storage_bench.errors import BenchError
 from checkpoint_storage_bench.retry import Deadline, TemporaryError
 from hooks.storage_profile.config import SwitchConfig
-from hooks.storage_profile.errors import BudgetExceeded, HookError, Infeasible, PreflightRefused
+from hooks.storage_profile.errors import (
+    ApiError,
+    BudgetExceeded,
+    Conflict,
+    Forbidden,
+    HookError,
+    Infeasible,
+    Invalid,
+    NotFound,
+    PreflightRefused,
+)
 from hooks.storage_profile.heartbeat import BeatingDeadline, Heartbeat
-from hooks.storage_profile.kube import Kube, api_message
+from hooks.storage_profile.kube import Kube
 from hooks.storage_profile.lease import ClaimLease
 from hooks.storage_profile.ledger import budget, read_ledger, utcnow, with_entry
 from hooks.storage_profile.preflight import Plan, preflight
@@ -40,18 +49,22 @@ def switch_kubernetes(
     report: Report,
     provider_for: ProviderFactory = default_provider,
     echo: Callable[[str], None] = print,
+    deadline: BeatingDeadline | None = None,
 ) -> Report:
     """Switch the claim's class and wait until it settled; fill ``report`` on the way.
 
     Args:
         cfg: The switch; ``cfg.holder`` is set (the CLI fills in the default).
+        deadline: The switch's ``--timeout``, if it started before (the CLI's did, when it
+            looked up the holder); else it starts now.
 
     Raises:
         BenchError: Any refusal or failure, with its exit code; ``report`` holds what was
             known until then.
     """
     assert cfg.holder is not None and cfg.timeout is not None
-    deadline = BeatingDeadline(cfg.timeout)
+    if deadline is None:
+        deadline = BeatingDeadline(cfg.timeout)
     heartbeat = Heartbeat(echo, interval=cfg.heartbeat, deadline=deadline)
     deadline.heartbeat = heartbeat
     plan = preflight(kube, cfg.namespace, cfg.claim, cfg.target, deadline, cfg.force)
@@ -86,10 +99,7 @@ def switch_kubernetes(
         lease.check(deadline)
         report.outcome = "dry-run"
         verb = "would not patch (already requested)" if plan.already_requested else "would patch"
-        echo(
-            f"dry run: {verb} persistentvolumeclaims/{cfg.claim} -n {cfg.namespace} "
-            f"--type=merge -p '{json.dumps(plan.patch(entry))}'"
-        )
+        echo(f"dry run: {verb}: {dry_run_command(cfg, plan.patch(entry))}")
         return report
 
     report.lease = lease.acquire(deadline)
@@ -143,6 +153,23 @@ def switch_kubernetes(
         report.notes.append(note)
         echo(note)
     return report
+
+
+def dry_run_command(cfg: SwitchConfig, patch: dict) -> str:
+    """The ``kubectl patch`` the switch would send, quoted so that it can be pasted: the
+    patch carries the holder (free text, ``'`` included) inside its ledger."""
+    return shlex.join(
+        [
+            "kubectl",
+            "patch",
+            f"persistentvolumeclaims/{cfg.claim}",
+            "-n",
+            cfg.namespace,
+            "--type=merge",
+            "-p",
+            json.dumps(patch),
+        ]
+    )
 
 
 def _unbound_noop(
@@ -268,17 +295,17 @@ def _patch(
             meta.get("resourceVersion"),
             annotations,
         )
-    except ApiException as exc:
-        if exc.status == 409:
-            _judge_conflict(kube, cfg, claim, entry, deadline, exc)
-            return annotations[LEDGER_ANNOTATION] if annotations else None
-        # 403: RBAC or a per-class quota; 422: the API server's rules (e.g. an unbound
-        # claim, or nil after a class was applied). Nothing changed either way.
-        if exc.status in (403, 404, 422):
-            raise PreflightRefused(
-                f"the API server refused to patch claim {ref}: {api_message(exc)}"
-            ) from exc
-        raise HookError(f"patching claim {ref} failed: {api_message(exc)}") from exc
+    except Conflict as exc:
+        _judge_conflict(kube, cfg, claim, entry, deadline, exc)
+        return annotations[LEDGER_ANNOTATION] if annotations else None
+    except (Forbidden, NotFound, Invalid) as exc:
+        # Forbidden: RBAC or a per-class quota; Invalid: the API server's rules (e.g. an
+        # unbound claim, or nil after a class was applied). Nothing changed either way.
+        raise PreflightRefused(
+            f"the API server refused to patch claim {ref}: {exc.server_message}"
+        ) from exc
+    except ApiError as exc:
+        raise HookError(f"patching claim {ref} failed: {exc.server_message}") from exc
     return annotations[LEDGER_ANNOTATION] if annotations else None
 
 
@@ -288,11 +315,13 @@ def _judge_conflict(
     claim: dict,
     entry: LedgerEntry,
     deadline: Deadline,
-    exc: ApiException,
+    exc: Conflict,
 ) -> None:
-    """A 409: the claim is not the one that was read. Our own patch may have landed on an
+    """A conflict: the claim is not the one that was read. Our own patch may have landed on an
     earlier try whose answer was lost (a retried patch then meets its own change): then the
-    claim asks for our class and its ledger ends with our entry."""
+    claim asks for our class and its ledger holds our entry. Found by what it is (time to
+    the second, classes, holder), not by position: the ledger is sorted by time, and an
+    entry dated later than ours (a clock ahead, a hand edit) sorts after it."""
     ref = f"{cfg.namespace}/{cfg.claim}"
     now = kube.read_claim(cfg.namespace, cfg.claim, deadline)
     if now is None:
@@ -303,7 +332,7 @@ def _judge_conflict(
             f"{claim['metadata'].get('uid')} -> {now['metadata'].get('uid')}); not patched"
         ) from exc
     try:
-        recorded = entry.to_class is None or read_ledger(now)[-1:] == [entry]
+        recorded = entry.to_class is None or entry in read_ledger(now)
     except ValueError:
         recorded = False
     if recorded and now["spec"].get("volumeAttributesClassName") == entry.to_class:
@@ -312,7 +341,7 @@ def _judge_conflict(
     raise PreflightRefused(
         f"claim {ref} changed since it was read (resourceVersion "
         f"{claim['metadata'].get('resourceVersion')} -> {now['metadata'].get('resourceVersion')})"
-        f"; not patched, run the switch again: {api_message(exc)}"
+        f"; not patched, run the switch again: {exc.server_message}"
     ) from exc
 
 

@@ -3,8 +3,9 @@
 One overall deadline bounds everything. A watch that ends (the server's timeout, or ours so
 that the heartbeat can speak) resumes from the last resourceVersion seen; a 410 Gone (the
 resourceVersion expired) or a dropped stream re-lists and resumes; throttling and server
-errors back off, honouring ``Retry-After``. Nothing here polls: between events the hook
-sleeps inside a watch.
+errors back off, honouring ``Retry-After``, and so does a watch that ends at once without
+an event (:data:`SHORT_WATCH`). Nothing here polls: between events the hook sleeps inside a
+watch.
 """
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 
-from kubernetes.client.rest import ApiException
-
 from checkpoint_storage_bench.errors import BenchError
 from checkpoint_storage_bench.retry import Deadline, TemporaryError
-from hooks.storage_profile.errors import HookError, Infeasible, UnexpectedState
+from hooks.storage_profile.errors import ApiError, Gone, HookError, Infeasible, UnexpectedState
 from hooks.storage_profile.heartbeat import Heartbeat
-from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube, api_message, classify
+from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube
 
 log = logging.getLogger(__name__)
 
 KNOWN_STATUSES = ("Pending", "InProgress", "Infeasible")
+SHORT_WATCH = 1.0
+"""A watch that ends sooner than this without a single event (not even a bookmark) did not
+watch: client-go's reflector calls it a "very short watch" and backs off before the next,
+instead of reopening at once (an API server or proxy that closes every watch would get a
+request per round trip for the whole ``--timeout``)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ class ClaimWaiter:
         )
         self._pending_since: float | None = None
         self._seen_warnings: set[str] = set()
+        self.short_watches = 0
 
     @property
     def ref(self) -> str:
@@ -131,6 +136,7 @@ class ClaimWaiter:
         self._pending_since = None
         attempt = 0
         gone = 0
+        short = 0
         claim: dict | None = None
         version: str | None = None  # None: list (again) before the next watch
         while True:
@@ -145,13 +151,16 @@ class ClaimWaiter:
                     return claim
                 self._beat()
                 seconds = self._watch_seconds()
-                watch_ends = self.clock() + seconds
+                opened = self.clock()
+                watch_ends = opened + seconds
+                seen = 0
                 with closing(
                     self.kube.watch_claim(
                         self.namespace, self.name, version, seconds, self.deadline
                     )
                 ) as events:
                     for kind, obj in events:
+                        seen += 1
                         version = (obj.get("metadata") or {}).get("resourceVersion") or version
                         if kind == "BOOKMARK":
                             continue
@@ -164,21 +173,28 @@ class ClaimWaiter:
                             # A Pending status started in this watch: end it now; the next
                             # watch is bounded by what is left of the grace.
                             break
+                if not seen and self.clock() - opened < SHORT_WATCH:
+                    self.short_watches += 1
+                    if self.heartbeat is not None:
+                        self.heartbeat.short_watches = self.short_watches
+                    short += 1
+                    raise TemporaryError(
+                        f"watch of {self.ref} ended at once without an event ({short} in a row)"
+                    )
+                short = 0
                 # The watch ended (the server's timeout, or ours for the heartbeat): watch
                 # again from the last resourceVersion seen.
                 continue
-            except ApiException as exc:
+            except Gone:
                 version = None
-                error = classify(exc)
-                if exc.status == 410:
-                    gone += 1
-                    if gone == 1:
-                        log.info("watch of %s expired (410 Gone); listing again", self.ref)
-                        continue
-                    # Expiring again and again: back off instead of hammering the server.
-                    error = TemporaryError(f"watch of {self.ref} expired {gone} times in a row")
-                elif not isinstance(error, TemporaryError):
-                    raise HookError(f"{what}: {api_message(exc)}") from exc
+                gone += 1
+                if gone == 1:
+                    log.info("watch of %s expired (410 Gone); listing again", self.ref)
+                    continue
+                # Expiring again and again: back off instead of hammering the server.
+                error = TemporaryError(f"watch of {self.ref} expired {gone} times in a row")
+            except ApiError as exc:
+                raise HookError(f"{what}: {exc.server_message}") from exc
             except CONNECTION_ERRORS as exc:
                 version = None
                 error = TemporaryError(f"watch of {self.ref} dropped: {exc}")
@@ -284,7 +300,7 @@ class ClaimWaiter:
     def _surface_events(self, claim: dict) -> None:
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, BenchError, TemporaryError) as exc:
+        except (BenchError, TemporaryError) as exc:
             log.info("could not read events of %s: %s", self.ref, exc)
             return
         for event in events:
@@ -304,7 +320,7 @@ class ClaimWaiter:
                 return f"{cond.get('reason')}: {cond.get('message')}"
         try:
             events = self.kube.claim_events(self.namespace, claim, self.deadline)
-        except (ApiException, BenchError, TemporaryError) as exc:
+        except (BenchError, TemporaryError) as exc:
             events = []
             log.info("could not read events of %s: %s", self.ref, exc)
         warnings = [e for e in events if e.get("type") == "Warning"]

@@ -473,12 +473,28 @@ class Dag:
             )
         )
 
+    def runs(self, op_name: str) -> bool:
+        """Whether the op runs: its ``conditions`` rendered with its params, as the scheduler
+        does (a false condition skips the op)."""
+        from polyaxon._polyaxonfile.specs.libs.parser import PolyaxonfileParser
+
+        conditions = self.ops[op_name].conditions
+        if not conditions:
+            return True
+        params = {**self.inputs, **self.resolve_params(op_name, context=True)}
+        rendered = PolyaxonfileParser.parse_expression(conditions, params)
+        return str(rendered).strip().lower() not in ("", "false", "none", "0")
+
     def jobs(self, agent_config: Path = AGENT_CONFIG) -> dict[str, Pod]:
         """Every job this DAG runs, nested DAGs and mapping runs included, compiled, by path,
-        in the order the tree runs them."""
+        in the order the tree runs them. An op whose condition is about the workload runs only
+        for its workload; other conditional ops (the optional restore) are compiled too, so
+        that their command lines are checked whether or not a run asks for them."""
         pods: dict[str, Pod] = {}
         for name in self.order():
             op = self.ops[name]
+            if op.conditions and "workload" in op.conditions and not self.runs(name):
+                continue
             if op.component.run.kind == "dag":
                 for child in self.children(name):
                     pods.update(child.jobs(agent_config))

@@ -163,7 +163,13 @@ def results() -> dict[tuple[str, ...], dict]:
 
 def test_the_command_lines_cover_every_cli() -> None:
     modules = {module_and_args(argv)[0] for argv in LINES.values()}
-    assert modules == {"trainer", "hooks.storage_profile", "fio_sweep", "checkpoint_compare"}
+    assert modules == {
+        "trainer",
+        "hooks.storage_profile",
+        "fio_sweep",
+        "checkpoint_compare",
+        "data_workloads",
+    }
 
 
 @pytest.mark.parametrize("source", list(LINES))

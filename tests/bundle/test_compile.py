@@ -31,8 +31,10 @@ CLAIM = {"/checkpoints": "training-checkpoints"}
 
 HOOK = ["python", "-m", "hooks.storage_profile"]
 CLAIM_ARGS = ["--namespace", "ml-team", "--claim", "training-checkpoints"]
-WAIT_ARGS = ["--timeout", "1800", "--pending-grace", "120", "--settle", "provider"]
-SWITCH_TAIL = [*WAIT_ARGS, "--on-infeasible", "fail", "--backend", "kubernetes"]
+WAIT_ARGS = ["--timeout", "14400", "--pending-grace", "120", "--settle", "provider"]
+SWITCH_TAIL = [
+    *WAIT_ARGS, "--on-infeasible", "fail", "--lease-duration", "21600", "--backend", "kubernetes",
+]  # fmt: skip
 
 # The two-profile pipeline nests the general one (a mapping of one run), which maps the
 # stage over the profiles: stand-in uuids follow each run's place in that tree.
@@ -45,6 +47,9 @@ def switch_argv(target: str) -> list[str]:
 
 
 FIO = ["python", "-m", "fio_sweep", "--mount", "/checkpoints", "--size-scale", "1.0"]
+# Between a stage's fio sweep and its training runs: the Lease the switch took, renewed.
+RENEW = [*HOOK, "renew", *CLAIM_ARGS, "--lease-duration", "21600", "--backend", "kubernetes",
+         f"--holder={HOLDER}"]  # fmt: skip
 
 
 def train_argv(run: str, profile: str) -> list[str]:
@@ -65,6 +70,7 @@ def stage_argv(i: int, profile: str) -> dict[str, list[str]]:
     return {
         f"{stage}/switch": switch_argv(profile),
         f"{stage}/fio": FIO,
+        f"{stage}/renew": RENEW,
         f"{stage}/train[0]": train_argv(f"{stage}/train[0]", profile),
     }
 
@@ -91,7 +97,13 @@ PIPELINE_ARGV = {
         *[*HOOK, "release", *CLAIM_ARGS, "--holder", HOLDER, "--backend", "kubernetes"],
     ],
 }
-KIND_OF_RUN = {"switch": "switch", "restore": "switch", "plan": "hook", "release": "hook"}
+KIND_OF_RUN = {
+    "switch": "switch",
+    "restore": "switch",
+    "plan": "hook",
+    "renew": "hook",
+    "release": "hook",
+}
 
 
 def assert_valid_pod(pod: Pod) -> None:
@@ -112,7 +124,7 @@ def assert_kind_of_op(pod: Pod, kind: str) -> None:
     else:
         # Only the hook may patch the claim: its account must not leak into other jobs.
         assert service_account != HOOK_SERVICE_ACCOUNT
-    if kind in ("fio", "train"):
+    if kind in ("fio", "train", "data"):
         assert pod.mounts() == CLAIM
     else:
         assert pod.mounts() == {}
@@ -133,7 +145,9 @@ KIND_OF_COMPONENT = {
     "storage-profile": ("switch", {"target_class": "checkpoint-throughput"}),
     "storage-profile-plan": ("hook", {"profiles": ["checkpoint-baseline"]}),
     "storage-profile-release": ("hook", {"holder": "0" * 32}),
+    "storage-profile-renew": ("hook", {}),
     "fio-sweep": ("fio", {}),
+    "data-workload": ("data", {"storage_profile": "checkpoint-baseline"}),
     "checkpoint-compare": ("compare", {"pipeline": "0" * 32}),
     "checkpoint-training-pytorchjob": ("pytorchjob", {"storage_profile": "checkpoint-baseline"}),
 }
@@ -246,3 +260,18 @@ def test_an_unknown_connection_fails_to_compile(tmp_path: Path) -> None:
     agent.write_text(yaml.safe_dump(config))
     with pytest.raises(Exception, match="checkpoints"):
         compile_component(current("fio-sweep"), {}, agent_config=agent)
+
+
+def test_the_lease_duration_reaches_every_switch_of_the_pipeline() -> None:
+    # The Lease must outlast a stage (its fio sweep and training runs until the next
+    # switch renews it): the pipeline's input is what every switch, the restore included,
+    # takes the Lease for.
+    params = {"lease_duration": 43200, "restore_after": True}
+    switches = {
+        name: pod.argv
+        for name, pod in pipeline_jobs(params=params).items()
+        if name.endswith(("/switch", "/restore"))
+    }
+    assert len(switches) == 3, sorted(switches)
+    for name, argv in switches.items():
+        assert argv[argv.index("--lease-duration") + 1] == "43200", name

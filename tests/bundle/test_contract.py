@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from checkpoint_storage_bench.contract import (
+    DATA_WORKLOAD_OUTPUTS,
     FIO_MEASURES,
     HOOK_OUTPUTS,
     TRAINING_OUTPUTS,
@@ -39,8 +40,19 @@ def fio_outputs() -> set[str]:
         ("checkpoint-training-pytorchjob", {"storage_profile": "x"}, set(TRAINING_OUTPUTS)),
         ("storage-profile", {"target_class": "x"}, set(HOOK_OUTPUTS)),
         ("fio-sweep", {}, fio_outputs()),
+        (
+            "data-workload",
+            {"storage_profile": "x"},
+            {o for outputs in DATA_WORKLOAD_OUTPUTS.values() for o in outputs},
+        ),
     ],
-    ids=["checkpoint-training", "checkpoint-training-pytorchjob", "storage-profile", "fio-sweep"],
+    ids=[
+        "checkpoint-training",
+        "checkpoint-training-pytorchjob",
+        "storage-profile",
+        "fio-sweep",
+        "data-workload",
+    ],
 )
 def test_declared_outputs_are_the_contracts(name: str, params: dict, expected: set[str]) -> None:
     declared = declared_outputs(name, params)

@@ -97,18 +97,26 @@ def test_each_stage_switches_measures_then_trains_repeats_times(stages) -> None:
     assert len(stages) == 4
     for stage in stages:
         assert stage.run.concurrency == 1
-        assert stage.order() == ["switch", "fio", "train"]
+        # The default workload: the training; the data workload's op is skipped.
+        assert [n for n in stage.order() if stage.runs(n)] == ["switch", "fio", "renew", "train"]
         upstream = stage.upstream()
-        assert ancestors(upstream, "train") == {"switch", "fio"}
+        assert ancestors(upstream, "train") == {"switch", "fio", "renew"}
+        assert ancestors(upstream, "data") == {"switch", "fio", "renew"}
+        # The Lease is renewed after the sweep, right before the training runs.
+        assert stage.ops["renew"].dependencies == ["fio"]
+        assert stage.ops["train"].dependencies == ["renew"]
+        assert stage.ops["data"].dependencies == ["renew"]
         # A failed switch or fio leaves the training upstream-failed: nothing is measured on
-        # the wrong class.
+        # the wrong class. The only conditions choose the workload.
         for name, op in stage.ops.items():
-            assert op.trigger in (None, "all_succeeded") and not op.conditions, name
+            assert op.trigger in (None, "all_succeeded"), name
+            assert not op.conditions or name in ("train", "data"), name
         train = stage.matrix("train")
         assert train.kind == "mapping" and train.concurrency == 1
         assert stage.mapping("train") == [{"repeat": 0}, {"repeat": 1}]
         # No switch between the repeats: one switch op per stage, before every training.
-        assert [n for n, op in stage.ops.items() if "storage-profile" in op.path_ref] == ["switch"]
+        switches = [n for n, op in stage.ops.items() if "/storage-profile/" in op.path_ref]
+        assert switches == ["switch"]
 
 
 def test_a_stage_labels_its_runs_with_the_class_its_switch_applied(stages) -> None:
@@ -153,6 +161,13 @@ def test_one_lease_holder_for_every_switch_and_the_release(three, stages, jobs) 
     release = three.compile_op("release").argv
     assert release[release.index("--holder") + 1] == PIPELINE_UUID
     assert all(s.inputs["holder"] == PIPELINE_UUID for s in stages)
+    # Every stage's renewal renews that same holder's Lease, for the same duration.
+    renewals = [pod for pod in jobs.values() if pod.argv[3:4] == ["renew"]]
+    assert len(renewals) == 4
+    assert {_holder(pod.argv) for pod in renewals} == {PIPELINE_UUID}
+    assert {pod.argv[pod.argv.index("--lease-duration") + 1] for pod in renewals} == {
+        str(three.inputs["lease_duration"])
+    }
 
 
 def _holder(argv: list[str]) -> str | None:
@@ -174,7 +189,7 @@ def test_compare_gathers_the_stage_runs_with_joins(three) -> None:
     assert not any(re.match(r"(baseline|throughput)_", k) for k in compare.params)
     runs, figures, fio = three.joins("compare")
     # Every job below this run has it as its controller, at any depth of nesting.
-    assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train"
+    assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train|data"
     assert runs.sort == "created_at"
     assert {k: p.value for k, p in runs.params.items()} == {"runs": "globals.uuid"}
     assert figures.query.endswith("name: train, status: succeeded")
@@ -317,8 +332,28 @@ def test_the_two_profile_pipeline_runs_the_seeds_ops() -> None:
     names = [pod.run_name for pod in pipeline_jobs().values()]
     assert names == [
         "plan",
-        *["switch", "fio", "train"] * 2,
+        *["switch", "fio", "renew", "train"] * 2,
         "compare",
         "restore",
         "release",
     ]
+
+
+SWITCH_TIMEOUT_INPUTS = {
+    "storage-profile": (current("storage-profile"), "timeout"),
+    "checkpoint-stage": (current("checkpoint-stage"), "switch_timeout"),
+    "checkpoint-storage-profiles": (current("checkpoint-storage-profiles"), "switch_timeout"),
+    "checkpoint-storage-pipeline": (PIPELINE, "switch_timeout"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWITCH_TIMEOUT_INPUTS))
+def test_the_switch_timeout_default_is_the_hooks_own_for_the_default_settle(name: str) -> None:
+    # A deadline shorter than the hook's own for settle=provider fails a switch while EBS is
+    # still optimizing (hours): the bundle defaults to what the CLI defaults to.
+    from hooks.storage_profile.config import DEFAULT_TIMEOUT
+
+    path, timeout = SWITCH_TIMEOUT_INPUTS[name]
+    (doc,) = load_yaml_documents(path)
+    inputs = {io["name"]: io for io in doc["inputs"]}
+    assert inputs[timeout]["value"] == DEFAULT_TIMEOUT[inputs["settle"]["value"]], name

@@ -295,8 +295,8 @@ COMMAND_LINES: list[tuple[str, dict[str, Any], list[str]]] = [
         [
             *["python", "-m", "hooks.storage_profile", "switch", "--namespace", "ml-team"],
             *["--claim", "training-checkpoints", "--to", "checkpoint-throughput"],
-            *["--timeout", "1800", "--pending-grace", "120", "--settle", "provider"],
-            *["--on-infeasible", "fail", "--backend", "kubernetes"],
+            *["--timeout", "14400", "--pending-grace", "120", "--settle", "provider"],
+            *["--on-infeasible", "fail", "--lease-duration", "21600", "--backend", "kubernetes"],
         ],
     ),
     (
@@ -311,8 +311,8 @@ COMMAND_LINES: list[tuple[str, dict[str, Any], list[str]]] = [
         [
             *["python", "-m", "hooks.storage_profile", "switch", "--namespace", "ml-team"],
             *["--claim", "training-checkpoints", "--to", "checkpoint-baseline"],
-            *["--timeout", "1800", "--pending-grace", "120", "--settle", "provider"],
-            *["--on-infeasible", "fail", "--backend", "local"],
+            *["--timeout", "14400", "--pending-grace", "120", "--settle", "provider"],
+            *["--on-infeasible", "fail", "--lease-duration", "21600", "--backend", "local"],
             *["--profiles-file=connections/sandbox-profiles.yaml", "--dry-run", "--force"],
         ],
     ),

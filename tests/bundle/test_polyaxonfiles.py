@@ -236,6 +236,16 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "namespace": "sandbox",
         },
     ],
+    "storage-profile-renew": [
+        {},
+        {
+            "holder": "0123456789abcdef0123456789abcdef",
+            "lease_duration": 7200,
+            "backend": "local",
+            "profiles_file": "connections/sandbox-profiles.yaml",
+            "namespace": "sandbox",
+        },
+    ],
     "fio-sweep": [
         {},
         {
@@ -248,6 +258,22 @@ REAL_PARAMS: dict[str, list[dict]] = {
             "track": False,
             **PLACEMENT,
         },
+    ],
+    "data-workload": [
+        {"storage_profile": "checkpoint-baseline"},
+        {
+            "storage_profile": "checkpoint-throughput",
+            "workload": "materialize",
+            "data_dir": "/checkpoints/datasets/imagenet-like",
+            "dataset_format": "files",
+            "dataset_size": "1GiB",
+            "generate": False,
+            "track": False,
+            "repeat": 1,
+            **PLACEMENT,
+        },
+        {"storage_profile": "checkpoint-baseline", "workload": "workspace", "files": 50},
+        {"storage_profile": "checkpoint-baseline", "num_workers": 8, "compute_ms": 25.5},
     ],
     "checkpoint-compare": [
         {"pipeline": "0" * 32},
@@ -359,6 +385,8 @@ def test_check_polyaxonfile_with_real_params(path: Path, params: dict) -> None:
         ("fio-sweep", {"size_scale": 0}, "greater than"),
         ("storage-profile-plan", {}, "non optional inputs"),
         ("storage-profile-release", {}, "non optional inputs"),
+        ("storage-profile-renew", {"lease_duration": 0}, "greater than"),
+        ("storage-profile-renew", {"backend": "docker"}, "docker"),
         ("checkpoint-stage", {"profile": "x", "repeats": 0}, "greater than"),
         ("checkpoint-storage-profiles", {"repeats": 21}, "less than"),
         ("checkpoint-storage-profiles", {"backend": "docker"}, "docker"),

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_storage_bench.contract import DISTRIBUTED_OUTPUTS, WORLD_SIZE
+from checkpoint_storage_bench.contract import (
+    DATA_WORKLOAD_OUTPUTS,
+    DATA_WORKLOADS,
+    DISTRIBUTED_OUTPUTS,
+    WORLD_SIZE,
+)
 from tests.bundle.bundle import ROOT, check, compile_component, current
 
 MOUNT = "/checkpoints"
@@ -69,6 +74,8 @@ def test_training_command_runs_and_logs_every_declared_output(tmp_path: Path) ->
         "device": "cpu",
         # An upload target, so the upload stage (and its outputs) are measured too.
         "upload_to": f"file://{tmp_path}/uploads",
+        # The restore figures are measured on resume or by the end-of-run restore check.
+        "restore_check": True,
     }
     mount = tmp_path / "claim"
     (mount / "checkpoint-baseline-test").mkdir(parents=True)
@@ -76,12 +83,20 @@ def test_training_command_runs_and_logs_every_declared_output(tmp_path: Path) ->
     outputs = run["outputs"]
     # The aggregate and slowest-rank medians exist only when several ranks wrote.
     several_ranks_only = set(DISTRIBUTED_OUTPUTS) - {WORLD_SIZE}
-    missing = declared_outputs("checkpoint-training", params) - set(outputs) - several_ranks_only
+    # The read-back checksum is a stage of the library formats only (raw checks as it writes).
+    library_formats_only = {"ckpt_checksum_s_median"}
+    missing = (
+        declared_outputs("checkpoint-training", params)
+        - set(outputs)
+        - several_ranks_only
+        - library_formats_only
+    )
     assert not missing, f"declared but not logged: {missing}"
     assert not several_ranks_only & set(outputs), "one process logged a many-ranks figure"
     assert outputs[WORLD_SIZE] == 1
     assert outputs["checkpoint_count"] == 2
     assert outputs["ckpt_upload_s_median"] > 0
+    assert outputs["restore_s"] > 0 and outputs["restore_bytes"] > 0
     assert len(list((tmp_path / "uploads").iterdir())) >= 1
     assert run["inputs"]["storage_profile"] == "checkpoint-baseline"
     summary = json.loads((mount / "checkpoint-baseline-test" / "summary.json").read_text())
@@ -106,3 +121,34 @@ def test_fio_command_runs_and_logs_every_declared_output(tmp_path: Path) -> None
     assert not missing, f"declared but not logged: {missing}"
     assert run["inputs"]["storage_profile"] == "checkpoint-throughput"
     assert list(mount.iterdir()) == []  # fio cleaned up after itself
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", DATA_WORKLOADS)
+def test_data_workload_command_runs_and_logs_its_outputs(tmp_path: Path, workload: str) -> None:
+    mount = tmp_path / "claim"
+    mount.mkdir()
+    params = {
+        "storage_profile": "checkpoint-throughput",
+        "workload": workload,
+        "dataset_size": "256KiB",
+        "record_size": "4KiB",
+        "shard_size": "64KiB",
+        "output_shard_size": "64KiB",
+        "epochs": 1,
+        "num_workers": 1,
+        "compute_ms": 1.0,
+        "files": 5,
+        "rounds": 1,
+    }
+    run = run_component("data-workload", params, mount)
+    declared = declared_outputs("data-workload", params)
+    assert set(DATA_WORKLOAD_OUTPUTS[workload]) <= declared
+    missing = set(DATA_WORKLOAD_OUTPUTS[workload]) - set(run["outputs"])
+    assert not missing, f"declared but not logged: {missing}"
+    assert run["inputs"]["storage_profile"] == "checkpoint-throughput"
+    assert run["inputs"]["workload"] == workload
+    # Only the data dir on the claim; in it the reusable dataset and the summary.
+    assert [p.name for p in mount.iterdir()] == ["datasets"]
+    (summary,) = (mount / "datasets").glob(f".summary-{workload}-*.json")
+    assert json.loads(summary.read_text())["storage_profile"] == "checkpoint-throughput"

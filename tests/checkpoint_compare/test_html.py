@@ -34,6 +34,13 @@ for (const svg of document.querySelectorAll('#plot-intervals svg')) {
     + svg.querySelectorAll('g.interval circle').length;
   document.body.appendChild(p);
 }
+for (const id of ['verdict', 'recommendation', 'plot-intervals', 'plot-pause', 'plot-stages']) {
+  const box = document.getElementById(id).getBoundingClientRect();
+  const p = document.createElement('p');
+  p.className = 'place-probe';
+  p.textContent = id + ' ' + Math.round(box.top) + ' ' + Math.round(box.height);
+  document.body.appendChild(p);
+}
 </script>"""
 
 
@@ -111,7 +118,20 @@ def test_report_opens_in_headless_chromium(report_html: Path, tmp_path: Path) ->
     drawn = re.findall(r"<p class=\"svg-probe\">(\d+)x(\d+) (\d+)</p>", dom)
     assert len(drawn) == 2 and all(int(w) > 300 and int(n) == 1 for w, _, n in drawn), drawn
 
+    # The first screen (900 px) says what to do and shows why: the verdict, the
+    # recommendation and the intervals' first panel lie in it; the plots follow.
+    placed = {
+        m[1]: (int(m[2]), int(m[3]))
+        for m in re.finditer(r"<p class=\"place-probe\">(\S+) (-?\d+) (\d+)</p>", dom)
+    }
+    assert placed["verdict"][0] < placed["recommendation"][0] < placed["plot-intervals"][0]
+    assert placed["plot-intervals"][0] + 150 < 900, placed
+    assert placed["plot-intervals"][0] < placed["plot-pause"][0] < placed["plot-stages"][0]
+
     shot = tmp_path / "shot.png"
     _chromium(tmp_path, "--window-size=1200,900", f"--screenshot={shot}", report_html.as_uri())
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[:2] == (900, 1200)
+    # Not a blank page: text, the verdict's box and the intervals' drawing make it vary.
+    assert pixels[..., :3].std() > 0.05
+    assert (pixels[..., :3] < 0.5).mean() > 0.005  # dark ink: text and lines

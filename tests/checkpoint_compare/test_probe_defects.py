@@ -206,3 +206,21 @@ def test_when_every_profile_diverged_none_is_recommended(tmp_path: Path, pricing
     assert code == 0, output
     assert report["recommendation"]["profile"] == "none"
     assert "diverged" in report["recommendation"]["reason"]
+
+
+def test_a_run_that_says_where_it_diverged_is_diverged_despite_finite_loss_events(
+    runs_root: Path, pricing_file
+) -> None:
+    # What the trainer records of a diverged run: finite loss events up to the step it
+    # diverged, no final_loss output (the outputs take no NaN) and diverged_at_step.
+    pauses = PAUSES[BASE]
+    write_training_run(
+        BASE, pauses, runtime_s=100.0, final_loss=None,
+        per_checkpoint={"loss": [3.0 - 0.1 * i for i in range(len(pauses))]},
+        outputs={"diverged_at_step": 40},
+    )  # fmt: skip
+    write_training_run(FAST, PAUSES[FAST], runtime_s=92.0, outputs={"diverged_at_step": 0})
+    code, output, report = run_cli(runs_root, pricing_file())
+    assert code == 0, output
+    assert report["recommendation"]["profile"] == FAST
+    assert "from step 40" in output and "diverged" in report["recommendation"]["reason"]

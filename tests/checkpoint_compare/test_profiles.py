@@ -18,6 +18,15 @@ from checkpoint_compare.intervals import (
     mann_whitney_counts,
     median_upper_bound,
     pairwise_range,
+    values_for_interval,
+)
+from checkpoint_storage_bench.contract import (
+    LEGACY_PROFILE_OUTPUTS,
+    MIN_MEASURED_CHECKPOINTS,
+    PROFILE_FIGURES,
+    VERDICT_CONFIDENCE,
+    VERDICT_OUTPUTS,
+    profile_output,
 )
 from tests.checkpoint_compare.recorded import write_hook_run, write_training_run
 
@@ -95,6 +104,18 @@ def test_three_profiles_against_the_first(runs_root: Path, pricing_file) -> None
         assert outputs[f"pause_diff_ci_low_{key}"] == pytest.approx(pause["low"])
         assert outputs[f"pause_diff_ci_high_{key}"] == pytest.approx(pause["high"])
         assert outputs[f"{key}_warmup_pause_s_median"] > outputs[f"{key}_pause_s_median"]
+        # One order (the profile first); the previous release's names kept beside for now.
+        assert outputs[f"{key}_pause_diff_ci_low_s"] == outputs[f"pause_diff_ci_low_{key}"]
+        assert outputs[f"{key}_pause_diff_ci_high_s"] == outputs[f"pause_diff_ci_high_{key}"]
+    # Every output is a name of the contract: a fixed one, or a profile's figure (or its
+    # previous name).
+    named = set(VERDICT_OUTPUTS) | {
+        profile_output(p, f) for p in (BASE, FAST, FASTER) for f in PROFILE_FIGURES
+    } | {
+        legacy.format(key=p.replace("-", "_"))
+        for p in (FAST, FASTER) for legacy in LEGACY_PROFILE_OUTPUTS.values()
+    }  # fmt: skip
+    assert set(outputs) <= named, sorted(set(outputs) - named)
     # Both are faster; at 4 USD/h the GPU time saved outweighs gp3's price for both, and
     # the verdict keeps the cheaper per run: the max profile (9 s shorter) wins.
     assert {c["outcome"] for c in report["comparisons"]} == {"better"}
@@ -256,7 +277,7 @@ def test_the_markdown_report_is_the_runs_readme(runs_root: Path, pricing_file, t
     assert result.exit_code == 0, result.output
     text = md.read_text()
     assert f"**Verdict: {FAST}**" in text and f"**Recommended: {FAST}**" in text
-    assert re.search(r"\| pause vs baseline, 95% interval \| – \| -1\.000 s \[", text)
+    assert re.search(r"\| pause vs baseline, 95% interval \| – \| -1\.00 s \[", text)
     compare_runs = [
         json.loads(p.read_text())
         for p in (runs_root / "runs").glob("*/run.plx.json")
@@ -315,3 +336,9 @@ def test_one_sided_repeats_widen_the_single_run_interval(runs_root: Path, pricin
     runtime = comparison(report, FAST)["runtime"]
     assert (runtime["low"], runtime["high"]) == (-12.0, 0.0)  # −6 ± 6
     assert "between-run spread" in runtime["method"] and runtime["counts"] is False
+
+
+def test_the_trainers_checkpoint_count_is_what_the_interval_needs() -> None:
+    # The trainer warns below MIN_MEASURED_CHECKPOINTS without importing the verdict.
+    assert values_for_interval(VERDICT_CONFIDENCE) == MIN_MEASURED_CHECKPOINTS
+    assert values_for_interval(VERDICT_CONFIDENCE) > values_for_interval(VERDICT_CONFIDENCE - 0.2)

@@ -25,6 +25,7 @@ from fio_sweep.runner import (
 from fio_sweep.spec import Case
 from fio_sweep.sweep import Progress
 
+from .conftest import OWN_FS_SIZE
 from .helpers import tree
 
 
@@ -84,13 +85,17 @@ def test_reference_dir_checks(tmp_path: Path):
     assert check_directory(tmp_path).path == tmp_path.resolve()
 
 
-def test_free_space_check(mount: Path):
-    target = resolve_target(mount, None)
+def test_free_space_check(own_filesystem: Path):
+    # On a file system of its own: nothing else can free or fill it between the read and
+    # the check.
+    target = resolve_target(own_filesystem, None)
     free = free_bytes(target)
+    assert 0 < free <= OWN_FS_SIZE
     check_space(target, 1024**2)
+    check_space(target, free - SPACE_RESERVE)  # exactly enough
     with pytest.raises(NoSpaceError, match="free, the sweep needs"):
         check_space(target, free - SPACE_RESERVE + 1)
-    assert tree(mount) == []
+    assert tree(own_filesystem) == []
 
 
 def test_scratch_dir_is_removed_with_the_target_it_created(mount: Path):

@@ -14,7 +14,7 @@ from checkpoint_storage_bench.contract import LEASE_PREFIX, LEDGER_ANNOTATION, p
 from hooks.storage_profile import cli
 from hooks.storage_profile.providers import EbsProvider
 from tests.hooks.helpers import FAST_BACKOFF, Ec2, Stepper
-from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_double import KubeDouble, make_class, make_volume
 
 CLAIM_WRITE = re.compile(r"^/api/v1/namespaces/[^/]+/persistentvolumeclaims/[^/]+$")
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
@@ -57,6 +57,15 @@ def assert_lease_write(write) -> None:
         assert write.path == LEASES.format(ns=ns), write
     else:
         assert write.method == "PUT" and write.path == f"{LEASES.format(ns=ns)}/{name}", write
+
+
+@pytest.fixture
+def cluster(double: KubeDouble) -> KubeDouble:
+    """A bound EBS claim settled on ``baseline`` and two classes of its driver."""
+    make_volume(double)
+    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
+    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    return double
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from checkpoint_storage_bench.contract import lease_name
+
 CLAIMS = "persistentvolumeclaims"
 # (api group, resource) -> kind
 KINDS = {
@@ -49,6 +51,7 @@ IMMUTABLE_SPEC = (
     "spec is immutable after creation except resources.requests and "
     "volumeAttributesClassName for bound claims"
 )
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 PATH_RE = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[a-z0-9.]+)/v1)"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[a-z]+)(?:/(?P<name>[^/]+))?$"
@@ -245,7 +248,9 @@ class KubeDouble:
             the stream), ``"gone-http"`` (HTTP 410 before any stream), ``"drop"`` (cut the
             connection mid-stream), ``"hang"`` (never answer, not even headers),
             ``"stall"`` (headers, then silence past ``timeoutSeconds``), ``"trickle"``
-            (headers, then a blank line now and then, never ending) or None (behave).
+            (headers, then a blank line now and then, never ending), ``"close"`` (headers,
+            then the end of the stream at once, without an event, as an overloaded server
+            or a proxy may) or None (behave).
         on_patch: Called (on the server thread) after each accepted PATCH of a claim.
         rbac: When set, requests its rules do not allow get 403.
     """
@@ -449,7 +454,7 @@ class KubeDouble:
         return [r for r in self.writes() if f"/{CLAIMS}/" in r.path]
 
     def lease(self, claim: str = "training-checkpoints", ns: str = "ml-team") -> dict | None:
-        return self.get("Lease", f"storage-profile-{claim}", ns)
+        return self.get("Lease", lease_name(claim), ns)
 
     def count(self, verb: str, resource: str = CLAIMS) -> int:
         return sum(1 for r in self.requests if r.verb == verb and f"/{resource}" in r.path)
@@ -521,24 +526,7 @@ class KubeDouble:
             # RBAC authorizes list/watch by name only through a metadata.name selector.
             auth_name = name or dict(selector).get("metadata.name")
             if not self.rbac.allows(verb, group, resource, ns, auth_name):
-                # kube-apiserver names the object of the URL, or of a metadata.name selector.
-                what = qualified(group, resource)
-                if auth_name:
-                    what += f' "{auth_name}"'
-                scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
-                return self._answer(
-                    request,
-                    query,
-                    verb,
-                    403,
-                    status_body(
-                        403,
-                        "Forbidden",
-                        f'{what} is forbidden: User "{self.rbac.user}" cannot {verb} resource '
-                        f'"{resource}" in API group "{group}" {scope}',
-                        details(group, resource, auth_name),
-                    ),
-                )
+                return self._forbidden(request, query, verb, verb, group, resource, ns, auth_name)
         if kind == "PersistentVolumeClaim" and verb in ("list", "watch"):
             unknown = [key for key, _ in selector if key not in CLAIM_FIELD_SELECTORS]
             if unknown:
@@ -600,6 +588,31 @@ class KubeDouble:
                 405, "MethodNotAllowed", f"the double does not implement {verb} {resource}"
             ),
         )
+
+    def _forbidden(
+        self,
+        request: web.Request,
+        query: dict,
+        verb: str,
+        denied: str,
+        group: str,
+        resource: str,
+        ns: str | None,
+        name: str | None,
+        body: Any = None,
+    ) -> web.Response:
+        """kube-apiserver's 403 for ``denied`` (the request's verb, or the create an update
+        of a missing object would be): it names the object of the URL or of a
+        metadata.name selector, the user and the scope."""
+        assert self.rbac is not None
+        what = qualified(group, resource) + (f' "{name}"' if name else "")
+        scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+        message = (
+            f'{what} is forbidden: User "{self.rbac.user}" cannot {denied} resource '
+            f'"{resource}" in API group "{group}" {scope}'
+        )
+        payload = status_body(403, "Forbidden", message, details(group, resource, name))
+        return self._answer(request, query, verb, 403, payload, body=body)
 
     def _answer(
         self,
@@ -786,6 +799,13 @@ class KubeDouble:
             invalid = "the body is not a Lease"
         elif not meta.get("name") or (verb == "update" and meta["name"] != name):
             invalid = "metadata.name: Invalid value: the name of the object does not match"
+        elif len(meta["name"]) > 253 or not DNS1123_SUBDOMAIN.fullmatch(meta["name"]):
+            invalid = (
+                f'metadata.name: Invalid value: "{meta["name"]}": a lowercase RFC 1123 '
+                "subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                "and must start and end with an alphanumeric character (must be no more "
+                "than 253 characters)"
+            )
         if invalid:
             return self._answer(
                 request,
@@ -816,20 +836,8 @@ class KubeDouble:
             old = self.get("Lease", lease_name, ns)
             if verb == "update" and old is None and self.rbac is not None:
                 if not self.rbac.allows("create", group, resource, ns, lease_name):
-                    return self._answer(
-                        request,
-                        query,
-                        verb,
-                        403,
-                        status_body(
-                            403,
-                            "Forbidden",
-                            f'{qualified(group, resource)} "{lease_name}" is forbidden: User '
-                            f'"{self.rbac.user}" cannot create resource "{resource}" in API '
-                            f'group "{group}" in the namespace "{ns}"',
-                            details(group, resource, lease_name),
-                        ),
-                        body=lease,
+                    return self._forbidden(
+                        request, query, verb, "create", group, resource, ns, lease_name, lease
                     )
             if verb == "update" and old is not None:
                 version = meta.get("resourceVersion")
@@ -971,6 +979,13 @@ class KubeDouble:
                             await resp.write(b"\n")
                         except (ConnectionResetError, RuntimeError):
                             break
+            return resp
+        if fault == "close":
+            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write_eof()
             return resp
         if fault == "gone-http":
             return self._answer(

@@ -1,5 +1,5 @@
 """A claim shared over time: a fresh unbound claim, the ledger of switches on the claim, and
-the Lease that keeps one pipeline at a time on it (issue 12 items 1, 3 and 4)."""
+the Lease that keeps one pipeline at a time on it."""
 
 from __future__ import annotations
 
@@ -10,26 +10,22 @@ from pathlib import Path
 import pytest
 
 from checkpoint_storage_bench.contract import (
+    LEASE_NAME_MAX,
+    LEASE_PREFIX,
     LEDGER_ANNOTATION,
     LedgerEntry,
     format_ledger,
+    lease_name,
     parse_ledger,
 )
 from hooks.storage_profile import report as report_module
+from hooks.storage_profile.config import DNS1123_SUBDOMAIN
 from hooks.storage_profile.lease import default_holder
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
 from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_lease, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def cluster(double: KubeDouble) -> KubeDouble:
-    make_volume(double)
-    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
-    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
-    return double
 
 
 def switch(kubeconfig: Path, *extra: str, to: str = "fast"):
@@ -55,17 +51,17 @@ def seed_ledger(double: KubeDouble, *hours_ago: float) -> list[LedgerEntry]:
     entries = [
         LedgerEntry(now - timedelta(hours=h), "baseline", "fast", "pipeline-old") for h in hours_ago
     ]
-    double.update(
-        "PersistentVolumeClaim",
-        CLAIM,
-        NS,
-        lambda c: (
-            c["metadata"]
-            .setdefault("annotations", {})
-            .update({LEDGER_ANNOTATION: format_ledger(entries)})
-        ),
-    )
+    annotate_ledger(double, format_ledger(entries))
     return sorted(entries, key=lambda e: e.at)
+
+
+def annotate_ledger(double: KubeDouble, value: str) -> None:
+    """Set the claim's ledger annotation as another writer would (by hand, an older hook)."""
+
+    def annotate(claim: dict) -> None:
+        claim["metadata"].setdefault("annotations", {})[LEDGER_ANNOTATION] = value
+
+    double.update("PersistentVolumeClaim", CLAIM, NS, annotate)
 
 
 # ----------------------------------------------------------------- a fresh unbound claim
@@ -220,21 +216,44 @@ def test_the_gke_window_is_one_per_four_hours(double: KubeDouble, kubeconfig: Pa
 
 
 def test_a_hand_written_annotation_is_refused_unless_forced(cluster: KubeDouble, kubeconfig: Path):
-    cluster.update(
-        "PersistentVolumeClaim",
-        CLAIM,
-        NS,
-        lambda c: (
-            c["metadata"]
-            .setdefault("annotations", {})
-            .update({LEDGER_ANNOTATION: "switched twice yesterday"})
-        ),
-    )
+    annotate_ledger(cluster, "switched twice yesterday")
     result = switch(kubeconfig)
     assert result.exit_code == 3, result.output
     assert "is not a ledger of switches" in result.stderr
     forced = switch(kubeconfig, "--force")
     assert forced.exit_code == 0, forced.output
+    assert [e.to_class for e in ledger(cluster)] == ["fast"]
+
+
+BAD_LEDGERS = {
+    "nested": "[" * 100_000 + "]" * 100_000,
+    "end-of-calendar": json.dumps(
+        [{"at": "9999-12-31T23:59:59Z", "from": "baseline", "to": "fast"}] * 4
+    ),
+}
+
+
+@pytest.mark.parametrize("value", list(BAD_LEDGERS.values()), ids=list(BAD_LEDGERS))
+def test_a_ledger_no_reader_can_use_is_refused_by_every_subcommand(
+    cluster: KubeDouble, kubeconfig: Path, value: str
+):
+    annotate_ledger(cluster, value)
+    target = ("-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    for args in (("--dry-run",), ()):
+        refused = switch(kubeconfig, *args)
+        assert refused.exit_code == 3, refused.output
+        assert "is not a ledger of switches" in refused.stderr
+        assert "fix or remove it (--force starts a new ledger)" in refused.stderr
+    planned = run_hook("plan", *target, "--profiles", "baseline,fast")
+    assert planned.exit_code == 3, planned.output
+    assert "is not a ledger of switches" in planned.stderr
+    shown = run_hook("status", *target)
+    assert shown.exit_code == 0, shown.output
+    assert "switches       not a ledger: " in shown.stdout
+    assert cluster.claim_writes() == []
+    forced = switch(kubeconfig, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert "starting a new one" in forced.stderr
     assert [e.to_class for e in ledger(cluster)] == ["fast"]
 
 
@@ -305,6 +324,43 @@ def test_a_switch_takes_the_lease_and_renews_its_own(cluster: KubeDouble, kubeco
     assert renewed["spec"]["leaseTransitions"] == 0
 
 
+# Valid claim names of the longest length (253), cut for the Lease where a "-" or "." falls.
+LONG_CLAIMS = [
+    ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]),
+    "x" * 225 + "-" + "y" * 27,
+    "x" * 225 + "." + "y" * 27,
+    "x" * 224 + "--" + "y" * 27,
+]
+
+
+@pytest.mark.parametrize(
+    "claim", LONG_CLAIMS, ids=["labels", "dash-at-cut", "dot-at-cut", "dashes-at-cut"]
+)
+def test_a_long_claim_name_gets_a_lease_name_that_fits(claim: str):
+    assert len(claim) == 253 and DNS1123_SUBDOMAIN.fullmatch(claim)
+    name = lease_name(claim)
+    assert len(name) <= LEASE_NAME_MAX and DNS1123_SUBDOMAIN.fullmatch(name), name
+    assert name.startswith(LEASE_PREFIX) and name == lease_name(claim)  # stable
+    # Two long claims that differ only past the cut get two Leases.
+    assert lease_name(claim[:-1] + "z") != name
+    assert lease_name(CLAIM) == f"{LEASE_PREFIX}{CLAIM}"  # a name that fits is kept as is
+
+
+def test_a_switch_of_a_long_claim_takes_its_lease(double: KubeDouble, kubeconfig: Path):
+    claim = LONG_CLAIMS[0]
+    make_volume(double, claim=claim)
+    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    result = run_hook(
+        "switch", "-n", NS, "--claim", claim, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "--settle", "kubernetes",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lease = double.lease(claim, NS)
+    assert lease is not None and lease["spec"]["holderIdentity"] == "pipeline-a"
+    status = run_hook("status", "-n", NS, "--claim", claim, "--kubeconfig", str(kubeconfig))
+    assert f"lease          {lease_name(claim)}: pipeline-a" in status.stdout
+
+
 def test_another_holders_fresh_lease_refuses_naming_holder_and_expiry(
     cluster: KubeDouble, kubeconfig: Path
 ):
@@ -359,6 +415,47 @@ def test_release_without_a_lease_or_of_an_expired_one_is_a_no_op(
     expired = release(kubeconfig, "pipeline-a")
     assert expired.exit_code == 0 and "expired" in expired.stdout
     assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
+
+
+def renew(kubeconfig: Path, holder: str, *extra: str):
+    return run_hook(
+        "renew", "-n", NS, "--claim", CLAIM, "--holder", holder, "--kubeconfig", str(kubeconfig),
+        *extra,
+    )  # fmt: skip
+
+
+def test_renew_extends_the_stages_lease_and_refuses_one_it_lost(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    assert switch(kubeconfig).exit_code == 0
+    taken = cluster.lease()
+    mine = renew(kubeconfig, "pipeline-a", "--lease-duration", "7200")
+    assert mine.exit_code == 0, mine.output
+    assert "renewed Lease ml-team/storage-profile-training-checkpoints as pipeline-a" in mine.stdout
+    spec = cluster.lease()["spec"]
+    assert spec["leaseDurationSeconds"] == 7200 and spec["renewTime"] > taken["spec"]["renewTime"]
+    other = renew(kubeconfig, "pipeline-b")
+    assert other.exit_code == 3, other.output
+    assert "is held by pipeline-a, not by pipeline-b: not renewed" in other.stderr
+    assert release(kubeconfig, "pipeline-a").exit_code == 0
+    lost = renew(kubeconfig, "pipeline-a")
+    assert lost.exit_code == 3 and "is not held (released)" in lost.stderr, lost.output
+    assert "holderIdentity" not in cluster.lease()["spec"]
+
+
+@pytest.mark.parametrize("seconds", ["0", "2147483648", "nan"])
+def test_renew_with_a_lease_duration_the_api_cannot_store_is_a_usage_error(seconds: str):
+    result = run_hook("renew", "-n", NS, "--claim", CLAIM, "--lease-duration", seconds)
+    assert result.exit_code == 2, result.output
+    assert "--lease-duration" in result.output
+
+
+def test_renew_on_the_local_backend_is_a_no_op():
+    result = run_hook(
+        "renew", "--backend", "local", "-n", "sandbox", "--claim", CLAIM, "--holder", "x"
+    )
+    assert result.exit_code == 0, result.output
+    assert "no Lease; nothing to renew" in result.stdout
 
 
 def test_release_on_the_local_backend_is_a_no_op():

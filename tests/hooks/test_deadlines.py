@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded
+from hooks.storage_profile.gke import GkeProvider
 from hooks.storage_profile.providers import EC2_READ_TIMEOUT, EbsProvider
 from tests.hooks.helpers import run_hook, write_kubeconfig
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
@@ -132,3 +133,105 @@ def test_ec2_client_has_no_retries_of_its_own_and_timeouts_within_the_deadline(
     near = provider.client(Deadline(3)).meta.config
     assert near.connect_timeout + near.read_timeout <= 3
     assert near.retries["total_max_attempts"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_ebs_credentials_through_irsa_end_by_the_deadline(
+    silent: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # IRSA: botocore resolves the credentials with an STS call of its own (60 s timeouts,
+    # 3 tries) on the first EC2 call; STS here accepts and never answers.
+    token = tmp_path / "token"
+    token.write_text("a-web-identity-token")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {
+        "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/storage-profile-hook",
+        "AWS_WEB_IDENTITY_TOKEN_FILE": str(token),
+        "AWS_ENDPOINT_URL_STS": silent,
+        "AWS_ENDPOINT_URL_EC2": silent,
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(key, value)
+    provider = EbsProvider(region="us-east-1", poll_interval=0.1)
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        provider.check_rate_limit("vol-0123456789abcdef0", False, Deadline(2))
+    assert time.monotonic() - started < 4
+
+
+@pytest.mark.timeout(60)
+def test_a_kubeconfig_exec_plugin_ends_by_the_deadline(double: KubeDouble, tmp_path: Path):
+    import yaml
+
+    config = double.write_kubeconfig(tmp_path / "kubeconfig")
+    doc = yaml.safe_load(config.read_text())
+    doc["users"][0]["user"] = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "sh",
+            "args": ["-c", "sleep 15"],
+            "interactiveMode": "Never",
+        }
+    }
+    config.write_text(yaml.safe_dump(doc))
+    for command in ("status", "switch"):
+        extra = ("--to", "fast") if command == "switch" else ()
+        result, elapsed = timed(
+            command, "-n", NS, "--claim", CLAIM, *extra, "--kubeconfig", str(config),
+            "--timeout", "2",
+        )  # fmt: skip
+        assert result.exit_code == 5, result.output
+        assert "while loading the Kubernetes configuration" in result.stderr
+        assert elapsed < 4, elapsed
+
+
+@pytest.mark.timeout(60)
+def test_finding_google_credentials_ends_by_the_deadline(monkeypatch: pytest.MonkeyPatch):
+    import google.auth
+
+    def metadata_probe(**_: object):
+        # Outside GKE, google-auth probes the metadata server (3 s timeouts, retried).
+        time.sleep(12)
+        raise AssertionError("the probe should have been left behind")
+
+    monkeypatch.setattr(google.auth, "default", metadata_probe)
+    provider = GkeProvider()
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="finding Google credentials"):
+        provider.disk("projects/ml/zones/us-central1-a/disks/pvc-1", Deadline(2))
+    assert time.monotonic() - started < 4
+
+
+@pytest.mark.timeout(60)
+def test_the_polyaxon_holder_lookup_is_part_of_the_deadline(
+    double: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import polyaxon.client
+
+    class SilentRunClient:
+        """A Polyaxon API that never answers."""
+
+        def __init__(self, **_: object) -> None:
+            pass
+
+        def refresh_data(self) -> None:
+            time.sleep(15)
+
+    monkeypatch.setattr(polyaxon.client, "RunClient", SilentRunClient)
+    monkeypatch.delenv("STORAGE_PROFILE_HOLDER")
+    monkeypatch.setenv("POLYAXON_RUN_INSTANCE", "acme.bench.runs.run-1")
+    make_volume(double)
+    make_class(double, "fast", iops="6000")
+    for command in ("switch", "release"):
+        # A dry run: a real switch would also log its report to the (absent) Polyaxon run.
+        extra = ("--to", "fast", "--dry-run") if command == "switch" else ()
+        result, elapsed = timed(
+            command, "-n", NS, "--claim", CLAIM, *extra, "--kubeconfig", str(kubeconfig),
+            "--timeout", "2",
+        )  # fmt: skip
+        assert result.exit_code == 5, result.output
+        assert elapsed < 4, elapsed
+    assert double.claim_writes() == []

@@ -99,7 +99,12 @@ def test_targets_are_converted_as_the_driver_does() -> None:
 
 def test_volume_handles() -> None:
     assert disk_path(HANDLE) == HANDLE and disk_path(REGIONAL) == REGIONAL
-    for bad in ("vol-0123", "projects/p/zones/z/instances/i", "projects/p/zones/z/disks/"):
+    for bad in (
+        "vol-0123",
+        "projects/p/zones/z/instances/i",
+        "projects/p/zones/z/disks/",
+        f"{HANDLE}\n",
+    ):
         with pytest.raises(ComputeApiError, match="not a Compute Engine disk"):
             disk_path(bad)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_storage_bench.retry import Deadline
+from checkpoint_storage_bench.retry import Backoff, Deadline
 from hooks.storage_profile import cli
 from hooks.storage_profile.config import DEFAULT_TIMEOUT, SwitchConfig
 from hooks.storage_profile.heartbeat import Heartbeat
@@ -44,6 +44,31 @@ def test_a_quiet_kubernetes_wait_prints_a_heartbeat(
     assert beats[-1]["left"].endswith("s")
     # The watch was cut for the heartbeat and resumed without listing the claim again.
     assert double.count("list") == 1 and double.count("watch") >= 2
+
+
+def test_watches_that_end_at_once_back_off_and_show_in_the_heartbeat(
+    double: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+):
+    make_volume(double)
+    make_class(double, "fast", iops="6000")
+    double.resizer.driver_delay = 3.0
+    double.watch_faults.extend(["close"] * 100_000)  # every watch ends without an event
+    backoff = Backoff.exponential(0.2, factor=2.0, cap=0.8, tries=4)
+    monkeypatch.setattr(cli, "BACKOFF", backoff)
+    monkeypatch.setattr(cli, "HEARTBEAT", 0.5)
+    result = run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "--settle", "kubernetes", "--timeout", "60",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    watches = double.count("watch")
+    # Reopened at once, the ~3 s wait sent thousands; backing off, one per delay at most.
+    assert 2 <= watches <= 3.5 / backoff.delays[0] + 1, watches
+    assert double.count("list") <= watches + 1
+    beats = list(LINE.finditer(result.stderr))
+    assert beats, result.stderr
+    assert re.search(r"; \d+ watches ended at once without an event, backing off$",
+                     beats[-1]["provider"]), beats[-1]["provider"]  # fmt: skip
 
 
 def test_a_provider_wait_prints_its_state_and_progress(

@@ -173,6 +173,8 @@ def test_status_local(sandbox: Path):
         "status", "--backend", "local", "-n", "sandbox", "--claim", "training-checkpoints"
     )
     assert "current        checkpoint-baseline" in text.stdout
+    # The block names the limits in force too (none on plain media).
+    assert "  limits         no limit" in text.stdout.splitlines()
 
 
 def test_a_malformed_profiles_file_is_refused_like_the_sandbox_refuses_it(tmp_path: Path):
@@ -189,8 +191,8 @@ def test_a_malformed_profiles_file_is_refused_like_the_sandbox_refuses_it(tmp_pa
 def test_a_relative_sandbox_root_still_makes_a_link_that_resolves(
     sandbox: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    # Issue 19, item 6: with SANDBOX_ROOT relative, the link's target was written relative
-    # too, so it resolved against the link's own directory: dangling, yet reported settled.
+    # With SANDBOX_ROOT relative, a link target written relative too would resolve against
+    # the link's own directory: dangling, yet reported settled.
     monkeypatch.chdir(sandbox.parent)
     monkeypatch.setenv("SANDBOX_ROOT", sandbox.name)
     result = local(to="checkpoint-baseline")
@@ -293,6 +295,10 @@ def test_a_switch_sets_the_classes_limits_and_reads_them_back(emulated, tmp_path
     assert info["limits"]["inForce"][device]["write_bps"] == 250 * MIB
     assert info["limits"]["cgroup"] == str(group.path)
     assert "250 MiB/s and 6000 IOPS" in info["limits"]["summary"]
+    block = run_hook("status", "--backend", "local", "-n", "sandbox",
+                     "--claim", "training-checkpoints").stdout  # fmt: skip
+    assert f"  limits         {info['limits']['summary']}  ({group.path})" in block
+    assert "emulates checkpoint-throughput" in block
 
 
 def test_an_emulation_the_kernel_cannot_do_is_refused_and_changes_nothing(

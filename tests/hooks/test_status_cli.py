@@ -15,7 +15,7 @@ import click
 import pytest
 
 from tests.hooks.helpers import run_hook, write_kubeconfig
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,3 +225,105 @@ def test_every_option_has_help_text():
         for param in command.params:
             if isinstance(param, click.Option):
                 assert param.help, f"{name} {param.opts}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["switch", "-n", f"{NS}\n", "--claim", CLAIM, "--to", "fast"],
+        ["switch", "-n", NS, "--claim", f"{CLAIM}\n", "--to", "fast"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "fast\n"],
+        ["status", "-n", NS, "--claim", f"{CLAIM}\n"],
+        ["plan", "-n", NS, "--claim", f"{CLAIM}\n", "--profiles", "fast"],
+    ],
+    ids=["namespace", "claim", "class", "status-claim", "plan-claim"],
+)
+def test_a_name_with_a_trailing_newline_is_refused_before_any_request(
+    double: KubeDouble, kubeconfig: Path, args: list[str]
+):
+    make_volume(double)
+    make_class(double, "fast", iops="6000")
+    result = run_hook(*args, "--kubeconfig", str(kubeconfig))
+    assert result.exit_code == 2, result.output
+    assert "is not a valid" in result.stderr and "\\n'" in result.stderr
+    assert double.requests == []
+
+
+def test_status_without_permission_to_list_events_shows_the_claim_and_says_so(
+    double: KubeDouble, kubeconfig: Path
+):
+    make_volume(double)
+    double.rbac = Rbac.from_manifests(
+        ROOT / "connections" / "rbac-storage-profile.yaml", "ml-team:storage-profile-hook"
+    )
+    for rules in double.rbac.namespaced.values():
+        rules[:] = [r for r in rules if "events" not in r["resources"]]
+    target = ("-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    text = run_hook("status", *target)
+    assert text.exit_code == 0, text.output
+    assert "current class  baseline" in text.stdout
+    [line] = [ln for ln in text.stdout.splitlines() if ln.startswith("  events")]
+    assert line.startswith("  events         not shown: cannot list events of claim ml-team/")
+    assert 'cannot list resource "events"' in line
+    assert "HTTP response headers" not in text.output
+    data = json.loads(run_hook("status", *target, "--json").stdout)
+    assert data["events"] == [] and data["currentClass"] == "baseline"
+    assert 'cannot list resource "events"' in data["eventsError"]
+
+
+def kubeconfig_doc(server: object = "http://127.0.0.1:1", user: object = None) -> dict:
+    cluster = {} if server is None else {"server": server}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": "t"} if user is None else user}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        (kubeconfig_doc(user="bob"), "users[u].user must be a mapping, not str"),
+        (
+            kubeconfig_doc(server=None),
+            "clusters[].cluster.server of the current context is missing",
+        ),
+        (kubeconfig_doc(server="http://[::1"), "'http://[::1' is not a URL"),
+        (kubeconfig_doc(server="http://host:abc"), "'http://host:abc' is not a URL"),
+        (kubeconfig_doc(server="ftp://host"), "is not an http:// or https:// URL"),
+        (kubeconfig_doc(server=6443), "clusters[c].cluster.server must be a string"),
+    ],
+    ids=["user-string", "no-server", "bad-ipv6", "bad-port", "not-http", "server-number"],
+)
+@pytest.mark.parametrize("command", ["switch", "status"])
+def test_an_unusable_kubeconfig_is_refused_at_once_naming_the_field(
+    tmp_path: Path, doc: dict, field: str, command: str
+):
+    import yaml
+
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump(doc))
+    extra = ("--to", "fast") if command == "switch" else ()
+    result = run_hook(
+        command, "-n", NS, "--claim", CLAIM, *extra, "--kubeconfig", str(config), "--timeout", "3"
+    )
+    assert result.exit_code == 3, result.output
+    assert f"no usable Kubernetes configuration in {config}" in result.stderr
+    assert field in result.stderr
+
+
+def test_an_api_error_nothing_judged_is_one_line_without_the_clients_dump():
+    from kubernetes.client.rest import ApiException
+
+    from hooks.storage_profile.errors import EXIT_UNEXPECTED, as_hook_error
+
+    exc = ApiException(status=400, reason="Bad Request")
+    exc.body = json.dumps({"kind": "Status", "message": "the server rejected the request"})
+    exc.headers = {"Content-Type": "application/json"}
+    error = as_hook_error(exc)
+    assert error.exit_code == EXIT_UNEXPECTED
+    assert error.format_message() == "the API server answered 400: the server rejected the request"
+    assert "\n" not in error.format_message() and "HTTP response headers" not in str(error)

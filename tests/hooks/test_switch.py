@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -18,15 +19,6 @@ from tests.hooks.kube_double import CLAIMS, KubeDouble, Rbac, make_class, make_v
 NS, CLAIM = "ml-team", "training-checkpoints"
 CLAIM_PATH = f"/api/v1/namespaces/{NS}/{CLAIMS}/{CLAIM}"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def cluster(double: KubeDouble) -> KubeDouble:
-    """A bound EBS claim settled on ``baseline`` and two classes of its driver."""
-    make_volume(double)
-    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
-    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
-    return double
 
 
 def switch(kubeconfig: Path, *extra: str, to: str = "fast", claim: str = CLAIM):
@@ -156,6 +148,20 @@ def test_dry_run_prints_the_patch_and_changes_nothing(cluster: KubeDouble, kubec
     assert "--type=merge" in result.stderr
     assert cluster.claim_writes() == []
     assert claim_state(cluster) == ("baseline", "baseline", None)
+
+
+def test_the_dry_run_command_line_is_quoted_for_a_shell(cluster: KubeDouble, kubeconfig: Path):
+    holder = "it's me'; touch /tmp/pwned; echo '"
+    result = switch(kubeconfig, "--dry-run", "--holder", holder)
+    assert result.exit_code == 0, result.output
+    [line] = [ln for ln in result.stderr.splitlines() if ln.startswith("dry run: ")]
+    argv = shlex.split(line.split("would patch: ", 1)[1])
+    assert argv[:7] == [
+        "kubectl", "patch", f"persistentvolumeclaims/{CLAIM}", "-n", NS, "--type=merge", "-p",
+    ]  # fmt: skip
+    assert len(argv) == 8
+    [entry] = parse_ledger(json.loads(argv[7])["metadata"]["annotations"][LEDGER_ANNOTATION])
+    assert entry.holder == holder
 
 
 @pytest.mark.parametrize(
@@ -539,6 +545,31 @@ def test_a_patch_whose_answer_was_lost_is_not_refused_on_retry(
     assert result.exit_code == 0, result.output
     assert [w.status for w in cluster.claim_writes()] == [503, 409]
     assert claim_state(cluster) == ("fast", "fast", None)
+
+
+def test_a_lost_patch_answer_is_recognised_behind_a_ledger_entry_dated_later(
+    cluster: KubeDouble, kubeconfig: Path
+):
+    # An entry dated after now (a clock ahead, a hand edit) sorts after ours: the switch
+    # finds its own entry by what it is, not by where it sorts.
+    ahead = '[{"at":"2099-01-01T00:00:00Z","from":"fast","to":"baseline","holder":"clock-ahead"}]'
+    cluster.update(
+        "PersistentVolumeClaim",
+        CLAIM,
+        NS,
+        lambda c: c["metadata"].setdefault("annotations", {}).__setitem__(LEDGER_ANNOTATION, ahead),
+    )
+    cluster.fail("PATCH", CLAIMS, 503, lost=True)
+    result = switch(kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert [w.status for w in cluster.claim_writes()] == [503, 409]
+    assert claim_state(cluster) == ("fast", "fast", None)
+    claim = cluster.get("PersistentVolumeClaim", CLAIM, NS)
+    ledger = parse_ledger(claim["metadata"]["annotations"][LEDGER_ANNOTATION])
+    assert [(e.to_class, e.holder) for e in ledger] == [
+        ("fast", "pipeline-a"),
+        ("baseline", "clock-ahead"),
+    ]
 
 
 def test_pending_on_a_class_that_exists_now_is_refused_at_once(

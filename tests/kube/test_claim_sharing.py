@@ -1,4 +1,4 @@
-"""Issue 12's claim sharing against the real API server, as the shipped ServiceAccount.
+"""A claim shared over time, against the real API server, as the shipped ServiceAccount.
 
 An unbound WaitForFirstConsumer claim (the first run on a real cluster), the ledger
 annotation written in the class patch, and the claim's Lease with two holders.
@@ -204,3 +204,33 @@ def test_two_holders_one_claim(
     assert "took over Lease" in third.output and "from pipeline-b" in third.output, third
     spec = read_lease(cluster)["spec"]
     assert spec["holderIdentity"] == "pipeline-c" and spec["leaseTransitions"] == 2
+
+
+def renew(kubeconfig: Path, holder: str, *extra: str):
+    return run_hook(
+        kubeconfig, "renew", "--namespace", NAMESPACE, "--claim", CLAIM, "--holder", holder,
+        *extra,
+    )  # fmt: skip
+
+
+def test_a_stage_renews_its_lease_and_a_lost_one_is_refused(
+    cluster: Cluster, claim: dict, hook_kubeconfig: Path, no_lease: None
+):
+    # As the shipped ServiceAccount: get and update of the claim's Lease are enough.
+    taken = switch(hook_kubeconfig, THROUGHPUT, "--holder", "pipeline-a")
+    assert taken.exit_code == 0, taken
+    before = read_lease(cluster)["spec"]
+    renewed = renew(hook_kubeconfig, "pipeline-a", "--lease-duration", "7200")
+    assert renewed.exit_code == 0, renewed
+    assert "renewed Lease" in renewed.output, renewed
+    spec = read_lease(cluster)["spec"]
+    assert spec["leaseDurationSeconds"] == 7200 and spec["renewTime"] > before["renewTime"]
+    assert spec["leaseTransitions"] == before["leaseTransitions"]
+
+    other = renew(hook_kubeconfig, "pipeline-b")
+    assert other.exit_code == 3, other
+    assert "is held by pipeline-a, not by pipeline-b: not renewed" in other.output, other
+    assert release(hook_kubeconfig, "pipeline-a").exit_code == 0
+    lost = renew(hook_kubeconfig, "pipeline-a")
+    assert lost.exit_code == 3 and "is not held (released)" in lost.output, lost
+    assert "holderIdentity" not in read_lease(cluster)["spec"]

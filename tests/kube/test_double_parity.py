@@ -164,7 +164,7 @@ def test_nil_after_a_class_was_applied(both) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="known difference: the double says 'update from non-nil value to nil is forbidden' "
-    "(tests/hooks/test_double.py asserts it); kube-apiserver 1.34 says 'update to nil is "
+    "(tests/hooks/test_kube_wire.py asserts it); kube-apiserver 1.34 says 'update to nil is "
     "forbidden when status.currentVolumeAttributesClassName is not nil'",
 )
 def test_nil_after_a_class_was_applied_message(both) -> None:

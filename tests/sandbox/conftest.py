@@ -15,6 +15,7 @@ import psutil
 import pytest
 import yaml
 
+from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.orchestration import start_all
@@ -62,6 +63,17 @@ def needs_throttle(path: Path, name: str) -> tuple[Cgroup, BlockDevice]:
         if os.environ.get("CI"):
             pytest.fail(f"CI must be able to throttle block I/O: {exc}")
         pytest.skip(f"needs root and a block-I/O controller: {exc}")
+
+
+def needs_volume(name: str, mount_point: Path, size: int) -> loop_volume.LoopVolume:
+    """The loop-device volume ``name`` at ``mount_point``; where none can be made (not root,
+    no loop devices), skip with the reason in one line (fail under CI, which can)."""
+    try:
+        return loop_volume.create(name, mount_point, size)
+    except loop_volume.VolumeUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to make a loop-device volume: {exc}")
+        pytest.skip(f"needs root and loop devices: {exc}")
 
 
 def emulated_profiles(root: Path) -> Path:

@@ -1,13 +1,15 @@
 """The README's main-job command, for real: ``python -m sandbox demo`` runs the bundle's
 general pipeline (checkpoint-storage-profiles: plan, a mapping of nested stage DAGs
-switch -> fio -> training, compare gathering them with joins, release) in the CE server.
+switch -> fio -> renew -> training, compare gathering them with joins, release) in the CE server.
 
 - With the default profiles and the default demo sizes it emulates three gp3 classes
   (connections/vac-ebs-gp3.yaml and the sandbox-only sandbox-vac-extra.yaml): the fio write
   bandwidth of each profile lands within 15% of its class's throughput, the checkpoint
   write stage shortens as the classes predict, the verdict's candidate is a faster class,
-  and the compare op's recommendation is printed; ``stop`` removes the claim's cgroup. Needs
-  root and a block-I/O controller (skips with one line elsewhere, never under CI).
+  and the compare op's recommendation is printed; the claim lives on the sandbox's own
+  loop-device volume, whose unthrottled speed the demo prints first; ``stop`` removes the
+  claim's cgroup and volume. Needs root, loop devices and a block-I/O controller (skips
+  with one line elsewhere, never under CI).
 - With two plain media and tiny sizes it runs anywhere, twice (re-running must work).
 
 Either way ``stop`` leaves nothing running.
@@ -15,6 +17,8 @@ Either way ``stop`` leaves nothing running.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE, load_sandbox_profiles
+from checkpoint_storage_bench import loop_volume
+from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE
+from checkpoint_storage_bench.sandbox_profiles import load_sandbox_profiles
 from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.orchestration import DEFAULT_PIPELINE
@@ -42,8 +48,9 @@ pytestmark = [
 ]
 
 # The jobs of one run, in the order they ran (the nested stages' jobs by their labels).
-ORDER = ["plan", "stages[0]/switch", "stages[0]/fio", "stages[0]/train[0]", "stages[1]/switch",
-         "stages[1]/fio", "stages[1]/train[0]", "compare", "release"]  # fmt: skip
+ORDER = ["plan", "stages[0]/switch", "stages[0]/fio", "stages[0]/renew", "stages[0]/train[0]",
+         "stages[1]/switch", "stages[1]/fio", "stages[1]/renew", "stages[1]/train[0]", "compare",
+         "release"]  # fmt: skip
 TINY = ["-P", "steps=4", "-P", "checkpoint_every=2", "-P", "model_size=1MiB",
         "-P", "size_scale=0.01", "-P", "fio_runtime=1"]  # fmt: skip
 
@@ -103,6 +110,10 @@ def test_the_demo_emulates_the_classes_and_the_verdict_names_the_faster_one():
         print(out[-6000:])
         assert done.returncode == 0, f"demo failed:\n{out[-4000:]}"
         assert "NOT AN EMULATION" not in out
+        # The claim's own loop-device volume, its unthrottled speed said before anything ran.
+        volume = re.search(r"sandbox: claim volume (/dev/loop\d+) .* (\d+) MB/s unthrottled", out)
+        assert volume, out[:3000]
+        print(f"claim volume {volume.group(1)}: {volume.group(2)} MB/s unthrottled")
         assert "profile checkpoint-baseline emulates checkpoint-baseline (125 MiB/s" in out
         assert "profile checkpoint-gp3-500 emulates checkpoint-gp3-500 (500 MiB/s" in out
         client = api_client(f"http://127.0.0.1:{port}")
@@ -150,9 +161,15 @@ def test_the_demo_emulates_the_classes_and_the_verdict_names_the_faster_one():
         gone = not group.exists()
         if not gone:
             group.remove()
+        volumes = [f for f in loop_volume.loop_devices() if f.name.startswith(
+            f"{loop_volume.PREFIX}{profiles.cgroup_name}")]  # fmt: skip
+        mounted = [p.path for p in profiles.profiles.values() if os.path.ismount(p.path)]
+        loop_volume.sweep(profiles.cgroup_name)
         shutil.rmtree(root, ignore_errors=True)
     assert f"claim cgroup {group.path}" in stop.stdout, stop.stdout + stop.stderr
     assert gone, f"stop left the claim's cgroup {group.path}"
+    assert "loop device /dev/loop" in stop.stdout, stop.stdout
+    assert not volumes and not mounted, f"stop left {volumes} {mounted}"
     assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
 
 

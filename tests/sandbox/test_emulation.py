@@ -1,11 +1,12 @@
 """The sandbox emulating volume classes: a real server and agent whose profiles are the
-shipped gp3 classes as block-I/O limits on the local disk.
+shipped gp3 classes as block-I/O limits on the claim's own loop-device volume.
 
-Needs root and a block-I/O controller (skips with one line elsewhere, never under CI):
-the agent runs an op that mounts the claim in the claim's cgroup (fio lands within 15% of
-the class's throughput) and an op that does not outside it (not throttled); ``status``
-reads the limits back from the kernel; a crashed agent's leftovers are ended by the next
-start; ``stop`` removes the cgroup.
+Needs root, loop devices and a block-I/O controller (skips with one line elsewhere, never
+under CI): start makes the volume and measures its unthrottled speed; the agent runs an op
+that mounts the claim in the claim's cgroup (fio lands within 15% of the class's
+throughput) and an op that does not outside it (not throttled, on the same volume);
+``status`` reads the limits back from the kernel; a crashed agent's leftovers are ended by
+the next start; ``stop`` removes the cgroup, the volume's mount, loop device and file.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from checkpoint_storage_bench.io_limits import MIB
+from checkpoint_storage_bench import loop_volume
+from checkpoint_storage_bench.io_limits import MIB, block_device
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.orchestration import start_all, submit_and_follow
 from sandbox.pipeline import get_run, pipeline_ops, submit
@@ -51,19 +53,33 @@ def emulated():
         agent=load_agent_settings(root, profiles_file=profiles_file),
         port=free_port(),
     )
-    group, device = needs_throttle(root, sb.agent.profiles.cgroup_name)
+    profiles = sb.agent.profiles
+    group, _ = needs_throttle(root, profiles.cgroup_name)
+    claim_dir = profiles.profiles["checkpoint-baseline"].path
+    said: list[str] = []
     try:
-        start_all(sb, DEFAULT_OWNER, PROJECT, echo=print)
-        yield sb, group, device
+        start_all(sb, DEFAULT_OWNER, PROJECT, echo=said.append)
+        print("\n".join(said))
+        # The claim lives on the sandbox's own loop-device volume, measured before use.
+        (volume,) = (line for line in said if line.startswith("sandbox: claim volume /dev/loop"))
+        speed = float(re.search(r"(\d+) MB/s unthrottled", volume).group(1))
+        device = block_device(claim_dir)
+        assert device.major == 7 and f"({device.id}, ext4" in volume, (device, volume)
+        yield sb, group, device, speed, claim_dir
     finally:
         stopped = sb.stop()
         left = wait_gone(root)
         gone = not group.exists()
         if not gone:
             group.remove()
+        volumes = [f for f in loop_volume.loop_devices() if f.name.startswith(
+            f"{loop_volume.PREFIX}{profiles.cgroup_name}")]  # fmt: skip
+        mounted = os.path.ismount(claim_dir)
+        loop_volume.sweep(profiles.cgroup_name)
         shutil.rmtree(root, ignore_errors=True)
         assert any(s.startswith("claim cgroup ") for s in stopped), stopped
         assert gone, f"sandbox stop left the claim's cgroup {group.path}"
+        assert not volumes and not mounted, f"sandbox stop left {volumes} ({stopped})"
         assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
 
 
@@ -72,7 +88,7 @@ def _main_log(sb: Sandbox, uuid: str) -> str:
 
 
 def test_start_applies_the_first_profiles_limits_and_status_reads_them_back(emulated):
-    sb, group, device = emulated
+    sb, group, device, _, _ = emulated
     ((dev, limits),) = group.limits().items()
     assert dev == device.id
     assert (limits.write_bps, limits.write_iops) == (BASELINE_BPS, 3000)
@@ -92,8 +108,10 @@ def test_start_applies_the_first_profiles_limits_and_status_reads_them_back(emul
 
 
 def test_an_op_that_mounts_the_claim_is_throttled_and_one_that_does_not_is_not(emulated):
-    sb, group, _ = emulated
-    uuid, _ = submit_and_follow(sb, FILES / "fio-in-and-out.yaml", {}, PROJECT, False, 300)
+    sb, group, _, speed, claim_dir = emulated
+    print(f"the claim's volume: {speed:.0f} MB/s unthrottled")
+    params = {"outside_dir": str(claim_dir)}
+    uuid, _ = submit_and_follow(sb, FILES / "fio-in-and-out.yaml", params, PROJECT, False, 300)
     ops = {op.name: op for op in pipeline_ops(sb.client, DEFAULT_OWNER, PROJECT, uuid)}
     inside, outside = _main_log(sb, ops["in-claim"].uuid), _main_log(sb, ops["no-claim"].uuid)
     cgroup_name = f"/checkpoint-storage-bench/{group.name}"
@@ -109,7 +127,7 @@ def test_an_op_that_mounts_the_claim_is_throttled_and_one_that_does_not_is_not(e
 def test_the_next_start_ends_what_a_crashed_agent_left_in_the_cgroup(emulated):
     from sandbox.components import pipeline_twin
 
-    sb, group, _ = emulated
+    sb, group, _, _, _ = emulated
     twin = pipeline_twin(FILES / "slow-job.yaml", sb.paths.generated / "slow.yaml", None)
     uuid = submit(sb.client, sb.url, twin, DEFAULT_OWNER, PROJECT, {})
     deadline = time.monotonic() + 90

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.io_limits import (
     MIB,
     BlockDevice,
@@ -33,7 +34,7 @@ from checkpoint_storage_bench.io_limits import (
 )
 from sandbox.config import REPO_ROOT
 
-from .conftest import needs_throttle
+from .conftest import needs_throttle, needs_volume
 
 TOLERANCE = 0.15  # the issue's bar: fio within 15% of the limit
 
@@ -180,22 +181,45 @@ def _fio_write(directory: Path, size_mib: int, argv_wrap=lambda a: a) -> float:
     return json.loads(done.stdout[done.stdout.index("{") :])["jobs"][0]["write"]["bw_bytes"] / 1e6
 
 
+def _test_name() -> str:
+    return f"test-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def _leftovers(name: str, mount_point: Path) -> list[str]:
+    """What of volume ``name`` (at ``mount_point``) and cgroup ``name`` the kernel still has."""
+    file = loop_volume.backing_file(name)
+    left = [f"loop device {d.name}" for f, d in loop_volume.loop_devices().items() if f == file]
+    left += [f"mount {mount_point}"] if os.path.ismount(mount_point) else []
+    left += [f"backing file {file}"] if file.exists() else []
+    group = Cgroup(name, find_hierarchy())
+    return left + ([f"cgroup {group.path}"] if group.exists() else [])
+
+
 @pytest.fixture
 def throttled(tmp_path):
-    """A cgroup of this test's own, removed at the end, and a directory on a block device."""
-    work = Path(os.environ.get("SANDBOX_TEST_DISK_DIR") or tmp_path) / f"io-{os.getpid()}"
-    work.mkdir(parents=True)
-    group, device = needs_throttle(work, f"test-{os.getpid()}-{time.monotonic_ns()}")
+    """A cgroup of this test's own and a loop-device volume (a file in RAM, ext4), both
+    removed at the end; the volume's unthrottled speed is measured first (MB/s)."""
+    name = _test_name()
+    group, _ = needs_throttle(tmp_path, name)
+    volume = needs_volume(name, tmp_path / "volume", 512 * MIB)
     try:
-        yield group, device, work
+        speed = loop_volume.write_speed(volume.mount_point)
+        print(f"volume {volume.describe()}: {speed:.0f} MB/s unthrottled")
+        yield group, volume.device, volume.mount_point, speed
     finally:
         group.remove()
-        shutil.rmtree(work, ignore_errors=True)
+        loop_volume.remove(volume)
+        assert _leftovers(name, volume.mount_point) == []
 
 
 @pytest.mark.slow
 def test_limits_are_read_back_from_the_kernel_and_fio_inside_lands_within_15_percent(throttled):
-    group, device, work = throttled
+    group, device, work, speed = throttled
+    expected = 125 * MIB / 1e6
+    # The throttle decides only on a device much faster than the limit: the loop volume's
+    # own speed is far above it, whatever else the machine's disk is doing.
+    assert speed > 2 * expected, f"the volume writes {speed:.0f} MB/s unthrottled"
+    assert block_device(work) == device  # the device the hook's probe finds under the claim
     limits = IoLimits(read_bps=250 * MIB, write_bps=125 * MIB, read_iops=6000, write_iops=3000)
     assert group.set_limits(device, limits) == limits
     # Read back from the kernel's own files, not from what we wrote.
@@ -205,7 +229,6 @@ def test_limits_are_read_back_from_the_kernel_and_fio_inside_lands_within_15_per
     assert group.limits() == {device.id: limits}
 
     inside = _fio_write(work, 192, lambda argv: in_cgroup(argv, group))
-    expected = 125 * MIB / 1e6
     print(f"fio seqwrite in the cgroup: {inside:.1f} MB/s, limit {expected:.1f} MB/s")
     assert abs(inside - expected) <= TOLERANCE * expected, (inside, expected)
     # The same write outside the cgroup is not throttled (the device is much faster here).
@@ -219,7 +242,7 @@ def test_limits_are_read_back_from_the_kernel_and_fio_inside_lands_within_15_per
 
 @pytest.mark.slow
 def test_remove_kills_what_is_left_in_the_cgroup_and_removes_it(throttled):
-    group, device, _ = throttled
+    group, device, _, _ = throttled
     group.set_limits(device, IoLimits(write_bps=125 * MIB))
     orphan = subprocess.Popen(in_cgroup(["sleep", "60"], group), start_new_session=True)
     deadline = time.monotonic() + 10
@@ -240,3 +263,74 @@ def test_probe_explains_why_it_cannot_throttle_tmpfs(tmp_path):
     needs_throttle(tmp_path, "probe-only")  # the controller is there: only tmpfs is the cause
     with pytest.raises(ThrottleUnavailable, match="is on tmpfs"):
         probe(Path("/dev/shm"), "probe-only")
+
+
+@pytest.mark.slow
+def test_a_volume_is_made_once_and_its_limits_are_read_back_from_the_kernel(tmp_path):
+    name = _test_name()
+    group, _ = needs_throttle(tmp_path, name)
+    point = tmp_path / "volume"
+    longer = needs_volume(f"{name}-2", tmp_path / "longer", 64 * MIB)  # its name extends ours
+    volume = needs_volume(name, point, 64 * MIB)
+    try:
+        assert loop_volume.find(longer.name, longer.mount_point) == longer  # left alone
+        assert loop_volume.create(name, point, 64 * MIB) == volume  # the same, not a second
+        assert volume.device.major == 7 and os.path.ismount(point)
+        assert volume.size == 64 * MIB and volume.backing_file.parent == Path("/dev/shm")
+        limits = IoLimits(read_bps=250 * MIB, write_bps=125 * MIB, write_iops=3000)
+        assert loop_volume.apply_limits(volume, group, limits) == limits
+        assert loop_volume.read_limits(volume, group) == limits
+        with pytest.raises(loop_volume.VolumeUnavailable, match="something else is mounted"):
+            loop_volume.create(f"{name}-other", point, 64 * MIB)
+    finally:
+        group.remove()
+        removed = loop_volume.remove(volume)
+        loop_volume.remove(longer)
+    assert removed == [f"mount {point}", f"loop device {volume.dev_path}",
+                       f"backing file {volume.backing_file}"]  # fmt: skip
+    assert loop_volume.remove(volume) == []  # gone already: nothing to do
+    assert _leftovers(name, point) == []
+
+
+_KILLED_RUN = """
+import sys, subprocess, time
+from pathlib import Path
+from checkpoint_storage_bench import loop_volume
+from checkpoint_storage_bench.io_limits import MIB, Cgroup, IoLimits, in_cgroup
+name, point = sys.argv[1], Path(sys.argv[2])
+volume = loop_volume.create(name, point, 64 * MIB)
+group = Cgroup.find(name)
+loop_volume.apply_limits(volume, group, IoLimits(write_bps=125 * MIB))
+subprocess.Popen(in_cgroup(["sleep", "300"], group), start_new_session=True)
+while not group.pids():
+    time.sleep(0.05)
+(point / "held").write_text("x")
+print("READY", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_the_sweep_removes_what_a_killed_run_left_and_nothing_else(tmp_path):
+    name = _test_name()
+    needs_throttle(tmp_path, name)
+    point, other_point = tmp_path / "volume", tmp_path / "other"
+    other = needs_volume(f"other-{name}", other_point, 64 * MIB)  # not of this prefix
+    run = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, name, str(point)],
+                           stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                           env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))  # fmt: skip
+    try:
+        assert run.stdout.readline().strip() == "READY"
+        run.kill()  # the run dies with its volume mounted and a process in its cgroup
+        run.wait(timeout=10)
+        left = _leftovers(name, point)
+        assert len(left) == 4, left  # loop device, mount, backing file, cgroup
+        removed = loop_volume.sweep(name)
+        assert [r.split(" ")[0] for r in removed] == ["mount", "loop", "backing", "cgroup"]
+        assert "1 process(es) left in it" in removed[-1]
+        assert _leftovers(name, point) == []
+        assert loop_volume.find(other.name, other_point) == other  # another prefix: untouched
+    finally:
+        run.kill()
+        loop_volume.sweep(name)
+        loop_volume.remove(other)

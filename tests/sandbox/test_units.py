@@ -19,6 +19,7 @@ import yaml
 from polyaxon._local_process.process_types import V1Container
 from polyaxon.polyaxonfile import check_polyaxonfile
 
+from sandbox import claim as claim_module
 from sandbox.agent import localize, map_mounts
 from sandbox.components import find_components, pipeline_twin
 from sandbox.config import REPO_ROOT, SandboxPaths, load_agent_settings, prepare_media
@@ -28,6 +29,15 @@ from sandbox.pipeline import comparison, runs_table_url
 from sandbox.server import Sandbox
 
 from .conftest import emulated_profiles, write_profiles
+
+_PREPARE_VOLUMES = claim_module.prepare_volumes
+
+
+@pytest.fixture(autouse=True)
+def _no_loop_volumes(monkeypatch):
+    """Unit tests make no loop-device volume (root, RAM): test_io_limits.py makes real ones."""
+    monkeypatch.setattr(claim_module, "prepare_volumes", lambda profiles, size=0: [])
+
 
 HERE = Path(__file__).parent
 MINI = HERE / "polyaxonfiles" / "mini-pipeline.yaml"
@@ -521,6 +531,62 @@ def test_where_the_kernel_cannot_throttle_the_default_falls_back_and_says_so(tmp
     assert said[1].startswith("sandbox: NOT AN EMULATION: falling back to")
 
 
+def _slow_volume(monkeypatch, tmp_path, removed: list[str]):
+    """The claim's volume made up (no kernel): it writes 700 MB/s unthrottled."""
+    from checkpoint_storage_bench import loop_volume
+    from checkpoint_storage_bench.io_limits import BlockDevice
+
+    monkeypatch.setattr(claim_module, "prepare_volumes", _PREPARE_VOLUMES)
+    monkeypatch.setattr(loop_volume, "find", lambda name, path: None)
+
+    def create(name, path, size):
+        (tmp_path / f"csb-{name}.img").write_bytes(b"")
+        return loop_volume.LoopVolume(
+            name, path, tmp_path / f"csb-{name}.img", BlockDevice(7, 9, "loop9"), True, size
+        )
+
+    monkeypatch.setattr(loop_volume, "create", create)
+    monkeypatch.setattr(loop_volume, "write_speed", lambda path, **_: 700.0)
+    monkeypatch.setattr(loop_volume, "remove", lambda volume: removed.append(volume.name) or [])
+    monkeypatch.setattr(loop_volume, "sweep", lambda *_, **__: pytest.fail("swept"))
+
+
+def test_a_claim_volume_slower_than_twice_the_fastest_class_falls_back_and_says_so(
+    tmp_path, monkeypatch
+):
+    from sandbox import orchestration
+
+    removed: list[str] = []
+    _slow_volume(monkeypatch, tmp_path, removed)
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path))  # the default file
+    said = []
+    media = orchestration.emulation_or_media(sb, echo=said.append)
+    assert not media.agent.profiles.emulated
+    assert said[0] == (
+        "sandbox: cannot emulate the volume classes on this machine: the claim's volume "
+        "/dev/loop9 writes 700 MB/s unthrottled, less than 2x the fastest class "
+        "(checkpoint-gp3-500, 524 MB/s): the throttle would not be what limits it"
+    )
+    assert said[1].startswith("sandbox: NOT AN EMULATION: falling back to")
+    # The volume it made, and nothing else (no sweep: the cgroup may be a running one's).
+    assert removed == [claim_module.volume_name(sb.agent.profiles, sb.agent.profiles.profiles[
+        "checkpoint-baseline"].path)]  # fmt: skip
+
+
+def test_a_named_file_is_refused_where_the_claim_volume_is_too_slow(tmp_path, monkeypatch):
+    from sandbox.orchestration import start_all
+
+    removed: list[str] = []
+    _slow_volume(monkeypatch, tmp_path, removed)
+    sb = Sandbox(SandboxPaths(tmp_path),
+                 load_agent_settings(tmp_path, profiles_file=emulated_profiles(tmp_path)))  # fmt: skip
+    with pytest.raises(ConfigError, match="writes 700 MB/s unthrottled, less than 2x") as err:
+        start_all(sb, "default", "p", echo=lambda _: None)
+    assert err.value.exit_code == 3
+    assert not sb.paths.server_pid.exists()  # refused before anything started
+    assert len(removed) == 1 and removed[0].startswith(sb.agent.profiles.cgroup_name)
+
+
 def test_a_named_emulating_file_is_refused_where_the_kernel_cannot_throttle(tmp_path, monkeypatch):
     from sandbox import claim
     from sandbox.orchestration import start_all
@@ -720,7 +786,7 @@ def test_demo_params_read_an_operation_files_component_and_list_every_profile(tm
 
 
 def test_classes_may_come_from_several_files_but_never_twice(tmp_path):
-    from checkpoint_storage_bench.contract import ProfilesFileError, load_sandbox_profiles
+    from checkpoint_storage_bench.sandbox_profiles import ProfilesFileError, load_sandbox_profiles
 
     shipped = load_sandbox_profiles(REPO_ROOT / "connections" / "sandbox-profiles.yaml", tmp_path)
     assert [p.limits.write_bps for p in shipped.profiles.values()] == [
@@ -735,3 +801,15 @@ def test_classes_may_come_from_several_files_but_never_twice(tmp_path):
     twice.write_text(yaml.safe_dump(spec))
     with pytest.raises(ProfilesFileError, match="non-empty list"):
         load_sandbox_profiles(twice, tmp_path)
+
+
+def test_demo_params_of_a_data_workload(tmp_path):
+    # demo --workload scan: the real pipeline's inputs, the data workload and its small sizes.
+    from sandbox.orchestration import DATA_DEMO_PARAMS, DEFAULT_PIPELINE
+
+    profiles = write_profiles(tmp_path, tmp_path / "shm")
+    sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles))
+    values = demo_params(sb, DEFAULT_PIPELINE, {"dataset_size": "8MiB"}, workload="scan")
+    assert values["workload"] == "scan" and values["dataset_size"] == "8MiB"
+    assert values["min_au"] == DATA_DEMO_PARAMS["min_au"]
+    assert "workload" not in demo_params(sb, DEFAULT_PIPELINE, {})

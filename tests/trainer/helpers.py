@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,67 @@ def metric_events(run_dir: Path, name: str) -> list[tuple[int, float]]:
         if len(parts) == 3 and parts[0].isdigit():
             rows.append((int(parts[0]), float(parts[2])))
     return rows
+
+
+TINY_ARGS = ("--model-size", "256KiB", "--batch-size", "2", "--seq-len", "16", "--device", "cpu")
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def flip_byte(path: Path) -> None:
+    """Flip the byte in the middle of ``path``: damage a checksum must catch."""
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def verifies(path: Path) -> bool:
+    """Whether the checkpoint at ``path`` reads back and matches its manifest."""
+    from trainer.ckpt import store
+    from trainer.ckpt.fs import LocalFS
+    from trainer.ckpt.io import AlignedBuffer
+
+    try:
+        store.read_verified(LocalFS(), path, AlignedBuffer())
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def steps_of(directory: Path) -> list[int]:
+    from trainer.ckpt import store
+
+    return [r.step for r in store.list_checkpoints(directory)]
+
+
+def state_step(path: Path) -> int:
+    """The step inside a raw checkpoint's state (not the one its name says)."""
+    from trainer.ckpt import store
+    from trainer.ckpt.formats import make_format
+    from trainer.ckpt.fs import LocalFS
+    from trainer.ckpt.io import AlignedBuffer
+
+    manifest, data = store.read_verified(LocalFS(), path, AlignedBuffer())
+    return make_format("raw").load(data)["step"]
+
+
+def edit_manifest_and_resume(
+    directory: Path, edit: Callable[[dict[str, Any]], Any]
+) -> tuple[int | None, list[str]]:
+    """Rewrite step 6's manifest as ``edit`` returns it, then resume to step 8 (keep 3).
+
+    Returns:
+        The step the run resumed from, and what it said.
+    """
+    from trainer.ckpt import store
+    from trainer.train import train
+
+    path = directory / "step-00000006" / store.MANIFEST
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    said: list[str] = []
+    cfg = tiny_config(directory, steps=8, keep=3, resume="always")
+    return train(cfg, say=said.append).resumed_from, said

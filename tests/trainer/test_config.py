@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from checkpoint_storage_bench.errors import BenchError
 from checkpoint_storage_bench.retry import Backoff
 from trainer import cli
+from trainer.ckpt import formats
 from trainer.ckpt.upload import Uploader
-from trainer.config import TrainConfig, field_docs, flag
+from trainer.config import FORMATS, TrainConfig, field_docs, flag
 from trainer.errors import EXIT_CODES, ConfigError, TrainerError, UploadError
 
 
@@ -161,3 +162,13 @@ def test_cpu_count_honours_a_cgroup_limit(monkeypatch, tmp_path):
     assert provenance.cpu_count() == 2  # limits.cpu 1.5, rounded up
     monkeypatch.setattr(provenance.Path, "read_text", cgroup("max 100000\n"))
     assert provenance.cpu_count() == 16
+
+
+def test_the_format_choices_are_the_formats_the_trainer_makes():
+    # The config must not import torch (the choices come before it), so it names the
+    # formats itself; they must be exactly the table the writer makes them from.
+    assert FORMATS == formats.FORMATS
+    for name in FORMATS:
+        assert formats.make_format(name).name == name
+    with pytest.raises(ValueError, match="unknown checkpoint format 'zip'"):
+        formats.make_format("zip")

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import REPO, run_trainer, tiny_config, trainer_cmd
+from tests.trainer.helpers import (
+    REPO,
+    edit_manifest_and_resume,
+    run_trainer,
+    tiny_config,
+    trainer_cmd,
+)
 from trainer.ckpt import store
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
@@ -172,15 +178,13 @@ def test_resume_with_another_model_is_refused(tmp_path):
 
 def test_manifest_with_invalid_chunk_size_is_skipped(tmp_path):
     _three_checkpoints(tmp_path)
-    manifest_path = tmp_path / "step-00000006" / store.MANIFEST
-    manifest = json.loads(manifest_path.read_text())
-    manifest["files"][0]["chunk_bytes"] = 0
-    manifest_path.write_text(json.dumps(manifest))
-    said: list[str] = []
-    assert (
-        train(tiny_config(tmp_path, steps=8, keep=3, resume="always"), say=said.append).resumed_from
-        == 4
-    )
+
+    def zero_chunk(manifest: dict) -> dict:
+        manifest["files"][0]["chunk_bytes"] = 0
+        return manifest
+
+    resumed_from, said = edit_manifest_and_resume(tmp_path, zero_chunk)
+    assert resumed_from == 4
     assert any("invalid chunk size" in line for line in said), said
 
 

@@ -79,7 +79,7 @@ def shard_tensors(step_dir: Path) -> list[list[torch.Tensor]]:
     manifest = store.read_manifest(step_dir)
     out = []
     for entry in sorted(manifest["files"], key=lambda e: e["rank"]):
-        data = sharded.verify_shard(LocalFS(), step_dir, entry, "crc32", AlignedBuffer())
+        data = store.verify_file(LocalFS(), step_dir, entry, "crc32", AlignedBuffer())
         out.append([t.clone() for t in RawFormat().load(data)["tensors"]])
     return out
 
@@ -410,17 +410,17 @@ def test_verify_shard_catches_damage(tmp_path):
     written = write_file(LocalFS(), tmp_path / "shard", data, direct=False, chunk_bytes=4096)
     os.close(written.fd)
     entry = {"name": "shard", "bytes": written.nbytes, "chunk_bytes": 4096, "crc32": written.crc32}
-    assert bytes(
-        sharded.verify_shard(LocalFS(), tmp_path, entry, "crc32", AlignedBuffer())
-    ) == bytes(data)
+    assert bytes(store.verify_file(LocalFS(), tmp_path, entry, "crc32", AlignedBuffer())) == bytes(
+        data
+    )
     with (tmp_path / "shard").open("r+b") as f:
         f.seek(5000)
         f.write(b"\xff" if data[5000] != 0xFF else b"\x00")
     with pytest.raises(CheckpointCorruptError, match="chunk 1 of shard"):
-        sharded.verify_shard(LocalFS(), tmp_path, entry, "crc32", AlignedBuffer())
+        store.verify_file(LocalFS(), tmp_path, entry, "crc32", AlignedBuffer())
     (tmp_path / "shard").write_bytes(b"short")
     with pytest.raises(CheckpointCorruptError, match="has 5 bytes"):
-        sharded.verify_shard(LocalFS(), tmp_path, entry, "crc32", AlignedBuffer())
+        store.verify_file(LocalFS(), tmp_path, entry, "crc32", AlignedBuffer())
 
 
 def test_world_env_and_setup_refusals(tmp_path, monkeypatch):
@@ -443,6 +443,25 @@ def test_world_env_and_setup_refusals(tmp_path, monkeypatch):
         distributed.setup(striped)
     with pytest.raises(ConfigError, match="--format dcp cannot be written as per-rank shards"):
         distributed.setup(SimpleNamespace(parallel="fsdp", format="dcp"))
+
+
+def test_a_world_of_one_is_ranks_without_a_process_group(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc-per-node 1
+    monkeypatch.setenv("RANK", "0")
+    ranks = distributed.join(tiny_config(tmp_path, parallel="fsdp"))
+    assert (ranks.rank, ranks.world_size, ranks.parallel) == (0, 1, "none")
+    assert ranks.device == torch.device("cpu") and ranks.ckpt_group is None
+    model = torch.nn.Linear(2, 2)
+    assert distributed.wrap(model, ranks) is model
+    assert ranks.mean(torch.tensor(2.5)) == 2.5
+    assert ranks.broadcast("x") == "x" and ranks.gather("x") == ranks.all_gather("x") == ["x"]
+    ranks.barrier()
+    ranks.close()
+    assert not torch.distributed.is_initialized()  # no collective, no group, nothing joined
+    summary = train(tiny_config(tmp_path, steps=2, checkpoint_every=2), say=lambda s: None)
+    assert summary.world_size == 1 and not torch.distributed.is_initialized()
+    manifest = store.read_manifest(tmp_path / store.final_name(2))
+    assert manifest["layout"] == store.LAYOUT_STRIPED and "world_size" not in manifest
 
 
 def test_config_parallel_choices_match_the_contract(tmp_path):

@@ -29,7 +29,7 @@ from trainer.ckpt.io import (
     IO_DIRECT,
     AlignedBuffer,
     ChunkWriter,
-    read_file,
+    read_image,
     stream_names,
     stripe,
     stripe_sizes,
@@ -186,8 +186,8 @@ def test_buffered_fallback_without_o_direct(tmp_path, fs):
     os.close(written.fd)
     assert written.io_mode == IO_BUFFERED_FALLBACK
     assert (tmp_path / "a").read_bytes() == bytes(data)
-    view, crcs, mode = read_file(
-        fs, tmp_path / "a", len(data), AlignedBuffer(), direct=True, chunk_bytes=4096
+    view, (crcs,), mode = read_image(
+        fs, [tmp_path / "a"], len(data), AlignedBuffer(), direct=True, chunk_bytes=4096
     )
     assert crcs == written.checksums and bytes(view) == bytes(data)
 
@@ -217,8 +217,8 @@ def test_chunk_checksums_cover_every_byte(tmp_path):
     raw = bytearray((tmp_path / "f").read_bytes())
     raw[4096 * 2 + 17] ^= 1
     (tmp_path / "f").write_bytes(raw)
-    _, crcs, _ = read_file(
-        LocalFS(), tmp_path / "f", len(raw), AlignedBuffer(), direct=False, chunk_bytes=4096
+    _, (crcs,), _ = read_image(
+        LocalFS(), [tmp_path / "f"], len(raw), AlignedBuffer(), direct=False, chunk_bytes=4096
     )
     assert [a == b for a, b in zip(crcs, written.checksums, strict=True)] == [
         True,

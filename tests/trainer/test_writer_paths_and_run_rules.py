@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import tiny_config
+from tests.trainer.helpers import flip_byte, tiny_config, verifies
 from trainer.ckpt import store
 from trainer.ckpt.fs import LocalFS
-from trainer.ckpt.io import AlignedBuffer
 from trainer.train import train
 
 RUN = "c" * 32
@@ -53,20 +52,7 @@ def data_files(checkpoint: Path) -> list[Path]:
 
 def damage(checkpoint: Path) -> None:
     """Flip one byte in the middle of the checkpoint's largest state file."""
-    path = max(data_files(checkpoint), key=lambda p: p.stat().st_size)
-    with open(path, "r+b") as f:
-        f.seek(path.stat().st_size // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
-def verifies(path: Path) -> bool:
-    try:
-        store.read_verified(LocalFS(), path, AlignedBuffer())
-    except Exception:  # noqa: BLE001
-        return False
-    return True
+    flip_byte(max(data_files(checkpoint), key=lambda p: p.stat().st_size))
 
 
 class Recording(LocalFS):

@@ -9,7 +9,6 @@ background thread whose failure fails the run at the next step.
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -20,11 +19,11 @@ from typing import Any
 
 import torch
 
+from trainer.ckpt import checksum as checksums
 from trainer.ckpt import store
 from trainer.ckpt.formats import Format, InFlight, WriteOptions
-from trainer.ckpt.fs import LocalFS, raise_if_full
+from trainer.ckpt.fs import LocalFS, storage_error
 from trainer.ckpt.upload import Uploader
-from trainer.errors import CheckpointDirError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class CheckpointRecord:
     checksum_s: float | None = None
     """Reading a library-written checkpoint back to checksum it (None: done while writing)."""
     io_streams: int = 1
-    checksum: str = "crc32"
+    checksum: str = checksums.CRC32
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,15 +177,17 @@ class Checkpointer(OneInFlight):
 
     def _failed(self, exc: BaseException, tmp_dir: Path, final_dir: Path) -> None:
         """Delete the half-written checkpoint; raise the trainer's error for a known cause."""
+        error = None
+        # Not `Exception`: torch.distributed.checkpoint's CheckpointException is a
+        # BaseException. Before the rmtree: a volume the half-written checkpoint filled up
+        # is a full one.
+        if not isinstance(exc, KeyboardInterrupt | SystemExit):
+            error = storage_error(
+                exc, f"writing checkpoint {final_dir.name}", self.fs, self.directory
+            )
         self.fs.rmtree(tmp_dir)
-        if isinstance(exc, OSError):
-            raise_if_full(exc, f"writing checkpoint {final_dir.name}")
-            if exc.errno == errno.EROFS:
-                raise CheckpointDirError(f"checkpoint volume became read-only: {exc}") from exc
-            if exc.errno in (errno.EACCES, errno.EPERM):
-                raise CheckpointDirError(
-                    f"access refused while writing checkpoint {final_dir.name}: {exc}"
-                ) from exc
+        if error is not None:
+            raise error from exc
 
     def _persist(
         self,

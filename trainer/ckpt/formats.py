@@ -33,6 +33,7 @@ import json
 import struct
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +55,12 @@ from trainer.ckpt.io import (
     align_up,
     stream_names,
 )
+from trainer.ckpt.store import LAYOUT_FILES, LAYOUT_STRIPED
 from trainer.errors import CheckpointCorruptError
 
 MAGIC = b"CKPTRAW1"
 _PREFIX = struct.Struct("<8sQ")
 TENSOR_ALIGN = 64
-LAYOUT_STRIPED = "striped"
-"""One byte image striped over the files (chunk k in file k mod N)."""
-LAYOUT_FILES = "files"
-"""Independent files a library wrote; each is checksummed on its own."""
 
 # Every dtype whose tensors torch can copy into and view out of a byte buffer. Sub-byte
 # (int1-7, uint1-7) and quantized dtypes cannot be copied; stage() refuses them, so nothing
@@ -503,28 +501,16 @@ def _host_copy(t: torch.Tensor, stable: bool, seen: set[int]) -> torch.Tensor:
     return t
 
 
-class SafetensorsFormat:
-    """``safetensors.torch.save_file`` + fsync, the way a user would save with it; with N
-    streams the tensors are split over N shard files written by N threads."""
+class _LibraryFormat:
+    """A format a library writes as files of its own: checksummed once written, loaded by
+    the library (a subclass names its save, the library's in-flight write)."""
 
-    name = "safetensors"
-    filename = "state.safetensors"
     layout = LAYOUT_FILES
     overlaps = False
+    _save: Callable[[Any, Path, LocalFS, WriteOptions], InFlight]
 
     def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
-        return _SafetensorsSave(state, directory, fs, opts)
-
-    def load_dir(self, directory: Path, names: list[str]) -> Any:
-        from safetensors.torch import load_file
-
-        flat: dict[str, torch.Tensor] = {}
-        for name in names:
-            try:
-                flat.update(load_file(directory / name))
-            except Exception as exc:  # noqa: BLE001 - the library raises its own types
-                raise CheckpointCorruptError(f"safetensors could not load {name}: {exc}") from exc
-        return _unflat_tensors(flat)
+        return type(self)._save(state, directory, fs, opts)
 
 
 class _SafetensorsSave:
@@ -571,37 +557,29 @@ class _SafetensorsSave:
         pass
 
 
+class SafetensorsFormat(_LibraryFormat):
+    """``safetensors.torch.save_file`` + fsync, the way a user would save with it; with N
+    streams the tensors are split over N shard files written by N threads."""
+
+    name = "safetensors"
+    filename = "state.safetensors"
+    _save = _SafetensorsSave
+
+    def load_dir(self, directory: Path, names: list[str]) -> Any:
+        from safetensors.torch import load_file
+
+        flat: dict[str, torch.Tensor] = {}
+        for name in names:
+            try:
+                flat.update(load_file(directory / name))
+            except Exception as exc:  # noqa: BLE001 - the library raises its own types
+                raise CheckpointCorruptError(f"safetensors could not load {name}: {exc}") from exc
+        return _unflat_tensors(flat)
+
+
 # Without a process group DCP warns on every call (also from its async thread) that it
 # assumes a single process, which is exactly what no_dist asks for.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-
-
-class DcpFormat:
-    """``torch.distributed.checkpoint`` with its FileSystemWriter, single process."""
-
-    name = "dcp"
-    filename = ".metadata"
-    layout = LAYOUT_FILES
-    overlaps = False
-
-    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
-        return _DcpSave(state, directory, fs, opts)
-
-    def load_dir(self, directory: Path, names: list[str]) -> Any:
-        import torch.distributed.checkpoint as dcp
-
-        try:
-            reader = dcp.FileSystemReader(directory)
-            meta = reader.read_metadata().state_dict_metadata
-            flat = {
-                key: torch.empty(tuple(m.size), dtype=m.properties.dtype) for key, m in meta.items()
-            }
-            dcp.load(flat, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
-        except CheckpointCorruptError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - DCP raises many types for bad files
-            raise CheckpointCorruptError(f"dcp.load failed: {exc}") from exc
-        return _unflat_tensors(flat)
 
 
 class _DcpSave:
@@ -644,14 +622,45 @@ class _DcpSave:
 
     def abort(self) -> None:
         if self._future is not None:
-            try:
-                self._future.result()  # its thread still writes into the directory
-            except Exception:  # noqa: BLE001 - the directory is deleted anyway
-                pass
+            # Wait for its thread, which still writes into the directory; its error (a
+            # CheckpointException, a BaseException) is already the one being raised.
+            self._future.exception()
+
+
+class DcpFormat(_LibraryFormat):
+    """``torch.distributed.checkpoint`` with its FileSystemWriter, single process."""
+
+    name = "dcp"
+    filename = ".metadata"
+    _save = _DcpSave
+
+    def load_dir(self, directory: Path, names: list[str]) -> Any:
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            reader = dcp.FileSystemReader(directory)
+            meta = reader.read_metadata().state_dict_metadata
+            flat = {
+                key: torch.empty(tuple(m.size), dtype=m.properties.dtype) for key, m in meta.items()
+            }
+            dcp.load(flat, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
+        except CheckpointCorruptError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - DCP raises many types for bad files
+            raise CheckpointCorruptError(f"dcp.load failed: {exc}") from exc
+        return _unflat_tensors(flat)
 
 
 Format = RawFormat | TorchFormat | SafetensorsFormat | DcpFormat
-FORMATS = ("raw", "torch", "dcp", "safetensors")
+
+_FORMATS: dict[str, Callable[[bool], Format]] = {
+    RawFormat.name: lambda pin: RawFormat(pin=pin),
+    TorchFormat.name: lambda pin: TorchFormat(),
+    DcpFormat.name: lambda pin: DcpFormat(),
+    SafetensorsFormat.name: lambda pin: SafetensorsFormat(),
+}
+"""Every format by name, and how to make one (``pin``: a pinned staging buffer, on CUDA)."""
+FORMATS = tuple(_FORMATS)
 
 
 def load_verified(
@@ -670,15 +679,10 @@ def load_verified(
 
 
 def make_format(name: str, pin: bool = False) -> Format:
-    if name == "raw":
-        return RawFormat(pin=pin)
-    if name == "torch":
-        return TorchFormat()
-    if name == "safetensors":
-        return SafetensorsFormat()
-    if name == "dcp":
-        return DcpFormat()
-    raise ValueError(f"unknown checkpoint format {name!r}")
+    try:
+        return _FORMATS[name](pin)
+    except KeyError:
+        raise ValueError(f"unknown checkpoint format {name!r}") from None
 
 
 __all__ = [

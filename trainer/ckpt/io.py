@@ -428,20 +428,3 @@ def read_image(
         mode, values = IO_BUFFERED_FALLBACK, attempt(False)
     per_file = [[values[s.index] for s in spans if s.file == i] for i in range(len(paths))]
     return view, per_file, mode
-
-
-def read_file(
-    fs: LocalFS,
-    path: Path,
-    nbytes: int,
-    buffer: AlignedBuffer,
-    direct: bool,
-    chunk_bytes: int = CHUNK_BYTES,
-    threads: int = IO_THREADS,
-    checksum: str = checksums.DEFAULT,
-) -> tuple[memoryview, list[int], str]:
-    """Read ``nbytes`` of ``path`` into ``buffer``; returns the bytes, chunk checksums, mode."""
-    view, (values,), mode = read_image(
-        fs, [path], nbytes, buffer, direct, chunk_bytes, threads, checksum
-    )
-    return view, values, mode

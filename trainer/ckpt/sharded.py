@@ -31,7 +31,8 @@ Resuming (:func:`restore`) takes the newest checkpoint every rank can verify: ra
 the manifest and shares it, each rank verifies the shards it loads (DDP: all of them, as
 every rank holds the whole replica; FSDP: its own), and all ranks agree before any loads
 a byte. A checkpoint of another world size or ``--parallel`` mode is refused
-(:class:`trainer.errors.WorldSizeError`, exit 2): shards are not resharded.
+(:class:`trainer.errors.WorldSizeError`, exit 2): shards are not resharded. A world of one
+process resumes through the same routine, reading a single process's checkpoint.
 
 Test seam: ``TRAINER_FAULT_SHARD_WRITE=RANK:STEP:pause=SECONDS`` makes that rank sleep inside
 its write of that step's shard, ``RANK:STEP:eio`` makes the write fail with EIO.
@@ -53,16 +54,22 @@ import torch
 
 from trainer.ckpt import store
 from trainer.ckpt.checkpointer import CheckpointRecord, OneInFlight
-from trainer.ckpt.formats import RawFormat, Staged, TorchFormat, flatten, unflatten
-from trainer.ckpt.fs import LocalFS, raise_if_full
-from trainer.ckpt.io import ALIGN, AlignedBuffer, read_file, write_file
+from trainer.ckpt.formats import (
+    Format,
+    RawFormat,
+    Staged,
+    TorchFormat,
+    flatten,
+    load_verified,
+    unflatten,
+)
+from trainer.ckpt.fs import LocalFS, storage_error
+from trainer.ckpt.io import AlignedBuffer, write_file
 from trainer.ckpt.upload import Uploader
 from trainer.distributed import Ranks
 from trainer.errors import (
     CheckpointCorruptError,
-    CheckpointDirError,
     RankFailedError,
-    StorageFullError,
     UploadError,
     WorldSizeError,
 )
@@ -70,7 +77,6 @@ from trainer.provenance import run_uuid
 
 log = logging.getLogger(__name__)
 
-LAYOUT = "sharded"
 FAULT_ENV = "TRAINER_FAULT_SHARD_WRITE"
 FAILED_RANK_GRACE_S = 2.0
 
@@ -276,14 +282,11 @@ def _fault_from_env(fs: LocalFS, rank: int) -> LocalFS | _FaultFS:
 
 
 def _error_for(exc: Exception, what: str) -> Exception:
-    """The trainer error an OSError of a checkpoint write stands for (exit 4, 3), or ``exc``."""
-    if isinstance(exc, OSError):
-        try:
-            raise_if_full(exc, what)
-        except StorageFullError as full:
-            return full
-        if exc.errno == errno.EROFS:
-            return CheckpointDirError(f"checkpoint volume became read-only: {exc}")
+    """The trainer error a failed shard write or commit stands for (exit 4, 3), or ``exc``."""
+    error = storage_error(exc, what)
+    if error is not None:
+        error.__cause__ = exc
+        return error
     return exc
 
 
@@ -542,7 +545,7 @@ class ShardedCheckpointer(OneInFlight):
             "run_id": run_uuid(),
             "format": self.fmt.name,
             "created_at": time.time(),
-            "layout": LAYOUT,
+            "layout": store.LAYOUT_SHARDED,
             "world_size": self.ranks.world_size,
             "parallel": self.ranks.parallel,
             "io_mode": modes[0] if len(modes) == 1 else ", ".join(modes),
@@ -661,7 +664,7 @@ def _head(path: Path) -> dict[str, Any]:
 def _entries(manifest: dict[str, Any], name: str, world_size: int) -> list[dict[str, Any]]:
     """The manifest's shard entries in rank order, checked for shape."""
     files = manifest.get("files")
-    if manifest.get("layout") != LAYOUT or not isinstance(files, list):
+    if manifest.get("layout") != store.LAYOUT_SHARDED or not isinstance(files, list):
         raise CheckpointCorruptError(f"{name}: {store.MANIFEST} is not a sharded manifest")
     try:
         by_rank = sorted(files, key=lambda e: e["rank"])
@@ -670,52 +673,6 @@ def _entries(manifest: dict[str, Any], name: str, world_size: int) -> list[dict[
     if [e["rank"] for e in by_rank] != list(range(world_size)):
         raise CheckpointCorruptError(f"{name}: {store.MANIFEST} does not list one shard per rank")
     return by_rank
-
-
-def verify_shard(
-    fs: LocalFS, path: Path, entry: dict[str, Any], algorithm: str, buffer: AlignedBuffer
-) -> memoryview:
-    """Read one shard file and check its size and every chunk's checksum.
-
-    Raises:
-        CheckpointCorruptError: Missing, short, unreadable or not matching its manifest entry.
-    """
-    try:
-        name, nbytes, chunk, expected = (
-            entry["name"],
-            entry["bytes"],
-            entry["chunk_bytes"],
-            entry[algorithm],
-        )
-    except (KeyError, TypeError):
-        raise CheckpointCorruptError(f"{path.name}: a shard entry is incomplete") from None
-    if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-        raise CheckpointCorruptError(f"{path.name}: {store.MANIFEST} names a file {name!r}")
-    if not (isinstance(chunk, int) and chunk > 0 and chunk % ALIGN == 0):
-        raise CheckpointCorruptError(f"{path.name}: invalid chunk size {chunk!r} for {name}")
-    try:
-        size = (path / name).stat().st_size
-    except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path.name}: {name} is missing") from None
-    if size != nbytes:
-        raise CheckpointCorruptError(
-            f"{path.name}: {name} has {size} bytes, manifest says {nbytes}"
-        )
-    try:
-        data, values, _ = read_file(
-            fs, path / name, size, buffer, direct=True, chunk_bytes=chunk, checksum=algorithm
-        )
-    except ValueError as exc:  # an algorithm this build does not know
-        raise CheckpointCorruptError(f"{path.name}: {exc}") from None
-    except OSError as exc:
-        raise CheckpointCorruptError(f"{path.name}: reading {name} failed: {exc}") from exc
-    if list(values) != list(expected):
-        bad = next(
-            (i for i, (a, b) in enumerate(zip(values, expected, strict=False)) if a != b),
-            len(values),
-        )
-        raise CheckpointCorruptError(f"{path.name}: checksum mismatch in chunk {bad} of {name}")
-    return data
 
 
 def _load_shards(
@@ -728,13 +685,11 @@ def _load_shards(
     """Verify and load the shards this rank needs; returns them and its own."""
     entries = _entries(manifest, path.name, ranks.world_size)
     wanted = entries if manifest["parallel"] == "ddp" else [entries[ranks.rank]]
-    algorithm = manifest.get("checksum", "crc32")
-    if not isinstance(algorithm, str):
-        raise CheckpointCorruptError(f"{path.name}: checksum algorithm {algorithm!r} is not a name")
+    algorithm = store.checksum_algorithm(path, manifest)
     shards = []
     for entry in wanted:
         # Each shard gets its own buffer: loaded tensors are views into it until applied.
-        data = verify_shard(fs, path, entry, algorithm, AlignedBuffer())
+        data = store.verify_file(fs, path, entry, algorithm, AlignedBuffer())
         shard = fmt.load(data)
         info = shard.get("shard", {}) if isinstance(shard, dict) else {}
         if info.get("rank") != entry["rank"] or info.get("step") != manifest["step"]:
@@ -742,15 +697,36 @@ def _load_shards(
                 f"{path.name}: {entry['name']} holds rank {info.get('rank')}'s shard of step "
                 f"{info.get('step')}, the manifest says rank {entry['rank']}, step {manifest['step']}"
             )
+        skeleton = shard.get("skeleton")
+        store.check_step(
+            path, skeleton.get("step") if isinstance(skeleton, dict) else None, entry["name"]
+        )
         shards.append(shard)
     own = next(s for s in shards if s["shard"]["rank"] == ranks.rank)
     return shards, own
 
 
+def _read_state(
+    fs: LocalFS, path: Path, manifest: dict[str, Any], fmt: Format, ranks: Ranks
+) -> Callable[[], dict[str, Any]]:
+    """Verify what this rank loads of the checkpoint at ``path``; returns what builds its
+    state once every rank agrees it verified.
+
+    A world of one reads a single process's checkpoint (any format); several ranks read
+    their shards.
+    """
+    if ranks.world_size == 1:
+        manifest, data = store.read_verified(fs, path, AlignedBuffer())
+        state = load_verified(fmt, path, manifest, data)
+        store.check_step(path, state.get("step"), "state")
+        return lambda: state
+    shards, own = _load_shards(fs, path, manifest, fmt, ranks)
+    return lambda: merge_shards(shards, own, ranks)
+
+
 def restore(
     directory: Path,
-    fmt_name: str,
-    fmt: RawFormat | TorchFormat,
+    fmt: Format,
     fs: LocalFS,
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
@@ -760,13 +736,17 @@ def restore(
 ) -> int | None:
     """Load the newest checkpoint every rank verifies; returns its step (None: none exist).
 
-    Every rank takes the same decision at each checkpoint: rank 0 lists them and shares
-    each manifest, and the ranks' verdicts are exchanged before anything is loaded.
+    Anything incomplete or corrupt is skipped with a message, never loaded. Every rank
+    takes the same decision at each checkpoint: rank 0 lists them and shares each
+    manifest, and the ranks' verdicts are exchanged before anything is loaded (a world of
+    one exchanges nothing).
 
     Raises:
         WorldSizeError: The newest checkpoint was written by another world size or mode.
-        CheckpointCorruptError: Checkpoints exist but none verifies on every rank.
+        CheckpointCorruptError: Checkpoints exist but none verifies (on every rank):
+            starting over would silently throw the run's progress away.
     """
+    many = ranks.world_size > 1
     names = ranks.broadcast(
         [ref.path.name for ref in store.list_checkpoints(directory)] if ranks.is_main else None
     )
@@ -778,35 +758,36 @@ def restore(
             continue
         manifest = head["manifest"]
         check_world(manifest, name, ranks.world_size, ranks.parallel)
-        if manifest.get("format") != fmt_name:
+        if manifest.get("format") != fmt.name:
             say(
-                f"resume: skipping {name}: format {manifest.get('format')!r}, this run uses {fmt_name!r}"
+                f"resume: skipping {name}: format {manifest.get('format')!r}, this run uses {fmt.name!r}"
             )
             continue
         problem = None
         try:
-            shards, own = _load_shards(fs, path, manifest, fmt, ranks)
+            build = _read_state(fs, path, manifest, fmt, ranks)
         except CheckpointCorruptError as exc:
             problem = str(exc)
         problems = [(r, p) for r, p in enumerate(ranks.all_gather(problem)) if p]
         if problems:
-            say("resume: skipping " + "; ".join(f"rank {r}: {p}" for r, p in problems))
+            say(
+                "resume: skipping "
+                + "; ".join(f"rank {r}: {p}" if many else p for r, p in problems)
+            )
             continue
-        state = merge_shards(shards, own, ranks)
+        state = build()
         check_config(state.get("config", {}), name)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"].clone())  # needs its own storage
         if "cuda" in state["rng"] and ranks.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"].clone(), ranks.device)
-        say(
-            f"resume: continuing from {name} (step {state['step']}), "
-            f"{ranks.world_size} shards verified"
-        )
+        shards = f", {ranks.world_size} shards verified" if many else ""
+        say(f"resume: continuing from {name} (step {state['step']}){shards}")
         return int(state["step"])
     if names:
         raise CheckpointCorruptError(
             f"--resume: none of the {len(names)} checkpoints in {directory} is complete and "
-            "verified on every rank"
+            "verified" + (" on every rank" if many else "")
         )
     return None

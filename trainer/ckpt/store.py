@@ -38,6 +38,13 @@ _HIDDEN = re.compile(
     r"(?:(?P<run>[0-9a-f]{32}|local)-(?P<host>[A-Za-z0-9-]+)-)?(?P<pid>\d+)$"
 )
 LOCAL_RUN = "local"
+LAYOUT_STRIPED = "striped"
+"""One byte image striped over the files (chunk k in file k mod N); a manifest without
+``layout`` is one."""
+LAYOUT_FILES = "files"
+"""Independent files a library wrote; each is checksummed on its own."""
+LAYOUT_SHARDED = "sharded"
+"""One file per rank, each its rank's shard (:mod:`trainer.ckpt.sharded`)."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +83,12 @@ def manifest_for(
     fmt: str,
     filename: str,
     written: WrittenFile | list[WrittenFile],
-    layout: str = "striped",
+    layout: str = LAYOUT_STRIPED,
 ) -> dict[str, Any]:
     """The manifest of a checkpoint whose ``written`` files are complete.
 
-    ``layout`` "striped": the files hold one image, chunk k in file k mod N (one file: the
-    image itself); "files": independent files a library wrote (dcp, safetensors). Each
+    ``layout`` striped: the files hold one image, chunk k in file k mod N (one file: the
+    image itself); files: independent files a library wrote (dcp, safetensors). Each
     file's checksums are stored under the algorithm's name, ``checksum`` names it
     (manifests without it are CRC32).
     """
@@ -175,7 +182,38 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise CheckpointCorruptError(
                 f"{path.name}: {MANIFEST} field {key!r} is {manifest.get(key)!r}, not a {kind.__name__}"
             )
+    # Written by several ranks (trainer.ckpt.sharded); absent in a single process's.
+    for key, kind in (("world_size", int), ("parallel", str)):
+        if key in manifest and not _is(manifest[key], kind):
+            raise CheckpointCorruptError(
+                f"{path.name}: {MANIFEST} field {key!r} is {manifest[key]!r}, not a {kind.__name__}"
+            )
+    if "world_size" in manifest and manifest["world_size"] < 1:
+        raise CheckpointCorruptError(
+            f"{path.name}: {MANIFEST} field 'world_size' is {manifest['world_size']}, not positive"
+        )
+    check_step(path, manifest["step"], MANIFEST)
     return manifest
+
+
+def check_step(path: Path, step: Any, what: str) -> None:
+    """Refuse a checkpoint whose name and content disagree on its step.
+
+    Resume and retention go by the name, training continues from the step inside: a copy
+    renamed (or two swapped) would roll training back and outlive retention, so such a
+    checkpoint is corrupt, never loaded.
+
+    Raises:
+        CheckpointCorruptError: ``path`` is named for another step than ``step`` (the step
+            its ``what`` records), or ``step`` is no step number.
+    """
+    match = _FINAL.match(path.name)
+    if match is None:
+        return  # a hidden (.tmp) directory has no published step yet
+    if not _is(step, int) or step != int(match.group(1)):
+        raise CheckpointCorruptError(
+            f"{path.name}: its {what} is of step {step!r}, not the step its name says"
+        )
 
 
 def _is(value: Any, kind: type) -> bool:
@@ -183,7 +221,7 @@ def _is(value: Any, kind: type) -> bool:
     return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
 
 
-def _file_entry(
+def file_entry(
     path: Path, entry: dict[str, Any], algorithm: str
 ) -> tuple[str, int, int, list[int]]:
     """The name, size, chunk size and checksums of a manifest's file entry, type-checked."""
@@ -204,6 +242,22 @@ def _file_entry(
     return name, nbytes, chunk, crcs
 
 
+def checksum_algorithm(path: Path, manifest: dict[str, Any]) -> str:
+    """The checksum algorithm a manifest names (one without it is CRC32), known to this build.
+
+    Raises:
+        CheckpointCorruptError: It is no name, or one this build cannot compute.
+    """
+    algorithm = manifest.get("checksum", checksums.LEGACY)
+    try:
+        if not isinstance(algorithm, str):
+            raise ValueError(f"checksum algorithm {algorithm!r} is not a name")
+        checksums.get(algorithm)
+    except ValueError as exc:
+        raise CheckpointCorruptError(f"{path.name}: {exc}") from None
+    return algorithm
+
+
 def read_verified(
     fs: LocalFS, path: Path, buffer: AlignedBuffer
 ) -> tuple[dict[str, Any], memoryview | None]:
@@ -218,49 +272,65 @@ def read_verified(
             error, or a checksum mismatch.
     """
     manifest = read_manifest(path)
-    algorithm = manifest.get("checksum", checksums.LEGACY)
-    layout = manifest.get("layout", "striped")
-    try:
-        if not isinstance(algorithm, str):
-            raise ValueError(f"checksum algorithm {algorithm!r} is not a name")
-        checksums.get(algorithm)
-    except ValueError as exc:
-        raise CheckpointCorruptError(f"{path.name}: {exc}") from None
-    if layout not in ("striped", "files"):
+    algorithm = checksum_algorithm(path, manifest)
+    layout = manifest.get("layout", LAYOUT_STRIPED)
+    if layout not in (LAYOUT_STRIPED, LAYOUT_FILES):
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an unknown layout {layout!r}")
     # read_manifest checked that "files" is a non-empty list of objects.
-    entries = [_file_entry(path, e, algorithm) for e in manifest["files"]]
+    entries = [file_entry(path, e, algorithm) for e in manifest["files"]]
     for name, nbytes, _, _ in entries:
-        try:
-            size = (path / name).stat().st_size
-        except FileNotFoundError:
-            raise CheckpointCorruptError(f"{path.name}: {name} is missing") from None
-        if size != nbytes:
-            raise CheckpointCorruptError(
-                f"{path.name}: {name} has {size} bytes, manifest says {nbytes}"
-            )
-    if layout == "striped":
-        chunk = entries[0][2]
-        total = sum(e[1] for e in entries)
-        if any(e[2] != chunk for e in entries) or [e[1] for e in entries] != stripe_sizes(
-            total, chunk, len(entries)
-        ):
-            raise CheckpointCorruptError(f"{path.name}: {MANIFEST} file sizes do not form a stripe")
-        data, got = _read(fs, path, [path / e[0] for e in entries], total, buffer, chunk, algorithm)
-    else:
-        data, got = None, []
-        for name, nbytes, chunk, _ in entries:
+        _check_size(path, name, nbytes)
+    if layout == LAYOUT_FILES:
+        for entry in manifest["files"]:
             # Files a library wrote, read through once here and again by the library.
-            _, (values,) = _read(fs, path, [path / name], nbytes, buffer, chunk, algorithm)
-            got.append(values)
+            verify_file(fs, path, entry, algorithm, buffer)
+        return manifest, None
+    chunk = entries[0][2]
+    total = sum(e[1] for e in entries)
+    if any(e[2] != chunk for e in entries) or [e[1] for e in entries] != stripe_sizes(
+        total, chunk, len(entries)
+    ):
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} file sizes do not form a stripe")
+    data, got = _read(fs, path, [path / e[0] for e in entries], total, buffer, chunk, algorithm)
     for (name, _, _, expected), values in zip(entries, got, strict=True):
-        if values != expected:
-            bad = next(
-                (i for i, (a, b) in enumerate(zip(values, expected, strict=False)) if a != b),
-                len(values),
-            )
-            raise CheckpointCorruptError(f"{path.name}: checksum mismatch in chunk {bad} of {name}")
+        _check_sums(path, name, values, expected)
     return manifest, data
+
+
+def verify_file(
+    fs: LocalFS, path: Path, entry: dict[str, Any], algorithm: str, buffer: AlignedBuffer
+) -> memoryview:
+    """Read one file of the checkpoint at ``path`` into ``buffer`` and check its manifest
+    ``entry``: its size and every chunk's ``algorithm`` checksum.
+
+    Raises:
+        CheckpointCorruptError: Missing, short, unreadable or not matching its entry.
+    """
+    name, nbytes, chunk, expected = file_entry(path, entry, algorithm)
+    _check_size(path, name, nbytes)
+    data, (values,) = _read(fs, path, [path / name], nbytes, buffer, chunk, algorithm)
+    _check_sums(path, name, values, expected)
+    return data
+
+
+def _check_size(path: Path, name: str, nbytes: int) -> None:
+    try:
+        size = (path / name).stat().st_size
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path.name}: {name} is missing") from None
+    if size != nbytes:
+        raise CheckpointCorruptError(
+            f"{path.name}: {name} has {size} bytes, manifest says {nbytes}"
+        )
+
+
+def _check_sums(path: Path, name: str, values: list[int], expected: list[int]) -> None:
+    if list(values) != list(expected):
+        bad = next(
+            (i for i, (a, b) in enumerate(zip(values, expected, strict=False)) if a != b),
+            len(values),
+        )
+        raise CheckpointCorruptError(f"{path.name}: checksum mismatch in chunk {bad} of {name}")
 
 
 def _read(

@@ -29,6 +29,8 @@ _PERMANENT = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirecto
 # Object stores have no directories to make, and their makedirs creates a missing bucket
 # (s3fs, gcsfs): an upload to a mistyped bucket must fail, not create one.
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}
+# This machine's own files: a target there can be the checkpoint directory itself.
+_LOCAL = {"file", "local"}
 
 
 class Uploader:
@@ -41,7 +43,13 @@ class Uploader:
         sleep: Callable[[float], None] = time.sleep,
         say: Callable[[str], None] = lambda line: None,
         progress_every_s: float = PROGRESS_EVERY_S,
+        checkpoint_dir: Path | None = None,
     ) -> None:
+        """
+        Raises:
+            ConfigError: ``url`` is no fsspec URL, or it is ``checkpoint_dir`` (the
+                directory whose checkpoints are uploaded) or inside it.
+        """
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as exc:
@@ -49,6 +57,15 @@ class Uploader:
         self.url = url
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self.has_directories = not _OBJECT_STORES.intersection(protocols)
+        if checkpoint_dir is not None and _LOCAL.intersection(protocols):
+            # Resolved, so no spelling (a symlink, "..", a relative path) slips through.
+            target, source = Path(self.root).resolve(), Path(checkpoint_dir).resolve()
+            if target.is_relative_to(source):
+                raise ConfigError(
+                    f"--upload-to {url!r} is inside the checkpoint dir {checkpoint_dir} "
+                    f"({target}): an upload there would replace the checkpoint it copies; "
+                    "choose a target outside it"
+                )
         self.backoff = backoff
         self.sleep = sleep
         self.say = say

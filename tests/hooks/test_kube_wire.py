@@ -1,4 +1,5 @@
-"""The double itself behaves like kube-apiserver where the hook depends on it."""
+"""The client wrapper (kube.py) on the wire: how it names the answers and what it sends,
+against the double, which behaves like kube-apiserver where the hook depends on it."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from kubernetes.client.rest import ApiException
 
 from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
+from hooks.storage_profile.errors import ApiError, Conflict, Forbidden, Gone, Invalid, NotFound
 from hooks.storage_profile.kube import Kube, load_api_client
 from tests.hooks.helpers import FAST_BACKOFF
 from tests.hooks.kube_double import KubeDouble, make_class, make_volume
@@ -64,7 +65,7 @@ def test_compaction_answers_410(double: KubeDouble, kube: Kube):
         lambda c: c["metadata"].setdefault("labels", {}).update(x="1"),
     )
     double.compact()
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(Gone) as info:
         list(kube.watch_claim(NS, CLAIM, version, timeout=1))
     assert info.value.status == 410
     _, fresh = kube.list_claim(NS, CLAIM)
@@ -73,7 +74,7 @@ def test_compaction_answers_410(double: KubeDouble, kube: Kube):
 
 def test_class_change_on_unbound_claim_is_422(double: KubeDouble, kube: Kube):
     make_volume(double, bound=False)
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(Invalid) as info:
         patch_class(double, kube, "fast")
     assert info.value.status == 422
     assert "spec is immutable after creation except resources.requests" in info.value.body
@@ -81,7 +82,7 @@ def test_class_change_on_unbound_claim_is_422(double: KubeDouble, kube: Kube):
 
 def test_nil_after_a_class_was_applied_is_422(double: KubeDouble, kube: Kube):
     make_volume(double, current="baseline")
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(Invalid) as info:
         patch_class(double, kube, None)
     assert info.value.status == 422
     assert "update from non-nil value to nil is forbidden" in info.value.body
@@ -99,7 +100,7 @@ def test_nil_is_allowed_while_nothing_was_applied(double: KubeDouble, kube: Kube
 
 def test_other_spec_changes_are_422(double: KubeDouble, kube: Kube):
     make_volume(double)
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(Invalid) as info:
         kube.call(
             "patch",
             kube.core.patch_namespaced_persistent_volume_claim,
@@ -136,11 +137,11 @@ def test_a_patch_is_refused_when_its_preconditions_do_not_hold(double: KubeDoubl
     make_class(double, "fast")
     meta = double.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]
     stale = str(int(meta["resourceVersion"]) - 1)
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(Conflict) as info:
         kube.patch_claim_class(NS, CLAIM, "fast", None, meta["uid"], stale, {"a": "b"})
     assert info.value.status == 409
     assert "the object has been modified" in info.value.body
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(Invalid) as info:
         kube.patch_claim_class(
             NS, CLAIM, "fast", None, "another-uid", meta["resourceVersion"], {"a": "b"}
         )
@@ -162,8 +163,8 @@ def test_leases_are_written_as_kube_apiserver_writes_them(double: KubeDouble, ku
             "spec": {"holderIdentity": "a", "leaseDurationSeconds": 60, **spec},
         }
 
-    def refused(call, *args) -> ApiException:
-        with pytest.raises(ApiException) as info:
+    def refused(call, *args) -> ApiError:
+        with pytest.raises(ApiError) as info:
             call(*args)
         return info.value
 
@@ -171,12 +172,14 @@ def test_leases_are_written_as_kube_apiserver_writes_them(double: KubeDouble, ku
     # A PUT of a Lease that does not exist creates it (create-on-update).
     created = kube.replace_lease(NS, name, lease(name))
     assert created["spec"]["holderIdentity"] == "a" and double.requests[-1].status == 201
-    assert refused(kube.create_lease, NS, lease(name)).status == 409  # AlreadyExists
+    exists = refused(kube.create_lease, NS, lease(name))
+    assert exists.status == 409 and isinstance(exists, Conflict)  # AlreadyExists
     # An update must carry the current resourceVersion: none is 422, an old one 409.
     assert refused(kube.replace_lease, NS, name, lease(name)).status == 422
     stale = lease(name)
     stale["metadata"]["resourceVersion"] = "1"
-    assert refused(kube.replace_lease, NS, name, stale).status == 409
+    modified = refused(kube.replace_lease, NS, name, stale)
+    assert modified.status == 409 and isinstance(modified, Conflict)
     # leaseDurationSeconds is an int32 > 0; a fractional or too large one does not decode
     # (400), zero is invalid (422); MicroTimes have six fractional digits.
     for spec, status in (
@@ -188,3 +191,19 @@ def test_leases_are_written_as_kube_apiserver_writes_them(double: KubeDouble, ku
         error = refused(kube.create_lease, NS, lease("storage-profile-other", **spec))
         assert error.status == status, (spec, error.body)
     assert double.get("Lease", "storage-profile-other", NS) is None
+
+
+@pytest.mark.parametrize(
+    "status, error",
+    [(400, ApiError), (403, Forbidden), (404, NotFound), (409, Conflict), (410, Gone),
+     (422, Invalid)],
+)  # fmt: skip
+def test_the_wrapper_names_each_answer_once(double: KubeDouble, kube: Kube, status, error):
+    """Callers catch a name, never compare a status: the wrapper maps the answer."""
+    make_volume(double)
+    double.fail("GET", "persistentvolumeclaims/training-checkpoints$", status)
+    with pytest.raises(ApiError) as info:
+        kube.call("read claim", kube.core.read_namespaced_persistent_volume_claim, CLAIM, NS)
+    assert type(info.value) is error and info.value.status == status
+    assert str(info.value) == f"the API server answered {status}: injected fault"
+    assert [r.status for r in double.requests] == [status]  # judged, not retried

@@ -1,0 +1,140 @@
+"""A click command's options generated from a settings dataclass.
+
+A part declares its settings once, as a dataclass whose fields are typed (a ``Literal`` is a
+closed set of choices) and documented by the string right below each field. The options of
+its CLI come from there: name, type, default, help text. The trainer's ``TrainConfig`` was
+the first such dataclass; this module is the same mechanism for any part, with inherited
+fields included (a subcommand's settings may extend a common base).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, Field, fields
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cli(
+    *,
+    flag: str | None = None,
+    envvar: str | None = None,
+    metavar: str | None = None,
+    click_type: Any = None,
+    flag_value: Any = None,
+) -> dict[str, Any]:
+    """Field metadata for the generated click option, where the field alone does not say it.
+
+    Args:
+        flag: The option's declaration when it is not ``--<field-name>``.
+        envvar: An environment variable that supplies the value.
+        metavar: What ``--help`` shows for the value.
+        click_type: The click type when the field's own type is not what the user types.
+        flag_value: The value of the option given without one.
+    """
+    return {
+        "cli": {
+            "flag": flag,
+            "envvar": envvar,
+            "metavar": metavar,
+            "type": click_type,
+            "flag_value": flag_value,
+        }
+    }
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field: ``num_workers`` → ``--num-workers``."""
+    return "--" + name.replace("_", "-")
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal right below it), as one line of text,
+    base classes included (a subclass's own docstring wins).
+
+    Python keeps no such attribute docstrings at run time, so they are read from the class
+    source, as documentation tools do.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not hasattr(klass, "__dataclass_fields__"):
+            continue
+        (node,) = ast.parse(textwrap.dedent(inspect.getsource(klass))).body
+        for stmt, after in zip(node.body, node.body[1:], strict=False):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _click_type(annotation: Any) -> Any:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        (annotation,) = [a for a in args if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return click.Choice(typing.get_args(annotation))
+    if annotation is Path:
+        return click.Path(path_type=Path)
+    if annotation in (int, float, str, bool):
+        return annotation
+    raise TypeError(f"no click type for {annotation!r}: give the field cli(click_type=...)")
+
+
+def option_for(f: Field, annotation: Any, doc: str) -> Callable[[F], F]:
+    """The click option of one dataclass field."""
+    extra = f.metadata.get("cli", {})
+    click_type = extra.get("type") or _click_type(annotation)
+    kwargs: dict[str, Any] = {"help": doc}
+    if f.default is MISSING:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = f.default
+        kwargs["show_default"] = f.default is not None
+    if click_type is bool:
+        decl = extra.get("flag") or f"{flag(f.name)}/--no-{f.name.replace('_', '-')}"
+    else:
+        decl = extra.get("flag") or flag(f.name)
+        kwargs["type"] = click_type
+    if extra.get("envvar"):
+        kwargs.update(envvar=extra["envvar"], show_envvar=True)
+    if extra.get("metavar"):
+        kwargs["metavar"] = extra["metavar"]
+    if extra.get("flag_value") is not None:
+        kwargs.update(is_flag=False, flag_value=extra["flag_value"])
+    return click.option(decl, f.name, **kwargs)
+
+
+def config_options(cls: type) -> Callable[[F], F]:
+    """Decorate a click command with one option per field of the dataclass ``cls``.
+
+    Raises:
+        TypeError: A field has no docstring (every option has help text) or a type click
+            cannot take without ``cli(click_type=...)``.
+    """
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+
+    def decorate(fn: F) -> F:
+        for f in reversed(fields(cls)):
+            if not docs.get(f.name):
+                raise TypeError(f"{cls.__name__}.{f.name} has no docstring (its --help text)")
+            fn = option_for(f, hints[f.name], docs[f.name])(fn)
+        return fn
+
+    return decorate

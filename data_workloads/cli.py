@@ -1,0 +1,90 @@
+"""``python -m data_workloads scan|materialize|workspace``: parse → config → measure.
+
+Each subcommand's options are generated from its settings dataclass
+(:mod:`data_workloads.config`). Errors are :class:`data_workloads.errors.WorkloadError`,
+which click maps to their exit codes (:data:`data_workloads.errors.EXIT_CODES`, listed in
+``--help``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+from checkpoint_storage_bench.config_cli import config_options
+from checkpoint_storage_bench.errors import exit_codes_help
+from data_workloads.config import MaterializeConfig, ScanConfig, WorkspaceConfig
+from data_workloads.errors import EXIT_CODES
+
+_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=_SETTINGS, epilog=exit_codes_help(EXIT_CODES))
+def main() -> None:
+    """Measure a claim with the operation that matters to a data workload."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command(epilog=exit_codes_help(EXIT_CODES))
+@config_options(ScanConfig)
+def scan(**settings: Any) -> None:
+    """Read the dataset as training does: DataLoader workers, shuffled epochs, decoded
+    records, an emulated compute step; accelerator utilization, throughput, batch waits."""
+    cfg = ScanConfig(**settings)
+    cfg.check_data_dir()
+    from data_workloads.job import prepare_dataset, run_workload  # torch: not for --help
+    from data_workloads.scan import run_scan
+
+    data = prepare_dataset(cfg)
+
+    def measure() -> dict[str, Any]:
+        result = run_scan(data, cfg)
+        keys = ("epoch_s", "au", "samples_per_s", "mbps")
+        result["metrics"] = [
+            (e["epoch"], {f"scan_{k}": e[k] for k in keys}) for e in result["epochs"]
+        ]
+        return result
+
+    run_workload("scan", cfg, measure, data)
+
+
+@main.command(epilog=exit_codes_help(EXIT_CODES))
+@config_options(MaterializeConfig)
+def materialize(**settings: Any) -> None:
+    """Build a preprocessed cache: read, transform, write and fsync shards, each stage
+    timed."""
+    cfg = MaterializeConfig(**settings)
+    cfg.check_data_dir()
+    from data_workloads.job import Scratch, prepare_dataset, run_workload
+    from data_workloads.materialize import run_materialize
+
+    data = prepare_dataset(cfg)
+
+    def measure() -> dict[str, Any]:
+        with Scratch(cfg.data_dir, "materialize") as scratch:
+            return run_materialize(data, cfg, scratch)
+
+    run_workload("materialize", cfg, measure, data)
+
+
+@main.command(epilog=exit_codes_help(EXIT_CODES))
+@config_options(WorkspaceConfig)
+def workspace(**settings: Any) -> None:
+    """A notebook workspace's saves: many small files written, fsynced, renamed into place,
+    listed and reopened; latency p50/p99/max per operation."""
+    cfg = WorkspaceConfig(**settings)
+    cfg.check_data_dir()
+    from data_workloads.job import Scratch, run_workload
+    from data_workloads.workspace import run_workspace
+
+    def measure() -> dict[str, Any]:
+        with Scratch(cfg.data_dir, "workspace") as scratch:
+            result = run_workspace(cfg, scratch)
+        result["metrics"] = [
+            (i, {"workspace_save_p99_ms": p99}) for i, p99 in enumerate(result["rounds"])
+        ]
+        return result
+
+    run_workload("workspace", cfg, measure)

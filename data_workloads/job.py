@@ -1,0 +1,114 @@
+"""One workload run: check the data dir, prepare and verify the dataset, measure, record.
+
+Everything that can refuse (the options, the data dir, the dataset) is checked before a
+tracked run is opened or anything is measured. The figures go to Polyaxon (inputs,
+per-epoch metrics, run-level outputs named in the contract), to ``--summary-json`` and to
+the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from checkpoint_storage_bench.contract import DATA_SUMMARY_SCHEMA, IMAGE_INPUT
+from checkpoint_storage_bench.tracking import tracked_run
+from data_workloads import dataset as ds
+from data_workloads.config import CommonConfig, DatasetConfig
+
+
+def dataset_spec(cfg: DatasetConfig) -> ds.DatasetSpec:
+    return ds.DatasetSpec(
+        format=cfg.dataset_format,
+        seed=cfg.seed,
+        dataset_size=int(cfg.dataset_size),
+        record_size=int(cfg.record_size),
+        shard_size=int(cfg.shard_size),
+    )
+
+
+def prepare_dataset(cfg: DatasetConfig) -> ds.Dataset:
+    """The verified dataset of ``cfg`` (generated on first use)."""
+    return ds.open_dataset(cfg.data_dir, dataset_spec(cfg), allow_generate=cfg.generate)
+
+
+def dataset_outputs(data: ds.Dataset) -> dict[str, Any]:
+    return {
+        "dataset_records": data.records,
+        "dataset_bytes": data.bytes,
+        "dataset_generated": data.generated,
+    }
+
+
+class Scratch:
+    """A fresh hidden directory inside the data dir for a workload's files, removed after."""
+
+    def __init__(self, data_dir: Path, workload: str) -> None:
+        self.path = data_dir / f".{workload}-{os.getpid()}-{secrets.token_hex(4)}"
+
+    def __enter__(self) -> Path:
+        self.path.mkdir()
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        ds.remove_tree(self.path)
+
+
+def run_workload(
+    workload: str,
+    cfg: CommonConfig,
+    measure: Callable[[], dict[str, Any]],
+    data: ds.Dataset | None = None,
+) -> dict[str, Any]:
+    """Measure, then record the run (inputs, metrics, outputs), write the summary; returns
+    the summary.
+
+    The measurement runs before the tracked run is opened: an online Polyaxon run starts
+    threads, and DataLoader workers forked from a process with threads can inherit a lock
+    held by one of them and hang (seen under the sandbox's agent). Nothing of the tracking
+    shares the process with the measurement, so it cannot perturb it either. A failed
+    measurement is then no tracked run; the op fails with the exit code.
+
+    ``measure`` returns ``figures`` (the outputs), optionally ``metrics`` (a list of
+    ``(step, {name: value})``, e.g. one per epoch) and any details for the summary.
+    """
+    result = measure()
+    outputs = {**(dataset_outputs(data) if data else {}), **result.pop("figures")}
+    metrics = result.pop("metrics", [])
+    tags = ["data-workload", f"workload:{workload}", f"profile:{cfg.storage_profile}"]
+    with tracked_run(f"data-{workload}", tags=tags, enabled=cfg.track) as tracker:
+        inputs = {"workload": workload, **cfg.record(), IMAGE_INPUT: os.environ.get("IMAGE_REF")}
+        tracker.log_inputs(**{k: v for k, v in inputs.items() if k not in ("track",)})
+        tracker.log_meta(node_name=os.environ.get("NODE_NAME") or os.uname().nodename)
+        for step, values in metrics:
+            tracker.log_metrics(step, values)
+        tracker.log_outputs(**outputs)
+        summary = {
+            "schema": DATA_SUMMARY_SCHEMA,
+            "workload": workload,
+            "storage_profile": cfg.storage_profile,
+            "run_uuid": tracker.run_uuid,
+            "config": cfg.record(),
+            "outputs": outputs,
+            "details": result,
+        }
+        if cfg.summary_json is not None:
+            cfg.summary_json.parent.mkdir(parents=True, exist_ok=True)
+            cfg.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+            tracker.log_artifact(cfg.summary_json, name="summary", kind="file")
+    print_summary(summary)
+    return summary
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The figures on stdout, one per line."""
+    click.echo(f"{summary['workload']} on {summary['storage_profile']}:")
+    for key, value in summary["outputs"].items():
+        shown = f"{value:.4g}" if isinstance(value, float) else value
+        click.echo(f"  {key}: {shown}")

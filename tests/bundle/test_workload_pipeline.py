@@ -1,0 +1,52 @@
+"""The profiles pipeline's workload choice: one input, the same plan/stage/verdict structure;
+each stage runs the data-workload job instead of the training for a data workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint_storage_bench.contract import DATA_WORKLOADS, WORKLOADS
+from tests.bundle.bundle import PIPELINE_UUID, PROFILES_PIPELINE, check, load_dag
+from tests.bundle.test_polyaxonfiles import SMALL_THREE
+
+THREE = SMALL_THREE["profiles"]
+
+
+def test_the_workload_input_offers_the_contracts_workloads() -> None:
+    (io,) = [i for i in check(PROFILES_PIPELINE).component.inputs if i.name == "workload"]
+    assert io.value == "checkpoint" and io.validation.options == list(WORKLOADS)
+
+
+@pytest.mark.parametrize("workload", DATA_WORKLOADS)
+def test_a_data_workload_runs_in_every_stage_instead_of_the_training(workload: str) -> None:
+    dag = load_dag(
+        PROFILES_PIPELINE,
+        {**SMALL_THREE, "workload": workload, "dataset_size": "8MiB", "num_workers": 4},
+    )
+    jobs = dag.jobs()
+    names = [path.split("/", 2)[-1] for path in jobs]
+    assert not [n for n in names if n.split("/")[-1].startswith("train")]
+    for i, profile in enumerate([*THREE, THREE[0]]):
+        stage = [p for p in jobs if f"/stages[{i}]/" in p]
+        runs = [p.rsplit("/", 1)[1] for p in stage]
+        assert runs == ["switch", "fio", "data[0]", "data[1]"], runs
+        for path in stage[2:]:
+            pod = jobs[path]
+            assert pod.argv[:4] == ["python", "-m", "data_workloads", workload]
+            assert pod.env["STORAGE_PROFILE"] == profile  # the class the switch applied
+            assert "--data-dir" in pod.argv
+            assert pod.argv[pod.argv.index("--data-dir") + 1] == "/checkpoints/datasets"
+            if workload == "scan":
+                assert "--num-workers=4" in pod.argv and "--dataset-size=8MiB" in pod.argv
+    # The verdict's join gathers the data runs with the switches and fio sweeps.
+    runs, _figures, _fio = dag.joins("compare")
+    assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train|data"
+
+
+def test_the_workload_budget_reaches_the_verdicts_command_line() -> None:
+    dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "scan", "min_au": 0.9})
+    argv = dag.compile_op("compare", extra={"runs": ["0" * 32]}).argv
+    assert "--min-au=0.9" in argv and not any(a.startswith("--max-p99-ms") for a in argv)
+    dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "workspace", "max_p99_ms": 20})
+    argv = dag.compile_op("compare", extra={"runs": ["0" * 32]}).argv
+    assert "--max-p99-ms=20.0" in argv or "--max-p99-ms=20" in argv

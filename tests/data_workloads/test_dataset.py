@@ -1,0 +1,158 @@
+"""The generated dataset: deterministic, reused, verified before it is measured, and never
+anything but itself written or deleted."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from data_workloads import dataset as ds
+from data_workloads.errors import (
+    DataDirError,
+    DatasetCorruptError,
+    DatasetMismatchError,
+    DatasetMissingError,
+)
+
+
+def spec(fmt: str = "webdataset", **kw: int) -> ds.DatasetSpec:
+    values = {"seed": 0, "dataset_size": 256 * 1024, "record_size": 4096, "shard_size": 65536}
+    return ds.DatasetSpec(format=fmt, **{**values, **kw})
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+def test_generated_once_then_reused_with_the_same_bytes(data_dir: Path, fmt: str) -> None:
+    data_dir.mkdir()
+    first = ds.open_dataset(data_dir, spec(fmt))
+    assert first.generated and first.records == spec(fmt).records == 67
+    manifest = (first.root / ds.MANIFEST).read_bytes()
+    again = ds.open_dataset(data_dir, spec(fmt), allow_generate=False)
+    assert not again.generated and again.files == first.files and again.bytes == first.bytes
+    assert (again.root / ds.MANIFEST).read_bytes() == manifest
+    # Nothing but the dataset itself in the data dir: no leftovers of the generation.
+    assert [p.name for p in data_dir.iterdir()] == [fmt]
+
+
+def test_same_seed_same_records_other_seed_other_records() -> None:
+    assert ds.encode(spec(), 7) == ds.encode(spec(), 7)
+    assert ds.encode(spec(), 7) != ds.encode(spec(seed=1), 7)
+    assert ds.encode(spec(), 7) != ds.encode(spec(), 8)
+
+
+def test_records_decode_to_their_generated_image_and_label() -> None:
+    header, payload = ds.encode(spec(), 3)
+    image, label = ds.decode(header, payload)
+    want_label, raw = ds.record(spec(), 3)
+    assert image.shape == (3, spec().side, spec().side) and label == want_label
+    assert bytes(image.flatten().tolist()) == raw
+    assert len(payload) < len(raw)  # really compressed: decoding has work to do
+
+
+def test_webdataset_shards_are_tar_files_of_key_json_and_payload(data_dir: Path) -> None:
+    data_dir.mkdir()
+    data = ds.open_dataset(data_dir, spec())
+    assert len(data.files) == 5  # 67 records of 3888 bytes, 16 per 64 KiB shard
+    with tarfile.open(data.files[0]) as tar:
+        names = tar.getnames()
+    assert names[:4] == ["00000000.json", "00000000.u8.zlib", "00000001.json", "00000001.u8.zlib"]
+    with data.files[-1].open("rb") as f:
+        samples = list(ds.iter_tar_samples(f))
+    assert [key for key, _, _ in samples] == [f"{i:08d}" for i in range(64, 67)]
+
+
+def test_missing_dataset_without_generate(data_dir: Path) -> None:
+    data_dir.mkdir()
+    with pytest.raises(DatasetMissingError, match="no webdataset dataset"):
+        ds.open_dataset(data_dir, spec(), allow_generate=False)
+    assert list(data_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        ({"seed": 1}, "seed=0"),
+        ({"dataset_size": 128 * 1024}, "dataset_size="),
+        ({"record_size": 2048}, "record_size="),
+    ],
+)
+def test_a_dataset_of_another_seed_or_size_is_refused(data_dir: Path, other, named) -> None:
+    data_dir.mkdir()
+    ds.open_dataset(data_dir, spec())
+    before = sorted(p.stat().st_mtime_ns for p in (data_dir / "webdataset").iterdir())
+    with pytest.raises(DatasetMismatchError, match=named):
+        ds.open_dataset(data_dir, spec(**other))
+    # Refused, not regenerated: the dataset there is left as it was.
+    assert sorted(p.stat().st_mtime_ns for p in (data_dir / "webdataset").iterdir()) == before
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+def test_a_truncated_file_is_found_before_anything_is_measured(data_dir: Path, fmt) -> None:
+    data_dir.mkdir()
+    data = ds.open_dataset(data_dir, spec(fmt))
+    victim = data.files[len(data.files) // 2]
+    victim.write_bytes(victim.read_bytes()[:-10])
+    with pytest.raises(DatasetCorruptError, match="truncated"):
+        ds.open_dataset(data_dir, spec(fmt))
+
+
+def test_an_altered_file_fails_its_checksum(data_dir: Path) -> None:
+    data_dir.mkdir()
+    data = ds.open_dataset(data_dir, spec("files"))
+    blob = bytearray(data.files[3].read_bytes())
+    blob[-1] ^= 0xFF
+    data.files[3].write_bytes(bytes(blob))
+    with pytest.raises(DatasetCorruptError, match="CRC32"):
+        ds.open_dataset(data_dir, spec("files"))
+
+
+def test_a_missing_file_is_named(data_dir: Path) -> None:
+    data_dir.mkdir()
+    data = ds.open_dataset(data_dir, spec())
+    data.files[0].unlink()
+    with pytest.raises(DatasetCorruptError, match="missing"):
+        ds.open_dataset(data_dir, spec())
+
+
+def test_someone_elses_files_are_left_alone(data_dir: Path) -> None:
+    (data_dir / "webdataset").mkdir(parents=True)
+    theirs = data_dir / "webdataset" / "train-000.tar"
+    theirs.write_bytes(b"not ours")
+    with pytest.raises(DataDirError, match="not a dataset generated here"):
+        ds.open_dataset(data_dir, spec())
+    assert theirs.read_bytes() == b"not ours"
+    assert sorted(p.name for p in (data_dir / "webdataset").iterdir()) == ["train-000.tar"]
+
+
+def test_a_manifest_naming_a_file_outside_is_refused(data_dir: Path) -> None:
+    data_dir.mkdir()
+    data = ds.open_dataset(data_dir, spec())
+    manifest = json.loads((data.root / ds.MANIFEST).read_text())
+    manifest["files"][0]["path"] = "../../outside"
+    (data.root / ds.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(DatasetCorruptError, match="outside the dataset"):
+        ds.open_dataset(data_dir, spec())
+
+
+def test_a_failed_generation_leaves_nothing(data_dir: Path, monkeypatch) -> None:
+    data_dir.mkdir()
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ds, "crc32_file", full)
+    with pytest.raises(Exception, match="no space left"):
+        ds.open_dataset(data_dir, spec())
+    assert list(data_dir.iterdir()) == []
+
+
+def test_an_incomplete_sample_is_an_error() -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        ds.add_tar_member(tar, "00000000.json", b"{}")
+    buf.seek(0)
+    with pytest.raises(ValueError, match="incomplete samples: 00000000"):
+        list(ds.iter_tar_samples(buf))

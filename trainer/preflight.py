@@ -1,0 +1,66 @@
+"""What a run is refused or warned about before torch is imported, the model built or a
+tracked run opened: a refusal costs a second and leaves no failed run behind in the
+offline root (or the project) that a later comparison would have to step over.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from checkpoint_storage_bench.contract import (
+    CHECKPOINT_DIR_PATTERN,
+    MIN_MEASURED_CHECKPOINTS,
+    VERDICT_CONFIDENCE,
+    VERDICT_WARMUP,
+)
+from trainer.config import TrainConfig
+from trainer.errors import CheckpointDirError
+
+
+def check_before_training(cfg: TrainConfig, warn: Callable[[str], None]) -> None:
+    """Refuse an unusable directory, or one whose checkpoints ``--resume never`` must not
+    touch; warn when the run makes too few checkpoints for the verdict's interval.
+
+    Raises:
+        CheckpointDirError: The directory is unusable or already holds checkpoints.
+    """
+    cfg.check_checkpoint_dir()
+    if cfg.resume == "never":
+        refuse_existing(cfg)
+    if (warning := few_checkpoints_warning(cfg)) is not None:
+        warn(warning)
+
+
+def refuse_existing(cfg: TrainConfig) -> None:
+    """``--resume never`` and the directory holds published checkpoints: refused as the
+    training loop would refuse them, only sooner (the ``auto`` and ``always`` modes read
+    the checkpoints' manifests, which the loop does)."""
+    pattern = re.compile(CHECKPOINT_DIR_PATTERN)
+    found = sorted(
+        p.name for p in cfg.checkpoint_dir.iterdir() if p.is_dir() and pattern.fullmatch(p.name)
+    )
+    if found:
+        raise CheckpointDirError(
+            f"{cfg.checkpoint_dir} already holds checkpoints (newest {found[-1]}): pass "
+            "--resume (always) to continue them, --resume auto to continue this Polyaxon "
+            "run's own, or use a new directory"
+        )
+
+
+def few_checkpoints_warning(cfg: TrainConfig) -> str | None:
+    """A warning when ``--steps`` / ``--checkpoint-every`` give fewer measured checkpoints
+    (the verdict leaves the first out as warm-up) than a rank interval of the pause
+    difference needs at the verdict's default confidence, with one run per profile."""
+    made = cfg.steps // cfg.checkpoint_every
+    need = MIN_MEASURED_CHECKPOINTS
+    measured = max(0, made - VERDICT_WARMUP)
+    if measured >= need:
+        return None
+    steps = (need + VERDICT_WARMUP) * cfg.checkpoint_every
+    return (
+        f"warning: --steps {cfg.steps} with --checkpoint-every {cfg.checkpoint_every} makes "
+        f"{made} checkpoint(s), {measured} after the {VERDICT_WARMUP} warm-up one(s) the "
+        f"verdict leaves out; a {VERDICT_CONFIDENCE:.0%} interval of the pause difference needs at "
+        f"least {need} per profile (one run each): e.g. --steps {steps}, or more runs"
+    )
