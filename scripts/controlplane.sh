@@ -2,7 +2,9 @@
 # A real Kubernetes control plane on 127.0.0.1, built from Go modules (docs/controlplane.md).
 #
 #   scripts/controlplane.sh build [NAME...]  build the missing or stale binaries (once; cached)
-#   scripts/controlplane.sh check            exit 1, naming what is missing, unless all are built
+#   scripts/controlplane.sh build --node     the same, with the node's too (kubelet,
+#                                            kube-scheduler, kube-proxy: docs/node.md)
+#   scripts/controlplane.sh check [--node]   exit 1, naming what is missing, unless all are built
 #   scripts/controlplane.sh bin-dir          print the binary cache directory
 #   scripts/controlplane.sh start            start etcd, kube-apiserver, kube-controller-manager,
 #                                            the CSI driver, csi-provisioner and csi-resizer
@@ -30,7 +32,12 @@ SET="k8s-$K8S_VERSION-etcd-$ETCD_VERSION-prov-$PROVISIONER_VERSION-rsz-$RESIZER_
 BIN_DIR=${CONTROLPLANE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/checkpoint-storage-bench/controlplane/$SET/bin}
 STATE_DIR=${CONTROLPLANE_STATE_DIR:-${TMPDIR:-/tmp}/csb-controlplane-$(id -u)}
 
+# The Kubernetes binaries come from one wrapper module and are built by one `go build`, so
+# the packages they share (most of them) are compiled once.
+K8S_NAMES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+# The control plane's; the node (tests/kube/node.py) needs NODE_NAMES as well.
 NAMES=(etcd csi-hostpath-lite csi-resizer csi-provisioner kube-apiserver kube-controller-manager)
+NODE_NAMES=(kube-scheduler kubelet kube-proxy)
 
 # name -> "wrapper-dir|main package|version|-ldflags -X ..."
 spec() {
@@ -39,14 +46,14 @@ spec() {
     csi-hostpath-lite) echo "hostpath|.|$HOSTPATH_VERSION|-X main.version=$HOSTPATH_VERSION" ;;
     csi-resizer) echo "resizer|github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer|$RESIZER_VERSION|-X main.version=$RESIZER_VERSION" ;;
     csi-provisioner) echo "provisioner|github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner|$PROVISIONER_VERSION|-X main.version=$PROVISIONER_VERSION" ;;
-    kube-apiserver | kube-controller-manager)
+    kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy)
       # Without the stamp /version says v0.0.0 (and clients' version checks see that).
       local x="k8s.io/component-base/version" v=${K8S_VERSION#v}
       local major=${v%%.*} minor=${v#*.}
       minor=${minor%%.*}
       echo "kubernetes|k8s.io/kubernetes/cmd/$1|$K8S_VERSION|-X $x.gitVersion=$K8S_VERSION -X $x.gitMajor=$major -X $x.gitMinor=$minor -X $x.gitTreeState=clean"
       ;;
-    *) echo "unknown binary: $1 (one of: ${NAMES[*]})" >&2; return 2 ;;
+    *) echo "unknown binary: $1 (one of: ${NAMES[*]} ${NODE_NAMES[*]})" >&2; return 2 ;;
   esac
 }
 
@@ -70,44 +77,65 @@ find_go() {
   else echo "controlplane: no Go toolchain (set GO=/path/to/go)" >&2; return 1; fi
 }
 
-build_one() {
-  local name=$1 dir pkg ver flags go t0
-  IFS='|' read -r dir pkg ver flags <<<"$(spec "$name")"
+# Build NAMES (all from the same wrapper module) with one `go build`.
+build_group() {
+  local dir pkg ver flags go t0 n pkgs=() tmp
+  for n in "$@"; do
+    IFS='|' read -r dir pkg ver flags <<<"$(spec "$n")"
+    pkgs+=("$pkg")
+  done
   go=$(find_go)
-  echo "controlplane: building $name ($pkg@$ver) ..." >&2
+  echo "controlplane: building $* (${pkgs[*]}@$ver) ..." >&2
   t0=$(date +%s)
-  (cd "$MODS/$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly "$go" build -trimpath \
-    -ldflags "-s -w $flags" -o "$BIN_DIR/.$name.tmp" "$pkg")
-  mv -f "$BIN_DIR/.$name.tmp" "$BIN_DIR/$name"
-  stamp "$name" >"$BIN_DIR/$name.stamp"
-  echo "controlplane: built $name in $(($(date +%s) - t0)) s -> $BIN_DIR/$name" >&2
+  if (($# == 1)); then
+    (cd "$MODS/$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly "$go" build -trimpath \
+      -ldflags "-s -w $flags" -o "$BIN_DIR/.$1.tmp" "${pkgs[0]}")
+    mv -f "$BIN_DIR/.$1.tmp" "$BIN_DIR/$1"
+  else
+    # Several main packages: `-o DIR/` writes each under its own name.
+    tmp=$BIN_DIR/.group.tmp
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    (cd "$MODS/$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly "$go" build -trimpath \
+      -ldflags "-s -w $flags" -o "$tmp/" "${pkgs[@]}")
+    for n in "$@"; do mv -f "$tmp/$n" "$BIN_DIR/$n"; done
+    rmdir "$tmp"
+  fi
+  for n in "$@"; do stamp "$n" >"$BIN_DIR/$n.stamp"; done
+  echo "controlplane: built $* in $(($(date +%s) - t0)) s -> $BIN_DIR" >&2
 }
 
 cmd_build() {
   local names=("$@")
-  ((${#names[@]})) || names=("${NAMES[@]}")
+  if [ "${1:-}" = --node ]; then
+    names=("${NAMES[@]}" "${NODE_NAMES[@]}")
+  elif ((${#names[@]} == 0)); then
+    names=("${NAMES[@]}")
+  fi
   mkdir -p "$BIN_DIR"
   # One build at a time per cache (a second caller waits, then finds the binaries built).
   exec 9>"$BIN_DIR/.lock"
   flock 9
-  local n t0
+  local n k t0 k8s=()
   t0=$(date +%s)
   for n in "${names[@]}"; do
     spec "$n" >/dev/null
     if up_to_date "$n"; then
       echo "controlplane: $n is up to date" >&2
-    else
-      build_one "$n"
+      continue
     fi
+    for k in "${K8S_NAMES[@]}"; do [ "$n" = "$k" ] && k8s+=("$n") && continue 2; done
+    build_group "$n"
   done
+  ((${#k8s[@]} == 0)) || build_group "${k8s[@]}"
   echo "controlplane: binaries in $BIN_DIR (build step took $(($(date +%s) - t0)) s)" >&2
 }
 
 cmd_check() {
-  local n missing=()
-  for n in "${NAMES[@]}"; do up_to_date "$n" || missing+=("$n"); done
+  local n missing=() names=("${NAMES[@]}")
+  [ "${1:-}" = --node ] && names+=("${NODE_NAMES[@]}")
+  for n in "${names[@]}"; do up_to_date "$n" || missing+=("$n"); done
   if ((${#missing[@]})); then
-    echo "not built in $BIN_DIR: ${missing[*]} (run scripts/controlplane.sh build)" >&2
+    echo "not built in $BIN_DIR: ${missing[*]} (run scripts/controlplane.sh build${1:+ $1})" >&2
     return 1
   fi
 }
@@ -120,7 +148,7 @@ python_cmd() {
 
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
-  check) cmd_check ;;
+  check) shift; cmd_check "$@" ;;
   bin-dir) echo "$BIN_DIR" ;;
   start)
     cmd_check
@@ -137,7 +165,7 @@ case ${1:-} in
     echo "export CONTROLPLANE_BIN_DIR=$BIN_DIR"
     ;;
   *)
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system tools (fio, chromium, losetup, mkfs.ext4) when missing and we may install them,
+# Idempotent set-up: system tools (fio, chromium, losetup, mkfs.ext4, the node tier's) when missing
+# and we may install them,
 # then a project venv in .venv with torch first (a local CPU build on our machines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +8,14 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v fio >/dev/null || missing+=(fio)
 command -v chromium >/dev/null || missing+=(chromium)
+# The node tier (tests/node, docs/node.md): a container runtime, CNI plugins, OCI image tools.
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+command -v umoci >/dev/null || missing+=(umoci)
+[ -x /bin/busybox ] || missing+=(busybox-static)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v nft >/dev/null || missing+=(nftables)
 # The sandbox's emulated claim is a loop-device volume with ext4 (losetup, mkfs.ext4).
 command -v losetup >/dev/null || missing+=(mount)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)

@@ -39,9 +39,10 @@ def _go_available() -> bool:
     return bool(os.environ.get("GO") or shutil.which("go") or Path("/usr/local/go/bin/go").exists())
 
 
-def _missing() -> str | None:
-    """Why the tier cannot run here (one line), or None when the binaries are built."""
-    check = _script("check")
+def _missing(*options: str) -> str | None:
+    """Why the tier cannot run here (one line), or None when the binaries are built.
+    ``options``: ``--node`` for the node's binaries too (tests/node)."""
+    check = _script("check", *options)
     if check.returncode == 0:
         return None
     missing = check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "?"
@@ -87,15 +88,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _build_failure: list[str] = []  # a failed CI build, so that it is tried once per session
 
 
-def _binaries() -> Path:
+def _binaries(*options: str) -> Path:
     """The binary directory, built; skips (or, under CI, builds or fails) otherwise."""
     if _build_failure:
         pytest.fail(_build_failure[0], pytrace=False)
-    reason = _missing()
+    reason = _missing(*options)
     if reason is not None:
         if not os.environ.get("CI"):
             pytest.skip(reason)
-        build = _script("build", timeout=BUILD_TIMEOUT)
+        build = _script("build", *options, timeout=BUILD_TIMEOUT)
         if build.returncode != 0:
             _build_failure.append(
                 "kube tier (CI): scripts/controlplane.sh build failed:\n" + build.stderr[-4000:]

@@ -50,15 +50,37 @@ PROCESSES = (
     "csi-resizer",
 )
 PIDS_FILE = "pids.json"
+CONTROLLERS = (
+    "persistentvolume-binder-controller",
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
+    "serviceaccount-controller",
+)
+# What pods of a Job need beyond that: the Job controller creates them, the garbage collector
+# removes them with their Job, ttl-after-finished deletes finished Jobs, the root-CA publisher
+# writes the kube-root-ca.crt ConfigMap every projected service-account volume mounts, and the
+# pod GC removes pods of a deleted node, and the node lifecycle controller lifts the
+# not-ready taint the kubelet registers its node with.
+NODE_CONTROLLERS = (
+    "node-lifecycle-controller",
+    "job-controller",
+    "garbage-collector-controller",
+    "ttl-after-finished-controller",
+    "root-ca-certificate-publisher-controller",
+    "pod-garbage-collector-controller",
+)
+# Client certificates a node needs (tests/kube/node.py): file names in the PKI directory.
+KUBELET_CLIENT = "kubelet"
+APISERVER_KUBELET_CLIENT = "apiserver-kubelet-client"
 
 
 class ControlPlaneError(RuntimeError):
     """A process did not start or become ready; the message ends with its log's tail."""
 
 
-def free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return s.getsockname()[1]
 
 
@@ -72,7 +94,15 @@ def _proc_start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, start_time: str | None) -> bool:
-    return start_time is not None and _proc_start_time(pid) == start_time
+    """That very process is running (a zombie whose parent is gone and that the machine's
+    init has not reaped yet counts as gone: it holds nothing and signals do nothing to it)."""
+    if start_time is None or _proc_start_time(pid) != start_time:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 # -- certificates ---------------------------------------------------------------------------
@@ -108,7 +138,17 @@ class Pki:
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
-    def generate(self) -> Pki:
+    def client_crt(self, name: str) -> Path:
+        return self.dir / f"{name}.crt"
+
+    def client_key(self, name: str) -> Path:
+        return self.dir / f"{name}.key"
+
+    def generate(
+        self, sans: tuple[str, ...] = (), clients: dict[str, tuple[str, str]] | None = None
+    ) -> Pki:
+        """``sans``: more IP addresses the API server serves on; ``clients``: more client
+        certificates, file name -> (CN, O), e.g. a kubelet's ``system:node:NAME``."""
         import ipaddress
 
         from cryptography import x509
@@ -188,6 +228,7 @@ class Pki:
                 x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
                 # The first address of the service range: the `kubernetes` service's IP.
                 x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+                *(x509.IPAddress(ipaddress.ip_address(a)) for a in sans),
                 x509.DNSName("localhost"),
                 x509.DNSName("kubernetes"),
                 x509.DNSName("kubernetes.default"),
@@ -200,6 +241,10 @@ class Pki:
         key, cert = leaf(name("admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, None)
         write_key(self.admin_key, key)
         self.admin_crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        for file_name, (cn, org) in (clients or {}).items():
+            key, cert = leaf(name(cn, org), ExtendedKeyUsageOID.CLIENT_AUTH, None)
+            write_key(self.client_key(file_name), key)
+            self.client_crt(file_name).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
         # Service-account tokens (TokenRequest) are signed with this key; the API server also
         # verifies with it (a private key file is accepted as --service-account-key-file).
@@ -279,6 +324,11 @@ class ControlPlane:
         timings: Seconds each process took to be ready.
         die_with_parent: Linux: each process gets SIGKILL when the thread that started it
             exits (PR_SET_PDEATHSIG), so a killed test session leaves nothing running.
+        bind_address: Where the API server listens and what it advertises. A node
+            (tests/kube/node.py) passes its bridge's address: pods cannot reach the host's
+            loopback, and the `kubernetes` Service's endpoint must be an address they reach.
+        node: Also the controllers a Job's pods need, and the API server's kubelet client
+            certificate (logs, exec).
     """
 
     bin_dir: Path
@@ -289,6 +339,8 @@ class ControlPlane:
     timings: dict[str, float] = field(default_factory=dict)
     resizer_args: list[str] = field(default_factory=list)
     die_with_parent: bool = False
+    bind_address: str = "127.0.0.1"
+    node: bool = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -316,7 +368,10 @@ class ControlPlane:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(exist_ok=True)
-        pki = Pki(self.state_dir / "pki").generate()
+        sans = () if self.bind_address == "127.0.0.1" else (self.bind_address,)
+        clients = {KUBELET_CLIENT: (f"system:node:{NODE_NAME}", "system:nodes")}
+        clients[APISERVER_KUBELET_CLIENT] = ("kube-apiserver-kubelet-client", "system:masters")
+        pki = Pki(self.state_dir / "pki").generate(sans, clients if self.node else None)
         self.pki = pki
         socket_path = self.state_dir / "csi.sock"
         if len(str(socket_path)) > 100:
@@ -355,14 +410,23 @@ class ControlPlane:
         )
         self._wait("etcd", lambda: _http_ok(f"{etcd_url}/health"), 20)
 
-        port = free_port()
-        self.server = f"https://127.0.0.1:{port}"
+        port = free_port(self.bind_address)
+        self.server = f"https://{self.bind_address}:{port}"
+        if self.node:
+            node_flags = [
+                f"--kubelet-client-certificate={pki.client_crt(APISERVER_KUBELET_CLIENT)}",
+                f"--kubelet-client-key={pki.client_key(APISERVER_KUBELET_CLIENT)}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            # The `kubernetes` Endpoints would name 127.0.0.1, which validation refuses.
+            node_flags = ["--endpoint-reconciler-type=none"]
         self._spawn(
             "kube-apiserver",
             [
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
                 f"--secure-port={port}",
                 f"--tls-cert-file={pki.server_crt}",
                 f"--tls-private-key-file={pki.server_key}",
@@ -373,8 +437,7 @@ class ControlPlane:
                 f"--service-account-key-file={pki.sa_key}",
                 f"--service-account-signing-key-file={pki.sa_key}",
                 "--allow-privileged=true",
-                # The `kubernetes` Endpoints would name 127.0.0.1, which validation refuses.
-                "--endpoint-reconciler-type=none",
+                *node_flags,
                 "--profiling=false",
                 "--v=1",
             ],
@@ -395,9 +458,8 @@ class ControlPlane:
             "kube-controller-manager",
             [
                 kubeconfig,
-                "--controllers=persistentvolume-binder-controller,"
-                "persistentvolumeclaim-protection-controller,"
-                "persistentvolume-protection-controller,serviceaccount-controller",
+                "--controllers=" + ",".join(CONTROLLERS + (NODE_CONTROLLERS if self.node else ())),
+                *([f"--root-ca-file={pki.ca_crt}"] if self.node else []),
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
                 "--bind-address=127.0.0.1",

@@ -1,0 +1,121 @@
+"""The `node` tier: a real kubelet, containerd and the bundle's pods (tests/kube/node.py).
+
+Needs root, the binaries of scripts/controlplane.sh (kubelet, kube-scheduler and kube-proxy
+among them) and Debian's containerd, runc, containernetworking-plugins, umoci and
+busybox-static. It changes the machine (a bridge, cgroups, iptables chains: all swept at the
+end), so it runs only when asked: ``CSB_NODE_TIER=1``. Without it, or off CI without what it
+needs, the tier is one SKIPPED line; with ``CI`` and ``CSB_NODE_TIER=1`` it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kube.conftest import _binaries, _missing
+from tests.kube.controlplane import stop_recorded
+from tests.kube.node import Node, NodeError, sweep
+
+STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
+TOOLS = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "runc",
+    "ctr",
+    "umoci",
+    "mmdebstrap",
+    "unshare",
+    "nsenter",
+    "nft",
+)
+FILES = ("/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback", "/bin/busybox")
+
+
+def missing_here() -> str | None:
+    """Why the node tier cannot run on this machine (one line), or None."""
+    if not os.environ.get("CSB_NODE_TIER"):
+        return "node tier: not requested (set CSB_NODE_TIER=1; it changes the machine, then sweeps)"
+    if os.geteuid() != 0:
+        return "node tier: needs root (kubelet, containerd, mounts, cgroups)"
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    absent = [t for t in TOOLS if not shutil.which(t, path=path)]
+    absent += [f for f in FILES if not Path(f).exists()]
+    if absent:
+        return f"node tier: missing {' '.join(absent)} (scripts/setup.sh installs them)"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    tier = [item for item in items if here in item.path.parents]
+    if not tier:
+        return
+    reason = missing_here()
+    if reason is None and not os.environ.get("CI"):
+        reason = _missing("--node")
+    if reason is None:
+        return
+    if os.environ.get("CI") and os.environ.get("CSB_NODE_TIER"):
+        return  # asked for on CI: fail in the fixture rather than skip
+    for item in tier:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def clean_stale_sessions() -> None:
+    """Sweep what node sessions killed earlier left (their pytest pid is gone)."""
+    if not STATE_ROOT.exists():
+        return
+    for session in STATE_ROOT.iterdir():
+        pid = session.name[1:].split("-")[0]
+        if session.name.startswith("n") and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                sweep(session)
+            except NodeError:
+                continue  # another live node has the machine; its own stop sweeps
+            stop_recorded(session)
+            shutil.rmtree(session, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    reason = missing_here()
+    if reason is not None:
+        pytest.fail(reason, pytrace=False)
+    binaries = _binaries("--node")
+    clean_stale_sessions()
+    return binaries
+
+
+def state_dir(name: str) -> Path:
+    """This session's state dir for one node (short: unix sockets live in it)."""
+    path = STATE_ROOT / f"n{os.getpid()}-{name}"
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def done_with(path: Path) -> None:
+    if not os.environ.get("KUBE_TIER_KEEP_STATE"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node(bin_dir: Path) -> Iterator[Node]:
+    """A started node for one test module (tests that check the stop itself start their own)."""
+    state = state_dir("mod")
+    node = Node(bin_dir, state, die_with_parent=True)
+    try:
+        node.start()
+    except NodeError as exc:
+        pytest.fail(f"node tier: the node did not start: {exc}", pytrace=False)
+    try:
+        yield node
+    finally:
+        report = node.stop()
+        left = {k: v for k, v in report["left"].items() if v}
+        assert not left, f"the node left: {left}"
+        done_with(state)
