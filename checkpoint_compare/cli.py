@@ -1,5 +1,5 @@
 """``python -m checkpoint_compare``: parse the arguments into a
-:class:`~checkpoint_compare.config.CompareConfig`, then :func:`checkpoint_compare.command.run`.
+:class:`~checkpoint_compare.config.CompareConfig`, then :func:`checkpoint_compare.commands.run`.
 
 Errors are :class:`~checkpoint_compare.errors.CompareError`\\ s carrying their exit code;
 click prints them and exits with it.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from checkpoint_compare import command
+from checkpoint_compare import commands
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.config import CompareConfig, Sources
 from checkpoint_compare.cost import DEFAULT_PRICING
@@ -243,4 +243,4 @@ def main(
         markdown_path=markdown_path,
         track=track,
     )
-    command.run(config)
+    commands.run(config)

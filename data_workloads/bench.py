@@ -20,8 +20,8 @@ import click
 
 from checkpoint_storage_bench.fio import extract_json, parse_jobs, run_fio
 from checkpoint_storage_bench.units import format_bytes
+from data_workloads.commands import Scratch, prepare_dataset
 from data_workloads.config import DatasetFormat, MaterializeConfig, ScanConfig
-from data_workloads.job import Scratch, prepare_dataset
 from data_workloads.materialize import run_materialize
 from data_workloads.scan import run_scan
 from data_workloads.stats import median

@@ -34,7 +34,7 @@ def scan(**settings: Any) -> None:
     records, an emulated compute step; accelerator utilization, throughput, batch waits."""
     cfg = ScanConfig(**settings)
     cfg.check_data_dir()
-    from data_workloads.job import prepare_dataset, run_workload  # torch: not for --help
+    from data_workloads.commands import prepare_dataset, run_workload  # torch: not for --help
     from data_workloads.scan import run_scan
 
     data = prepare_dataset(cfg)
@@ -57,7 +57,7 @@ def materialize(**settings: Any) -> None:
     timed."""
     cfg = MaterializeConfig(**settings)
     cfg.check_data_dir()
-    from data_workloads.job import Scratch, prepare_dataset, run_workload
+    from data_workloads.commands import Scratch, prepare_dataset, run_workload
     from data_workloads.materialize import run_materialize
 
     data = prepare_dataset(cfg)
@@ -76,7 +76,7 @@ def workspace(**settings: Any) -> None:
     listed and reopened; latency p50/p99/max per operation."""
     cfg = WorkspaceConfig(**settings)
     cfg.check_data_dir()
-    from data_workloads.job import Scratch, run_workload
+    from data_workloads.commands import Scratch, run_workload
     from data_workloads.workspace import run_workspace
 
     def measure() -> dict[str, Any]:

@@ -2,5 +2,5 @@
 
 ``python -m fio_sweep`` (see :mod:`fio_sweep`) runs the cases of a YAML spec
 (:mod:`fio_sweep.spec`) with fio on the mounted claim (:mod:`fio_sweep.runner`), reads
-fio's JSON (:mod:`checkpoint_storage_bench.fio`) and logs one Polyaxon run (:mod:`fio_sweep.sweep`).
+fio's JSON (:mod:`checkpoint_storage_bench.fio`) and logs one Polyaxon run (:mod:`fio_sweep.commands`).
 """

@@ -1,7 +1,7 @@
 """``python -m fio_sweep``: a fio sweep on a mounted claim, logged to Polyaxon.
 
-Parse the options → :class:`~fio_sweep.sweep.Config` → :func:`~fio_sweep.sweep.prepare`
-and :func:`~fio_sweep.sweep.run_sweep`. Errors are :class:`~fio_sweep.errors.FioSweepError`
+Parse the options → :class:`~fio_sweep.commands.Config` → :func:`~fio_sweep.commands.prepare`
+and :func:`~fio_sweep.commands.run_sweep`. Errors are :class:`~fio_sweep.errors.FioSweepError`
 subclasses that carry their exit code; click prints them (``fio-sweep: error: ...``) and
 exits with it. The exit codes are :data:`fio_sweep.errors.EXIT_CODES`.
 """
@@ -14,10 +14,10 @@ import click
 
 from checkpoint_storage_bench.errors import exit_codes_help
 from checkpoint_storage_bench.tracking import tracked_run
+from fio_sweep.commands import Config, prepare, run_sweep
 from fio_sweep.errors import EXIT_CODES
 from fio_sweep.interrupts import signals_raise_interrupted
 from fio_sweep.spec import MAX_WRITERS, WRITERS_CASE, shipped_specs
-from fio_sweep.sweep import Config, prepare, run_sweep
 
 
 @click.command(

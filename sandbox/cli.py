@@ -2,7 +2,7 @@
 component hub registration, and the one-command demo of the storage-profile pipeline.
 
 Each command parses its options, builds the :class:`~sandbox.server.Sandbox` and calls
-:mod:`sandbox.orchestration`; errors are :class:`~sandbox.errors.SandboxError`\\ s that click
+:mod:`sandbox.commands`; errors are :class:`~sandbox.errors.SandboxError`\\ s that click
 prints as one line and turns into their exit code.
 """
 
@@ -16,7 +16,7 @@ import click
 
 from checkpoint_storage_bench.contract import WORKLOADS
 from checkpoint_storage_bench.errors import exit_codes_help
-from sandbox import orchestration
+from sandbox import commands
 from sandbox.config import (
     DEFAULT_HOST,
     DEFAULT_OWNER,
@@ -107,11 +107,11 @@ def main(verbose: bool) -> None:
 def start(root, host, port, agent_file, profiles_file, project) -> None:
     """Start the server (127.0.0.1, one worker) and the local agent; create the project."""
     sb = _sandbox(root, host, port, agent_file, profiles_file)
-    sb = orchestration.start_all(
+    sb = commands.start_all(
         sb, DEFAULT_OWNER, project, echo=click.echo, fallback=profiles_file is None
     )
     click.echo(f"sandbox: runs table {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs")
-    click.echo(f"sandbox: stop with: {orchestration.stop_hint(sb)}")
+    click.echo(f"sandbox: stop with: {commands.stop_hint(sb)}")
 
 
 @main.command(epilog=EPILOG)
@@ -170,7 +170,7 @@ def agent(root, host, port, agent_file, profiles_file, poll, max_parallel) -> No
 @click.option(
     "--components-dir",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
-    default=orchestration.DEFAULT_COMPONENTS,
+    default=commands.DEFAULT_COMPONENTS,
     show_default=True,
     help="Where components/<name>/<version>.yaml live.",
 )
@@ -199,7 +199,7 @@ def register_components(
         api_host = None
     elif not api_host:
         sb = _sandbox(root, host, port, agent_file, profiles_file)
-        orchestration.require_server(sb)
+        commands.require_server(sb)
         api_host = sb.url
     for ref in register(comps, owner, api_host):
         click.echo(f"registered {ref}")
@@ -219,7 +219,7 @@ def register_components(
 @click.option(
     "--components-dir",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
-    default=orchestration.DEFAULT_COMPONENTS,
+    default=commands.DEFAULT_COMPONENTS,
     show_default=True,
     help="Where components/<name>/<version>.yaml live (with --hub).",
 )
@@ -241,9 +241,9 @@ def submit(
     from sandbox.components import ensure_project
 
     sb = _sandbox(root, host, port, agent_file, profiles_file)
-    orchestration.require_server(sb)
+    commands.require_server(sb)
     ensure_project(DEFAULT_OWNER, project, sb.client)
-    orchestration.submit_and_follow(
+    commands.submit_and_follow(
         sb,
         Path(polyaxonfile),
         _parse_params(params),
@@ -263,7 +263,7 @@ def submit(
     "--file",
     "polyaxonfile",
     type=click.Path(exists=True, path_type=Path),
-    default=orchestration.DEFAULT_PIPELINE,
+    default=commands.DEFAULT_PIPELINE,
     show_default=True,
     help="The pipeline to run.",
 )
@@ -286,7 +286,7 @@ def demo(
     the files) and submits a fresh pipeline with caching disabled.
     """
     sb = _sandbox(root, host, port, agent_file, profiles_file)
-    orchestration.run_demo(
+    commands.run_demo(
         sb,
         project,
         polyaxonfile,

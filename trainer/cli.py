@@ -1,4 +1,4 @@
-"""``python -m trainer``: parse → :class:`TrainConfig` → :func:`trainer.job.run_job`.
+"""``python -m trainer``: parse → :class:`TrainConfig` → :func:`trainer.commands.run_job`.
 
 The options are generated from :class:`TrainConfig`'s fields (type, default, docstring), so
 the config is the one place a setting is declared. Errors are
@@ -98,6 +98,6 @@ def main(**settings: Any) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig(**settings)
     check_before_training(cfg, lambda line: click.echo(line, err=True))  # before torch, tracking
-    from trainer.job import run_job  # torch is slow to import: not for --help
+    from trainer.commands import run_job  # torch is slow to import: not for --help
 
     run_job(cfg)

@@ -127,7 +127,7 @@ def test_the_measurement_runs_before_the_tracked_run_opens(data_dir: Path, monke
     from contextlib import contextmanager
 
     from checkpoint_storage_bench.tracking import Tracker
-    from data_workloads import job
+    from data_workloads import commands
 
     events: list[str] = []
 
@@ -136,12 +136,12 @@ def test_the_measurement_runs_before_the_tracked_run_opens(data_dir: Path, monke
         events.append("tracking opened")
         yield Tracker(None)
 
-    monkeypatch.setattr(job, "tracked_run", tracked)
+    monkeypatch.setattr(commands, "tracked_run", tracked)
     cfg = WorkspaceConfig(data_dir=data_dir, track=True)
 
     def measure() -> dict:
         events.append("measured")
         return {"figures": {"x": 1.0}, "metrics": [(0, {"x": 1.0})]}
 
-    job.run_workload("workspace", cfg, measure)
+    commands.run_workload("workspace", cfg, measure)
     assert events == ["measured", "tracking opened"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_storage_bench.tracking import offline_root
-from fio_sweep import sweep
+from fio_sweep import commands
 
 from .helpers import needs_fio, read_summary, run_cli, tree, write_spec
 
@@ -129,7 +129,7 @@ def test_user_spec_with_matrix_mix_and_numjobs(tmp_path: Path, mount: Path):
 
 def test_direct_io_unsupported_falls_back_to_buffered(tmp_path: Path, mount: Path, monkeypatch):
     # As on tmpfs without O_DIRECT (older kernels): the probe says no, fio runs buffered.
-    monkeypatch.setattr(sweep, "supports_direct_io", lambda _path: False)
+    monkeypatch.setattr(commands, "supports_direct_io", lambda _path: False)
     spec = write_spec(tmp_path, [{"name": "w", "rw": "write"}])
     out = tmp_path / "s.json"
     result = run_cli("--mount", mount, "--spec", spec, "--summary-json", out, "--no-track")

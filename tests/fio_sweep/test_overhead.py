@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from checkpoint_storage_bench.fio import Measures
+from fio_sweep.commands import CaseResult, overhead_check
 from fio_sweep.spec import load_spec
-from fio_sweep.sweep import CaseResult, overhead_check
 
 
 def _result(mb_per_s: float) -> CaseResult:

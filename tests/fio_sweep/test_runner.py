@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fio_sweep.commands import Progress
 from fio_sweep.errors import Interrupted, NoSpaceError, UnsafeTargetError
 from fio_sweep.interrupts import deferred_signals, signals_raise_interrupted
 from fio_sweep.runner import (
@@ -23,7 +24,6 @@ from fio_sweep.runner import (
     supports_direct_io,
 )
 from fio_sweep.spec import Case
-from fio_sweep.sweep import Progress
 
 from .conftest import OWN_FS_SIZE
 from .helpers import tree

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fio_sweep.commands import Config
 from fio_sweep.errors import SpecError
 from fio_sweep.spec import WRITERS_CASE, load_spec, writers_case
-from fio_sweep.sweep import Config
 
 from .helpers import needs_fio, read_summary, run_cli, tree, write_spec
 

@@ -17,8 +17,8 @@ import yaml
 
 from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
+from sandbox.commands import start_all
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
-from sandbox.orchestration import start_all
 from sandbox.server import Sandbox, free_port
 
 

@@ -30,9 +30,9 @@ import pytest
 from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE
 from checkpoint_storage_bench.sandbox_profiles import load_sandbox_profiles
+from sandbox.commands import DEFAULT_PIPELINE
 from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
-from sandbox.orchestration import DEFAULT_PIPELINE
 from sandbox.pipeline import get_run, labels, list_runs, pipeline_ops
 from sandbox.server import free_port
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sandbox.commands import submit_and_follow
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import RunFailedError
-from sandbox.orchestration import submit_and_follow
 from sandbox.pipeline import get_run, log_lines, pipeline_ops, runs_table_url, submit
 
 from .conftest import polyaxon_cli, write_profiles
@@ -250,9 +250,9 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
     """``stop`` while a run is going: the run is stopped through the API (so it does not
     resume at the next start) and the agent ends its process group, then the agent and the
     server stop; nothing of this sandbox is left running."""
+    from sandbox.commands import start_all
     from sandbox.components import pipeline_twin
     from sandbox.config import SandboxPaths, load_agent_settings
-    from sandbox.orchestration import start_all
     from sandbox.server import Sandbox, free_port
 
     from .conftest import shm_dir, wait_gone, write_profiles

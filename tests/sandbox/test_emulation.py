@@ -27,8 +27,8 @@ import pytest
 
 from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.io_limits import MIB, block_device
+from sandbox.commands import start_all, submit_and_follow
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
-from sandbox.orchestration import start_all, submit_and_follow
 from sandbox.pipeline import get_run, pipeline_ops, submit
 from sandbox.server import Sandbox, free_port
 

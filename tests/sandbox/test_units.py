@@ -21,10 +21,10 @@ from polyaxon.polyaxonfile import check_polyaxonfile
 
 from sandbox import claim as claim_module
 from sandbox.agent import localize, map_mounts
+from sandbox.commands import demo_params
 from sandbox.components import find_components, pipeline_twin
 from sandbox.config import REPO_ROOT, SandboxPaths, load_agent_settings, prepare_media
 from sandbox.errors import ConfigError, PortInUseError, ServerStartError
-from sandbox.orchestration import demo_params
 from sandbox.pipeline import comparison, runs_table_url
 from sandbox.server import Sandbox
 
@@ -518,13 +518,13 @@ def _cannot_throttle(path, name):
 
 
 def test_where_the_kernel_cannot_throttle_the_default_falls_back_and_says_so(tmp_path, monkeypatch):
-    from sandbox import orchestration
+    from sandbox import commands
 
-    monkeypatch.setattr(orchestration, "probe", _cannot_throttle)
+    monkeypatch.setattr(commands, "probe", _cannot_throttle)
     sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path))  # the default file
     assert sb.agent.profiles.emulated
     said = []
-    media = orchestration.emulation_or_media(sb, echo=said.append)
+    media = commands.emulation_or_media(sb, echo=said.append)
     assert media.agent.profiles_file.name == "sandbox-profiles-media.yaml"
     assert not media.agent.profiles.emulated
     assert "cannot emulate the volume classes on this machine: no block-I/O" in said[0]
@@ -554,13 +554,13 @@ def _slow_volume(monkeypatch, tmp_path, removed: list[str]):
 def test_a_claim_volume_slower_than_twice_the_fastest_class_falls_back_and_says_so(
     tmp_path, monkeypatch
 ):
-    from sandbox import orchestration
+    from sandbox import commands
 
     removed: list[str] = []
     _slow_volume(monkeypatch, tmp_path, removed)
     sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path))  # the default file
     said = []
-    media = orchestration.emulation_or_media(sb, echo=said.append)
+    media = commands.emulation_or_media(sb, echo=said.append)
     assert not media.agent.profiles.emulated
     assert said[0] == (
         "sandbox: cannot emulate the volume classes on this machine: the claim's volume "
@@ -574,7 +574,7 @@ def test_a_claim_volume_slower_than_twice_the_fastest_class_falls_back_and_says_
 
 
 def test_a_named_file_is_refused_where_the_claim_volume_is_too_slow(tmp_path, monkeypatch):
-    from sandbox.orchestration import start_all
+    from sandbox.commands import start_all
 
     removed: list[str] = []
     _slow_volume(monkeypatch, tmp_path, removed)
@@ -589,7 +589,7 @@ def test_a_named_file_is_refused_where_the_claim_volume_is_too_slow(tmp_path, mo
 
 def test_a_named_emulating_file_is_refused_where_the_kernel_cannot_throttle(tmp_path, monkeypatch):
     from sandbox import claim
-    from sandbox.orchestration import start_all
+    from sandbox.commands import start_all
 
     monkeypatch.setattr(claim, "probe", _cannot_throttle)
     sb = Sandbox(SandboxPaths(tmp_path),
@@ -748,7 +748,7 @@ def test_the_comparison_pairs_each_training_run_with_its_stages_fio_sweep():
 
 
 def test_the_verdict_is_rerun_with_the_compare_ops_joined_runs_and_budget():
-    from sandbox.orchestration import compare_op, recommendation_lines, verdict_args
+    from sandbox.commands import compare_op, recommendation_lines, verdict_args
 
     compare = _run("c", "compare", "job", "r", inputs={
         "runs": [U("w0"), U("f0"), U("t00")], "profiles": ["a", "b", "c", "a"], "max_pause_s": 0.6,
@@ -772,7 +772,7 @@ def test_the_verdict_is_rerun_with_the_compare_ops_joined_runs_and_budget():
 
 
 def test_demo_params_read_an_operation_files_component_and_list_every_profile(tmp_path):
-    from sandbox.orchestration import DEFAULT_PIPELINE
+    from sandbox.commands import DEFAULT_PIPELINE
 
     profiles = write_profiles(tmp_path, tmp_path / "shm", extra={
         "checkpoint-third": {"path": ".sandbox/media/third", "description": "third"}})  # fmt: skip
@@ -805,7 +805,7 @@ def test_classes_may_come_from_several_files_but_never_twice(tmp_path):
 
 def test_demo_params_of_a_data_workload(tmp_path):
     # demo --workload scan: the real pipeline's inputs, the data workload and its small sizes.
-    from sandbox.orchestration import DATA_DEMO_PARAMS, DEFAULT_PIPELINE
+    from sandbox.commands import DATA_DEMO_PARAMS, DEFAULT_PIPELINE
 
     profiles = write_profiles(tmp_path, tmp_path / "shm")
     sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles))

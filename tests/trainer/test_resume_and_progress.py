@@ -253,7 +253,7 @@ class FakeRun:
 )
 def test_run_artifacts_targets_resolve_to_the_runs_outputs(tmp_path, target, store_path, expected):
     from checkpoint_storage_bench.tracking import Tracker
-    from trainer.job import upload_url
+    from trainer.commands import upload_url
 
     cfg = tiny_config(tmp_path, upload_to=target)
     tracker = Tracker(FakeRun(store_path))
