@@ -56,7 +56,7 @@ def server(tmp_path: Path) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # a busy disk slows its migrations
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/healthz", timeout=2) as answer:
