@@ -2,9 +2,9 @@
 
 A part declares its settings once, as a dataclass whose fields are typed (a ``Literal`` is a
 closed set of choices) and documented by the string right below each field. The options of
-its CLI come from there: name, type, default, help text. The trainer's ``TrainConfig`` was
-the first such dataclass; this module is the same mechanism for any part, with inherited
-fields included (a subcommand's settings may extend a common base).
+its CLI come from there: name, type, default, help text. One mechanism for every part (the
+trainer's ``TrainConfig``, the data workloads' configs), inherited fields included (a
+subcommand's settings may extend a common base).
 """
 
 from __future__ import annotations
