@@ -2,14 +2,15 @@
 
 A part declares its settings once, as a dataclass whose fields are typed (a ``Literal`` is a
 closed set of choices) and documented by the string right below each field. The options of
-its CLI come from there: name, type, default, help text. The trainer's ``TrainConfig`` was
-the first such dataclass; this module is the same mechanism for any part, with inherited
-fields included (a subcommand's settings may extend a common base).
+its CLI come from there: name, type, default, help text. One mechanism for every part (the
+trainer's ``TrainConfig``, the data workloads' configs), inherited fields included (a
+subcommand's settings may extend a common base).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -138,3 +139,40 @@ def config_options(cls: type) -> Callable[[F], F]:
         return fn
 
     return decorate
+
+
+OUTPUT_FORMATS = ("text", "json")
+"""What a command that shows a state prints: the readable block, or JSON for a program."""
+
+
+def output_option(fn: F) -> F:
+    """``-o/--output text|json`` for a command that prints a state (the one meaning of
+    "JSON" on our CLIs that print: ``--json PATH`` elsewhere always names a file to write).
+    The command gets ``as_json``. The previous release's ``--json`` flag is still accepted
+    (hidden) and means ``--output json``.
+
+    >>> @click.command()
+    ... @output_option
+    ... def show(as_json: bool) -> None:
+    ...     click.echo("json" if as_json else "text")
+    >>> from click.testing import CliRunner
+    >>> [CliRunner().invoke(show, a).output for a in ([], ["-o", "json"], ["--json"])]
+    ['text\\n', 'json\\n', 'json\\n']
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, output: str, json_flag: bool, **kwargs: Any) -> Any:
+        return fn(*args, as_json=json_flag or output == "json", **kwargs)
+
+    wrapper = click.option(
+        "--json", "json_flag", is_flag=True, hidden=True, help="Same as --output json."
+    )(wrapper)
+    wrapper = click.option(
+        "-o",
+        "--output",
+        type=click.Choice(OUTPUT_FORMATS),
+        default=OUTPUT_FORMATS[0],
+        show_default=True,
+        help="What to print: the readable block, or JSON for a program.",
+    )(wrapper)
+    return wrapper  # type: ignore[return-value]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from checkpoint_storage_bench.config_cli import output_option
 from checkpoint_storage_bench.contract import WORKLOADS
 from checkpoint_storage_bench.errors import exit_codes_help
 from sandbox import commands
@@ -125,7 +126,7 @@ def stop(root, host, port, agent_file, profiles_file) -> None:
 
 @main.command(epilog=EPILOG)
 @_common
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@output_option
 def status(root, host, port, agent_file, profiles_file, as_json) -> None:
     """Show whether the server and agent run, and where their logs are. Exit 6 if down."""
     sb = _sandbox(root, host, port, agent_file, profiles_file)

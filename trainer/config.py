@@ -2,7 +2,7 @@
 
 Each field is typed (a ``Literal`` is a closed set of choices), documented by the string
 right below it, and validated in ``__post_init__``. Everything else is derived from it:
-the click options of ``python -m trainer`` (:func:`trainer.cli.config_options`, help text
+the click options of ``python -m trainer`` (:func:`checkpoint_storage_bench.config_cli.config_options`, help text
 = the field's docstring), the record stored in every checkpoint, and the bundle test that
 fails when the component's inputs drift from these defaults and choices
 (tests/bundle/test_trainer_config.py).
@@ -10,16 +10,13 @@ fails when the component's inputs drift from these defaults and choices
 
 from __future__ import annotations
 
-import ast
-import inspect
 import math
 import os
-import textwrap
 from dataclasses import asdict, dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from checkpoint_storage_bench.config_cli import cli, flag
 from checkpoint_storage_bench.contract import PARALLEL_MODES
 from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
@@ -47,35 +44,6 @@ MAX_IO_STREAMS = 64
 MAX_CHECKPOINT_TIMEOUT_S = 7 * 24 * 3600
 """A week: a bound far above any checkpoint's wait, and one the process group's timeout
 (a ``timedelta``, then milliseconds) can hold; ``inf`` would overflow it on every rank."""
-
-
-def cli(
-    *,
-    flag: str | None = None,
-    envvar: str | None = None,
-    metavar: str | None = None,
-    click_type: Any = None,
-    flag_value: Any = None,
-) -> dict[str, Any]:
-    """Field metadata for the generated click option, where the field alone does not say it.
-
-    Args:
-        flag: The option's declaration when it is not ``--<field-name>`` (e.g. ``--async/--sync``).
-        envvar: An environment variable that supplies the value.
-        metavar: What ``--help`` shows for the value.
-        click_type: The click type when the field's own type is not what the user types
-            (``model_size`` is typed as ``64MiB`` and becomes bytes).
-        flag_value: The value of the option given without one (``--resume`` = always).
-    """
-    return {
-        "cli": {
-            "flag": flag,
-            "envvar": envvar,
-            "metavar": metavar,
-            "type": click_type,
-            "flag_value": flag_value,
-        }
-    }
 
 
 @dataclass
@@ -256,29 +224,3 @@ class TrainConfig:
         data["checkpoint_dir"] = str(self.checkpoint_dir)
         data["summary_json"] = None if self.summary_json is None else str(self.summary_json)
         return data
-
-
-def flag(name: str) -> str:
-    """The command-line spelling of a field: ``checkpoint_every`` → ``--checkpoint-every``."""
-    return "--" + name.replace("_", "-")
-
-
-@cache
-def field_docs(cls: type = TrainConfig) -> dict[str, str]:
-    """Each field's docstring (the string literal right below it), as one line of text.
-
-    Python keeps no such attribute docstrings at run time, so they are read from the class
-    source, as documentation tools do.
-    """
-    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
-    docs = {}
-    for stmt, after in zip(node.body, node.body[1:], strict=False):
-        if (
-            isinstance(stmt, ast.AnnAssign)
-            and isinstance(stmt.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[stmt.target.id] = " ".join(after.value.value.split())
-    return docs

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from checkpoint_storage_bench.config_cli import output_option
 from checkpoint_storage_bench.errors import BenchError, exit_codes_help
 from checkpoint_storage_bench.retry import Backoff
 from hooks.storage_profile import commands
@@ -224,7 +225,7 @@ def renew(**options: Any) -> None:
 
 @main.command(epilog=EPILOG, short_help=SHORT_HELP["status"])
 @_target_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the block.")
+@output_option
 @_read_timeout
 def status(**options: Any) -> None:
     """Desired and current class, modify status, conditions and recent events of a claim."""

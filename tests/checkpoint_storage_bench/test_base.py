@@ -93,3 +93,26 @@ def test_deadline_bounds_the_retries() -> None:
 def test_deadline_refuses_non_finite_or_non_positive(seconds: float) -> None:
     with pytest.raises(ValueError):
         Deadline(seconds)
+
+
+def test_commands_that_print_a_state_take_output_text_or_json() -> None:
+    import click
+    from click.testing import CliRunner
+
+    from checkpoint_storage_bench.config_cli import output_option
+
+    @click.command()
+    @output_option
+    def show(as_json: bool) -> None:
+        click.echo("json" if as_json else "text")
+
+    run = CliRunner().invoke
+    assert [run(show, a).output for a in ([], ["-o", "json"], ["--output", "text"])] == [
+        "text\n",
+        "json\n",
+        "text\n",
+    ]
+    # The previous release's flag still works, and is no longer offered.
+    assert run(show, ["--json"]).output == "json\n"
+    assert "--json" not in run(show, ["--help"]).output
+    assert run(show, ["-o", "yaml"]).exit_code == 2

@@ -483,7 +483,7 @@ def test_least_privilege_rbac_covers_the_lease_and_no_other(cluster: KubeDouble,
 def test_status_shows_the_lease_and_the_ledger(cluster: KubeDouble, kubeconfig: Path):
     assert switch(kubeconfig).exit_code == 0
     args = ("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
-    data = json.loads(run_hook(*args, "--json").stdout)
+    data = json.loads(run_hook(*args, "--output", "json").stdout)
     assert data["lease"]["holder"] == "pipeline-a"
     assert [(e["from"], e["to"]) for e in data["ledger"]] == [("baseline", "fast")]
     text = run_hook(*args).stdout

@@ -161,7 +161,15 @@ def test_dry_run_changes_nothing(sandbox: Path):
 def test_status_local(sandbox: Path):
     assert local(to="checkpoint-baseline").exit_code == 0
     result = run_hook(
-        "status", "--backend", "local", "-n", "sandbox", "--claim", "training-checkpoints", "--json"
+        "status",
+        "--backend",
+        "local",
+        "-n",
+        "sandbox",
+        "--claim",
+        "training-checkpoints",
+        "--output",
+        "json",
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -289,7 +297,7 @@ def test_a_switch_sets_the_classes_limits_and_reads_them_back(emulated, tmp_path
     assert group.limits()[device].write_bps == 250 * MIB
 
     status = run_hook("status", "--backend", "local", "-n", "sandbox",
-                      "--claim", "training-checkpoints", "--json")  # fmt: skip
+                      "--claim", "training-checkpoints", "--output", "json")  # fmt: skip
     info = json.loads(status.stdout)
     assert info["currentProfile"] == "checkpoint-throughput"
     assert info["limits"]["inForce"][device]["write_bps"] == 250 * MIB

@@ -42,7 +42,9 @@ def test_status_shows_desired_current_status_conditions_and_events(
     assert "ModifyVolumeError=True InvalidArgument: rpc error" in text.stdout
     assert "Warning VolumeModifyFailed" in text.stdout and "Normal VolumeModify:" in text.stdout
 
-    raw = run_hook("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig), "--json")
+    raw = run_hook(
+        "status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig), "-o", "json"
+    )
     data = json.loads(raw.stdout)
     assert (data["desiredClass"], data["currentClass"]) == ("fast", "baseline")
     assert data["modifyVolumeStatus"] == {
@@ -266,7 +268,7 @@ def test_status_without_permission_to_list_events_shows_the_claim_and_says_so(
     assert line.startswith("  events         not shown: cannot list events of claim ml-team/")
     assert 'cannot list resource "events"' in line
     assert "HTTP response headers" not in text.output
-    data = json.loads(run_hook("status", *target, "--json").stdout)
+    data = json.loads(run_hook("status", *target, "--output", "json").stdout)
     assert data["events"] == [] and data["currentClass"] == "baseline"
     assert 'cannot list resource "events"' in data["eventsError"]
 

@@ -93,7 +93,7 @@ def test_start_applies_the_first_profiles_limits_and_status_reads_them_back(emul
     assert dev == device.id
     assert (limits.write_bps, limits.write_iops) == (BASELINE_BPS, 3000)
     done = subprocess.run(
-        [sys.executable, "-m", "sandbox", "status", "--json", "--root", str(sb.paths.root),
+        [sys.executable, "-m", "sandbox", "status", "--output", "json", "--root", str(sb.paths.root),
          "--profiles-file", str(sb.agent.profiles_file)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -203,7 +203,7 @@ def test_a_server_that_cannot_start_shows_its_log(tmp_path):
 
 def test_status_exits_6_when_nothing_runs(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "sandbox", "status", "--root", str(tmp_path), "--json"],
+        [sys.executable, "-m", "sandbox", "status", "--root", str(tmp_path), "--output", "json"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 6

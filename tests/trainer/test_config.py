@@ -9,12 +9,13 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from checkpoint_storage_bench.config_cli import config_options, field_docs, flag
 from checkpoint_storage_bench.errors import BenchError
 from checkpoint_storage_bench.retry import Backoff
 from trainer import cli
 from trainer.ckpt import formats
 from trainer.ckpt.upload import Uploader
-from trainer.config import FORMATS, TrainConfig, field_docs, flag
+from trainer.config import FORMATS, TrainConfig
 from trainer.errors import EXIT_CODES, ConfigError, TrainerError, UploadError
 
 
@@ -50,7 +51,7 @@ def test_a_field_without_a_docstring_is_refused():
         bare: int = 2
 
     with pytest.raises(TypeError, match="Undocumented.bare has no docstring"):
-        cli.config_options(Undocumented)(lambda **kw: None)
+        config_options(Undocumented)(lambda **kw: None)
 
 
 def test_help_lists_every_option_and_the_exit_codes():
