@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -83,23 +84,19 @@ def run(config: CompareConfig) -> Verdict:
         if not plots_available():
             click.echo(f"warning: {config.html_path}: {NO_PLOTS}", err=True)
         written.append(_write(config.html_path, to_html(verdict)))
-    with tracked_run("compare", tags=["compare"], enabled=config.track) as tracker:
-        tracker.log_inputs(
-            baseline=verdict.baseline,
-            profiles=",".join(f.profile for f in verdict.profiles),
-            compared_runs=",".join(r.run.uuid for f in verdict.profiles for r in f.per_run),
-        )
-        tracker.log_outputs(**op_outputs(verdict))
-        for path in written:
-            tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
-        tracker.set_readme(markdown)
-    if config.track and loaded.pipeline and loaded.api:
-        try:
-            loaded.api.set_readme(loaded.pipeline, markdown)
-        except CompareError as exc:  # the verdict stands; only the pipeline's page lacks it
-            click.echo(f"warning: the pipeline's readme was not set: {exc}", err=True)
-    for path in written:
-        click.echo(f"wrote {path}")
+    _record(
+        config,
+        loaded,
+        ["compare"],
+        {
+            "baseline": verdict.baseline,
+            "profiles": ",".join(f.profile for f in verdict.profiles),
+            "compared_runs": ",".join(r.run.uuid for f in verdict.profiles for r in f.per_run),
+        },
+        op_outputs(verdict),
+        written,
+        markdown,
+    )
     return verdict
 
 
@@ -122,23 +119,45 @@ def run_workloads(config: CompareConfig, loaded: Loaded) -> WorkloadVerdict:
         written.append(_write(config.json_path, to_json(verdict)))
     if config.markdown_path:
         written.append(_write(config.markdown_path, markdown))
-    with tracked_run("compare", tags=["compare", f"workload:{verdict.workload}"],
-                     enabled=config.track) as tracker:  # fmt: skip
-        tracker.log_inputs(
-            baseline=verdict.baseline,
-            profiles=",".join(p.profile for p in verdict.profiles),
-            compared_runs=",".join(u for p in verdict.profiles for u in p.runs),
-            workload=verdict.workload,
-        )
-        tracker.log_outputs(**outputs(verdict))
+    _record(
+        config,
+        loaded,
+        ["compare", f"workload:{verdict.workload}"],
+        {
+            "baseline": verdict.baseline,
+            "profiles": ",".join(p.profile for p in verdict.profiles),
+            "compared_runs": ",".join(u for p in verdict.profiles for u in p.runs),
+            "workload": verdict.workload,
+        },
+        outputs(verdict),
+        written,
+        markdown,
+    )
+    return verdict
+
+
+def _record(
+    config: CompareConfig,
+    loaded: Loaded,
+    tags: list[str],
+    inputs: dict[str, Any],
+    results: dict[str, Any],
+    written: list[Path],
+    markdown: str,
+) -> None:
+    """Log the verdict as a Polyaxon run (inputs, outputs, the reports as artifacts, the
+    markdown as its readme and, for the runs of a pipeline on a server, the pipeline's),
+    then say which files were written."""
+    with tracked_run("compare", tags=tags, enabled=config.track) as tracker:
+        tracker.log_inputs(**inputs)
+        tracker.log_outputs(**results)
         for path in written:
             tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
         tracker.set_readme(markdown)
     if config.track and loaded.pipeline and loaded.api:
         try:
             loaded.api.set_readme(loaded.pipeline, markdown)
-        except CompareError as exc:
+        except CompareError as exc:  # the verdict stands; only the pipeline's page lacks it
             click.echo(f"warning: the pipeline's readme was not set: {exc}", err=True)
     for path in written:
         click.echo(f"wrote {path}")
-    return verdict
