@@ -10,11 +10,11 @@ the component's inputs with these defaults and choices.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from checkpoint_storage_bench.claim_dir import ensure_writable_dir
 from checkpoint_storage_bench.config_cli import cli, flag
 from checkpoint_storage_bench.contract import DATA_FORMATS
 from checkpoint_storage_bench.units import parse_size
@@ -79,26 +79,7 @@ class CommonConfig:
     def check_data_dir(self) -> None:
         """Fail early, before anything is generated or measured, when the data directory is
         unusable."""
-        path = self.data_dir
-        if not path.exists():
-            if not path.parent.is_dir():
-                raise DataDirError(
-                    f"data dir {path} does not exist and neither does {path.parent} "
-                    "(is the claim mounted?)"
-                )
-            try:
-                path.mkdir(exist_ok=True)
-            except OSError as exc:
-                raise DataDirError(f"cannot create data dir {path}: {exc.strerror}") from None
-        if not path.is_dir():
-            raise DataDirError(f"data dir {path} is not a directory")
-        # A real probe: os.access() says yes to root even on a read-only mount.
-        probe = path / f".write-probe-{os.getpid()}"
-        try:
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise DataDirError(f"data dir {path} is not writable: {exc.strerror}") from None
+        ensure_writable_dir(self.data_dir, "data dir", DataDirError)
 
     def record(self) -> dict[str, Any]:
         """The settings as plain JSON values (the run's inputs and the summary's config)."""

@@ -11,11 +11,11 @@ fails when the component's inputs drift from these defaults and choices
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from checkpoint_storage_bench.claim_dir import ensure_writable_dir
 from checkpoint_storage_bench.config_cli import cli, flag
 from checkpoint_storage_bench.contract import PARALLEL_MODES
 from checkpoint_storage_bench.units import parse_size
@@ -192,31 +192,7 @@ class TrainConfig:
 
     def check_checkpoint_dir(self) -> None:
         """Fail early, before any training, when the checkpoint directory is unusable."""
-        path = self.checkpoint_dir
-        if not path.exists():
-            # A run's own directory is created inside the mount; a missing mount is an error.
-            if not path.parent.is_dir():
-                raise CheckpointDirError(
-                    f"checkpoint dir {path} does not exist and neither does {path.parent} "
-                    "(is the claim mounted?)"
-                )
-            try:
-                path.mkdir(exist_ok=True)
-            except OSError as exc:
-                raise CheckpointDirError(
-                    f"cannot create checkpoint dir {path}: {exc.strerror}"
-                ) from None
-        if not path.is_dir():
-            raise CheckpointDirError(f"checkpoint dir {path} is not a directory")
-        # A real probe: os.access() says yes to root even on a read-only mount.
-        probe = path / f".write-probe-{os.getpid()}"
-        try:
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise CheckpointDirError(
-                f"checkpoint dir {path} is not writable: {exc.strerror}"
-            ) from None
+        ensure_writable_dir(self.checkpoint_dir, "checkpoint dir", CheckpointDirError)
 
     def record(self) -> dict[str, Any]:
         """The config as plain JSON values (stored in every checkpoint)."""
