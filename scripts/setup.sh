@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: system tools (fio, chromium, losetup, mkfs.ext4, the node tier's) when missing
 # and we may install them,
-# then a project venv in .venv with torch first (a local CPU build on our machines).
+# then a project venv in .venv with torch first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +15,7 @@ command -v runc >/dev/null || missing+=(runc)
 command -v umoci >/dev/null || missing+=(umoci)
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v buildah >/dev/null || missing+=(buildah)
 command -v nft >/dev/null || missing+=(nftables)
 # The sandbox's emulated claim is a loop-device volume with ext4 (losetup, mkfs.ext4).
 command -v losetup >/dev/null || missing+=(mount)
@@ -34,8 +35,10 @@ stamp=.venv/.installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  # torch first: 2.13.0 is a local CPU build here; a later unpinned resolve would pull CUDA.
-  .venv/bin/python -m pip install -q "torch==2.13.0"
+  # torch first, pinned (scripts/pins.env): a later unpinned resolve would take the newest.
+  # shellcheck source=pins.env
+  . scripts/pins.env
+  .venv/bin/python -m pip install -q "$TORCH_SPEC"
   .venv/bin/python -m pip install -q -e ".[sandbox,report,test]"
   touch "$stamp"
 fi

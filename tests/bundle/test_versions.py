@@ -85,8 +85,11 @@ def test_the_dockerfile_builds_the_job_image() -> None:
     assert base and re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda[\d.]+-cudnn\d+-runtime", base[1])
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert re.search(r"apt-get install -y --no-install-recommends fio\b", text)
-    # The package with its fsspec upload backends (s3fs, gcsfs).
-    assert re.search(r'python -m pip install "\.\[upload\]"(\s|$)', text)
+    # The package's dependencies with its fsspec upload backends (s3fs, gcsfs), then the package.
+    assert "['optional-dependencies']['upload']" in text
+    assert re.search(r"python -m pip install --no-deps \.(\s|$)", text)
+    # Not root: the components' fsGroup makes the claim writable for this user.
+    assert re.search(r"^USER 1000:1000$", text, re.M)
     # Provenance: the revision is a build argument that every run reads from the env.
     assert re.search(r"^ARG CODE_REVISION=", text, re.M)
     assert re.search(r"^ENV CODE_REVISION=\$\{CODE_REVISION\}$", text, re.M)
