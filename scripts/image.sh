@@ -34,6 +34,7 @@ context_key() {
   done <.dockerignore
   {
     echo "$TORCH_SPEC $(basename "$1")"
+    sha256sum Dockerfile .dockerignore
     "$PY" -m pip freeze --exclude-editable --disable-pip-version-check
     git ls-files -s -- . "${ignored[@]}"
     git diff HEAD --binary -- . "${ignored[@]}"
