@@ -14,7 +14,8 @@ from checkpoint_storage_bench.contract import LEASE_PREFIX, LEDGER_ANNOTATION, p
 from hooks.storage_profile import cli
 from hooks.storage_profile.providers import EbsProvider
 from tests.hooks.helpers import FAST_BACKOFF, Ec2, Stepper
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 CLAIM_WRITE = re.compile(r"^/api/v1/namespaces/[^/]+/persistentvolumeclaims/[^/]+$")
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"

@@ -22,7 +22,8 @@ from hooks.storage_profile import report as report_module
 from hooks.storage_profile.config import DNS1123_SUBDOMAIN
 from hooks.storage_profile.lease import default_holder
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
-from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_lease, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import Rbac, make_class, make_lease, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 ROOT = Path(__file__).resolve().parents[2]

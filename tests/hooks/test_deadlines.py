@@ -14,7 +14,8 @@ from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded
 from hooks.storage_profile.gke import GkeProvider
 from hooks.storage_profile.providers import EC2_READ_TIMEOUT, EbsProvider
 from tests.hooks.helpers import run_hook, write_kubeconfig
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 

@@ -36,7 +36,8 @@ from hooks.storage_profile.providers import PROVIDERS
 from hooks.storage_profile.switch import default_provider
 from tests.hooks.compute_double import ComputeDouble
 from tests.hooks.helpers import load_summary, run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 ROOT = Path(__file__).resolve().parents[2]
 NS, CLAIM = "ml-team", "training-checkpoints"

@@ -13,7 +13,8 @@ from hooks.storage_profile import cli
 from hooks.storage_profile.config import DEFAULT_TIMEOUT, SwitchConfig
 from hooks.storage_profile.heartbeat import Heartbeat
 from tests.hooks.helpers import Ec2, Stepper, modify_from_class, run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 LINE = re.compile(

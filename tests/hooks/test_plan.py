@@ -14,7 +14,8 @@ from hooks.storage_profile import plan as plan_module
 from hooks.storage_profile.errors import EXIT_CODES, EXIT_PREFLIGHT, PlanRefused
 from hooks.storage_profile.plan import earliest_start, switches_of
 from tests.hooks.helpers import run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)

@@ -11,7 +11,8 @@ from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import DeadlineExceeded, PreflightRefused
 from hooks.storage_profile.providers import EbsProvider, region_of
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 

@@ -15,7 +15,8 @@ import click
 import pytest
 
 from tests.hooks.helpers import run_hook, write_kubeconfig
-from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import Rbac, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 ROOT = Path(__file__).resolve().parents[2]

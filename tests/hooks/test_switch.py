@@ -14,7 +14,8 @@ from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, parse_ledger
 from hooks.storage_profile import report as report_module
 from tests.hooks.conftest import assert_claim_class_patch
 from tests.hooks.helpers import load_summary, run_hook
-from tests.hooks.kube_double import CLAIMS, KubeDouble, Rbac, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import CLAIMS, Rbac, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 CLAIM_PATH = f"/api/v1/namespaces/{NS}/{CLAIMS}/{CLAIM}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.hooks.helpers import load_summary, run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 
