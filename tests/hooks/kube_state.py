@@ -660,6 +660,19 @@ def _pv_class(target: str, pv: dict) -> None:
     pv["spec"]["volumeAttributesClassName"] = target
 
 
+def claim_state(
+    state: KubeState, ns: str = "ml-team", claim: str = "training-checkpoints"
+) -> tuple[str | None, str | None, dict | None]:
+    """Where a claim's class stands: (spec, current, modifyVolumeStatus)."""
+    obj = state.get("PersistentVolumeClaim", claim, ns)
+    status = obj.get("status") or {}
+    return (
+        obj["spec"].get("volumeAttributesClassName"),
+        status.get("currentVolumeAttributesClassName"),
+        status.get("modifyVolumeStatus"),
+    )
+
+
 # -- seeding ---------------------------------------------------------------------------------
 
 
