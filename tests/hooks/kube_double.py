@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,6 @@ class Recorded:
 
     method: str
     path: str
-    query: dict[str, str]
     verb: str
     content_type: str | None = None
     body: Any = None
@@ -185,19 +184,10 @@ class KubeDouble(KubeState):
         path.write_text(yaml.safe_dump(config))
         return path
 
-    def run_in_loop(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the server's loop (for resizer work started from a test)."""
-        assert self.loop is not None
-
-        async def call() -> Any:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
-
     # -- the state's clock: the server's loop ---------------------------------------------------
 
     def run(self, key: tuple, steps: Iterator[float]) -> None:
-        """On the server's loop (a request's handler, or :meth:`run_in_loop`)."""
+        """On the server's loop: the resizer starts from a request's handler."""
 
         async def drive() -> None:
             for seconds in steps:
@@ -255,7 +245,6 @@ class KubeDouble(KubeState):
         if not match or (match["group"] or "", match["resource"]) not in KINDS:
             return self._answer(
                 request,
-                query,
                 "unknown",
                 404,
                 status_body(404, "NotFound", "the server could not find the requested resource"),
@@ -295,7 +284,6 @@ class KubeDouble(KubeState):
             )
             return self._answer(
                 request,
-                query,
                 verb,
                 fault.status,
                 status_body(fault.status, reason, "injected fault"),
@@ -306,14 +294,13 @@ class KubeDouble(KubeState):
             auth_name = name or dict(selector).get("metadata.name")
             if not self.rbac.allows(verb, group, resource, ns, auth_name):
                 refused = self.rbac.refusal(verb, group, resource, ns, auth_name)
-                return self._answer(request, query, verb, refused.code, refused.body)
+                return self._answer(request, verb, refused.code, refused.body)
         if kind == "PersistentVolumeClaim" and verb in ("list", "watch"):
             unknown = [key for key, _ in selector if key not in CLAIM_FIELD_SELECTORS]
             if unknown:
                 known = ", ".join(f'"{k}"' for k in CLAIM_FIELD_SELECTORS)
                 return self._answer(
                     request,
-                    query,
                     verb,
                     400,
                     status_body(
@@ -337,20 +324,19 @@ class KubeDouble(KubeState):
                     "metadata": {"resourceVersion": str(self.rv)},
                     "items": items,
                 }
-            return self._answer(request, query, verb, 200, listing)
+            return self._answer(request, verb, 200, listing)
         if verb == "get":
             obj = self.get(kind, name, ns)
             if obj is None:
                 refused = not_found(group, resource, name)
-                return self._answer(request, query, verb, refused.code, refused.body)
-            return self._answer(request, query, verb, 200, obj)
+                return self._answer(request, verb, refused.code, refused.body)
+            return self._answer(request, verb, 200, obj)
         if verb == "patch" and kind == "PersistentVolumeClaim":
-            return self._patch_claim(request, query, ns, name, body)
+            return self._patch_claim(request, ns, name, body)
         if verb in ("create", "update") and kind == "Lease":
-            return self._write_lease(request, query, verb, ns, name, body)
+            return self._write_lease(request, verb, ns, name, body)
         return self._answer(
             request,
-            query,
             verb,
             405,
             status_body(
@@ -361,7 +347,6 @@ class KubeDouble(KubeState):
     def _answer(
         self,
         request: web.Request,
-        query: dict,
         verb: str,
         code: int,
         payload: dict,
@@ -380,7 +365,6 @@ class KubeDouble(KubeState):
             Recorded(
                 request.method,
                 request.path,
-                query,
                 verb,
                 request.headers.get("Content-Type"),
                 body,
@@ -389,9 +373,7 @@ class KubeDouble(KubeState):
         )
         return web.json_response(payload, status=code, headers=headers)
 
-    def _patch_claim(
-        self, request: web.Request, query: dict, ns: str, name: str, raw: bytes
-    ) -> web.Response:
+    def _patch_claim(self, request: web.Request, ns: str, name: str, raw: bytes) -> web.Response:
         content_type = request.headers.get("Content-Type", "")
         try:
             patch = json.loads(raw)
@@ -403,7 +385,6 @@ class KubeDouble(KubeState):
         ) or not isinstance(patch, dict):
             return self._answer(
                 request,
-                query,
                 "patch",
                 415,
                 # kube-apiserver also takes JSON patches and apply patches; the double does not.
@@ -413,11 +394,11 @@ class KubeDouble(KubeState):
         try:
             stored = self.patch_claim(ns, name, patch)
         except Refused as refused:
-            return self._answer(request, query, "patch", refused.code, refused.body, body=patch)
-        return self._answer(request, query, "patch", 200, stored, body=patch)
+            return self._answer(request, "patch", refused.code, refused.body, body=patch)
+        return self._answer(request, "patch", 200, stored, body=patch)
 
     def _write_lease(
-        self, request: web.Request, query: dict, verb: str, ns: str, name: str | None, raw: bytes
+        self, request: web.Request, verb: str, ns: str, name: str | None, raw: bytes
     ) -> web.Response:
         """Create (POST, 201) or replace (PUT: 200, or 201 when it created the Lease)."""
         try:
@@ -427,8 +408,16 @@ class KubeDouble(KubeState):
         try:
             stored, created = self.write_lease(verb, ns, name, lease)
         except Refused as refused:
-            return self._answer(request, query, verb, refused.code, refused.body, body=lease)
-        return self._answer(request, query, verb, 201 if created else 200, stored, body=lease)
+            return self._answer(request, verb, refused.code, refused.body, body=lease)
+        return self._answer(request, verb, 201 if created else 200, stored, body=lease)
+
+    async def _open_stream(self, request: web.Request) -> web.StreamResponse:
+        """Record the watch and send its headers: the stream is open."""
+        self.requests.append(Recorded(request.method, request.path, "watch"))
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        return resp
 
     async def _watch(
         self, request: web.Request, ns: str, selector: list, query: dict
@@ -437,15 +426,12 @@ class KubeDouble(KubeState):
         assert self._closing is not None
         if fault == "hang":
             # Accepts the request and never answers: only the client's timeout ends it.
-            self.requests.append(Recorded(request.method, request.path, query, "watch"))
+            self.requests.append(Recorded(request.method, request.path, "watch"))
             await self._closing.wait()
             return web.Response(status=503)
         if fault in ("stall", "trickle"):
             # A stream that outlives its timeoutSeconds: silent, or alive with blank lines.
-            self.requests.append(Recorded(request.method, request.path, query, "watch"))
-            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-            resp.enable_chunked_encoding()
-            await resp.prepare(request)
+            resp = await self._open_stream(request)
             while not self._closing.is_set():
                 try:
                     await asyncio.wait_for(self._closing.wait(), 0.3)
@@ -457,53 +443,37 @@ class KubeDouble(KubeState):
                             break
             return resp
         if fault == "close":
-            self.requests.append(Recorded(request.method, request.path, query, "watch"))
-            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-            resp.enable_chunked_encoding()
-            await resp.prepare(request)
+            resp = await self._open_stream(request)
             await resp.write_eof()
             return resp
         if fault == "gone-http":
             return self._answer(
                 request,
-                query,
                 "watch",
                 410,
                 status_body(410, "Expired", "too old resource version"),
             )
-        self.requests.append(Recorded(request.method, request.path, query, "watch"))
-        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-
-        sent = [int(query.get("resourceVersion") or 0)]
+        # The hook watches from the resourceVersion of a list, never from "any" (0).
+        version = int(query["resourceVersion"])
+        resp = await self._open_stream(request)
+        sent = [version]
 
         async def send(type_: str, obj: dict) -> None:
             if type_ in ("ADDED", "MODIFIED", "DELETED"):
                 sent.append(int(obj["metadata"]["resourceVersion"]))
             await resp.write(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
 
-        version = query.get("resourceVersion") or "0"
         with self.lock:
-            expired = fault == "gone" or (version != "0" and int(version) < self.compacted_rv)
+            expired = fault == "gone" or version < self.compacted_rv
             if not expired:
                 queue: asyncio.Queue = asyncio.Queue()
                 watcher = (queue, ns, tuple(selector))
                 self._watchers.add(watcher)
-                if version == "0":
-                    backlog = [
-                        ("ADDED", o)
-                        for (k, o_ns, _), o in self.objects.items()
-                        if k == "PersistentVolumeClaim" and o_ns == ns and matches(o, selector)
-                    ]
-                else:
-                    backlog = [
-                        (t, o)
-                        for rv, t, o in self.history
-                        if rv > int(version)
-                        and o["metadata"]["namespace"] == ns
-                        and matches(o, selector)
-                    ]
+                backlog = [
+                    (t, o)
+                    for rv, t, o in self.history
+                    if rv > version and o["metadata"]["namespace"] == ns and matches(o, selector)
+                ]
         if expired:
             await send(
                 "ERROR",
