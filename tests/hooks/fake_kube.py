@@ -170,22 +170,18 @@ class FakeKube(KubeState):
     # -- the watch --------------------------------------------------------------------------
 
     def watch_claim(
-        self,
-        ns: str,
-        name: str,
-        resource_version: str,
-        timeout: float,
-        deadline: Deadline | None = None,
+        self, ns: str, name: str, version: str, timeout: float, deadline: Deadline | None = None
     ) -> Iterator[tuple[str, dict]]:
-        """The claim's changes after ``resource_version`` as they happen, then a bookmark
-        when the watch's whole seconds are over; nothing more once the deadline passed."""
+        """The claim's changes after resourceVersion ``version`` as they happen, then a
+        bookmark when the watch's whole seconds are over; nothing more once the deadline
+        passed."""
         self.calls.append("watch_claim")
-        self.watched.append((ns, name, resource_version))
+        self.watched.append((ns, name, version))
         if self.watches:
             yield from self._scripted(ns, name, self.watches.pop(0))
             return
         ends = time.monotonic() + max(1, int(timeout))
-        sent = int(resource_version)
+        sent = int(version)
         while True:
             for version, kind, obj in list(self.history):
                 meta = obj["metadata"]
@@ -223,17 +219,12 @@ class FakeKube(KubeState):
         return write.error
 
     def patch_claim_class(
-        self,
-        ns: str,
-        name: str,
-        target: str | None,
-        deadline: Deadline | None = None,
-        uid: str | None = None,
-        resource_version: str | None = None,
-        annotations: dict[str, str] | None = None,
+        self, ns: str, name: str, target: str | None, deadline: Deadline | None = None, *identity
     ) -> dict:
+        """The patch the wrapper sends: :func:`class_patch` of ``target`` and the rest of the
+        wrapper's arguments (uid, resourceVersion, annotations)."""
         self._called("patch_claim_class", f"patch claim {ns}/{name}", deadline)
-        body = class_patch(target, uid, resource_version, annotations)
+        body = class_patch(target, *identity)
         write = Write("patch", f"{ns}/{name}", body)
         self.requested.append(write)
         try:

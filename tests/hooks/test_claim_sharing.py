@@ -265,8 +265,7 @@ def test_the_provider_is_a_second_source_and_the_stricter_wins(
 ):
     # EC2 saw 4 modifications just now (the next fits in 24 h); the ledger 4 from 20-23 h
     # ago (the next fits in 1 h): EC2's later time wins.
-    for iops in (3100, 3200, 3300, 3400):
-        ec2.client.modify_volume(VolumeId=ec2.volume_id, Iops=iops)
+    ec2.modify(3100, 3200, 3300, 3400)
     seed_ledger(ebs_cluster, 20, 21, 22, 23)
     use_ebs(Stepper(since=datetime.now(UTC) + timedelta(seconds=1)))
     result = switch("--settle", "provider")

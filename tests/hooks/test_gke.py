@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from hooks.storage_profile.gke import (
 from hooks.storage_profile.providers import PROVIDERS
 from hooks.storage_profile.switch import default_provider
 from tests.hooks.compute_double import ComputeDouble
-from tests.hooks.helpers import load_summary, run_hook
+from tests.hooks.helpers import hook_command, load_summary, run_hook
 from tests.hooks.kube_double import KubeDouble
 from tests.hooks.kube_state import make_class, make_volume
 
@@ -390,23 +389,12 @@ def test_switch_with_workload_identity_credentials(
             **{ENDPOINT_ENV: metadata.endpoint},
         )
         summary = tmp_path / "s.json"
+        command = hook_command(
+            "switch", "-n", NS, "--claim", CLAIM, "--to", "checkpoint-throughput",
+            "--kubeconfig", str(kubeconfig), "--summary-json", str(summary),
+        )  # fmt: skip
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hooks.storage_profile",
-                "switch",
-                "-n",
-                NS,
-                "--claim",
-                CLAIM,
-                "--to",
-                "checkpoint-throughput",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--summary-json",
-                str(summary),
-            ],
+            command,
             cwd=ROOT,
             env=env,
             capture_output=True,

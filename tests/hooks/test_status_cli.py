@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import click
 import pytest
 
 from tests.hooks.fake_kube import FakeKube
-from tests.hooks.helpers import run_hook, write_kubeconfig
+from tests.hooks.helpers import hook_command, run_hook, write_kubeconfig
 from tests.hooks.kube_double import KubeDouble
 from tests.hooks.kube_state import Rbac, make_class, make_volume
 
@@ -126,24 +125,10 @@ def test_python_dash_m_entry_point(double: KubeDouble, kubeconfig: Path, tmp_pat
     make_volume(double)
     make_class(double, "fast", iops="6000")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "hooks.storage_profile",
-        "switch",
-        "-n",
-        NS,
-        "--claim",
-        CLAIM,
-        "--to",
-        "fast",
-        "--kubeconfig",
-        str(kubeconfig),
-        "--settle",
-        "kubernetes",
-        "--summary-json",
-        str(tmp_path / "s.json"),
-    ]
+    cmd = hook_command(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "--settle", "kubernetes", "--summary-json", str(tmp_path / "s.json"),
+    )  # fmt: skip
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "s.json").read_text())["applied_class"] == "fast"
