@@ -102,6 +102,19 @@ def main(verbose: bool) -> None:
     setup_logging(verbose)
 
 
+def _shown(name: str, default: Any, help: str, type: Any = float) -> Any:
+    """An option whose ``--help`` shows its default."""
+    return click.option(name, type=type, default=default, show_default=True, help=help)
+
+
+def _file(name: str, help: str) -> Any:
+    """An option naming a file that the command writes or reads (it need not exist)."""
+    return click.option(name, type=click.Path(dir_okay=False, path_type=Path), help=help)
+
+
+_holder = click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+
+
 def _target_options(fn: Any) -> Any:
     options = [
         click.option("--namespace", "-n", required=True, help="The claim's namespace."),
@@ -111,18 +124,16 @@ def _target_options(fn: Any) -> Any:
             type=click.Path(exists=True, dir_okay=False),
             help="Else in-cluster config, else the default kubeconfig.",
         ),
-        click.option(
+        _shown(
             "--backend",
-            type=click.Choice(BACKENDS),
-            default="kubernetes",
-            show_default=True,
-            help="local: the embedded sandbox, no Kubernetes.",
+            "kubernetes",
+            "local: the embedded sandbox, no Kubernetes.",
+            click.Choice(BACKENDS),
         ),
-        click.option(
+        _file(
             "--profiles-file",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="Sandbox profiles (default: connections/sandbox-profiles.yaml "
-            "under $SANDBOX_ROOT or the working directory).",
+            "Sandbox profiles (default: connections/sandbox-profiles.yaml under $SANDBOX_ROOT "
+            "or the working directory).",
         ),
     ]
     for option in reversed(options):
@@ -131,12 +142,8 @@ def _target_options(fn: Any) -> Any:
 
 
 def _lease_duration(command: str) -> Any:
-    return click.option(
-        "--lease-duration",
-        type=float,
-        default=LEASE_DURATION,
-        show_default=True,
-        help=f"Seconds the claim's Lease lasts from this {command}.",
+    return _shown(
+        "--lease-duration", LEASE_DURATION, f"Seconds the claim's Lease lasts from this {command}."
     )
 
 
@@ -151,33 +158,19 @@ def _lease_duration(command: str) -> Any:
     f"{DEFAULT_TIMEOUT['provider']:g} with --settle provider: an EBS volume can stay "
     "optimizing for hours].",
 )
-@click.option(
-    "--pending-grace",
-    type=float,
-    default=120.0,
-    show_default=True,
-    help="Seconds a Pending modify status may last.",
-)
-@click.option(
-    "--settle",
-    type=click.Choice(SETTLE_MODES),
-    default="provider",
-    show_default=True,
-    help="provider: also wait for the cloud (EBS optimizing).",
-)
-@click.option(
-    "--on-infeasible",
-    type=click.Choice(INFEASIBLE_ACTIONS),
-    default="fail",
-    show_default=True,
-    help="rollback: switch back to the previous class, wait, still exit 4.",
-)
+@_shown("--pending-grace", 120.0, "Seconds a Pending modify status may last.")
+@_shown(
+    "--settle", "provider", "provider: also wait for the cloud (EBS optimizing).",
+    click.Choice(SETTLE_MODES),
+)  # fmt: skip
+@_shown(
+    "--on-infeasible", "fail", "rollback: switch back to the previous class, wait, still exit 4.",
+    click.Choice(INFEASIBLE_ACTIONS),
+)  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Preflight and print the patch; change nothing.")
 @click.option("--force", is_flag=True, help="Switch even past the provider's rate limit.")
-@click.option(
-    "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here."
-)
-@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@_file("--summary-json", "Write the report here.")
+@_holder
 @_lease_duration("switch")
 def switch(**options: Any) -> None:
     """Preflight, take the claim's Lease, patch spec.volumeAttributesClassName (and the
@@ -193,18 +186,12 @@ def switch(**options: Any) -> None:
 
 
 # renew, release, status and plan only read (or write a Lease): one short deadline for all.
-_read_timeout = click.option(
-    "--timeout",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="Overall deadline in seconds for every API call.",
-)
+_read_timeout = _shown("--timeout", 60.0, "Overall deadline in seconds for every API call.")
 
 
 @main.command(epilog=EPILOG, short_help=SHORT_HELP["release"])
 @_target_options
-@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@_holder
 @_read_timeout
 def release(**options: Any) -> None:
     """Release the claim's Lease (the pipeline's last op): only its holder can."""
@@ -213,7 +200,7 @@ def release(**options: Any) -> None:
 
 @main.command(epilog=EPILOG, short_help=SHORT_HELP["renew"])
 @_target_options
-@click.option("--holder", envvar="STORAGE_PROFILE_HOLDER", help=HOLDER_HELP)
+@_holder
 @_lease_duration("renewal")
 @_read_timeout
 def renew(**options: Any) -> None:
@@ -252,9 +239,7 @@ def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> li
     is_flag=True,
     help="The run ends with a switch back to the first profile (A…B…A, measures drift).",
 )
-@click.option(
-    "--summary-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
-)
+@_file("--summary-json", "Write the plan here.")
 @_read_timeout
 def plan(**options: Any) -> None:
     """How many volume modifications the run over the profiles needs, and whether the

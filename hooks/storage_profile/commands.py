@@ -39,6 +39,14 @@ def progress(message: str) -> None:
     click.echo(message, err=True)
 
 
+def connect(
+    cfg: SwitchConfig | ReleaseConfig | StatusConfig | PlanConfig, deadline: Deadline
+) -> Kube:
+    """The subcommand's access to the API server, its configuration loaded by ``deadline``
+    (a kubeconfig's ``exec`` credential plugin runs then)."""
+    return Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+
+
 def run_switch(
     cfg: SwitchConfig,
     provider_for: ProviderFactory = default_provider,
@@ -68,7 +76,7 @@ def run_switch(
             deadline = BeatingDeadline(cfg.timeout)
             if cfg.holder is None:
                 cfg.holder = default_holder(deadline=deadline)
-            kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+            kube = connect(cfg, deadline)
             switch_kubernetes(
                 cfg, kube, report, provider_for=provider_for, echo=echo, deadline=deadline
             )
@@ -123,7 +131,7 @@ def _on_lease(
     else:
         deadline = Deadline(cfg.timeout)
         holder = cfg.holder or default_holder(deadline=deadline)
-        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+        kube = connect(cfg, deadline)
         note = act(ClaimLease(kube, cfg.namespace, cfg.claim, holder, duration), deadline)
     click.echo(note)
     return note
@@ -137,7 +145,7 @@ def run_status(cfg: StatusConfig) -> dict:
         data, render = status_local(sandbox), render_local
     else:
         deadline = Deadline(cfg.timeout)
-        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+        kube = connect(cfg, deadline)
         data, render = claim_status(kube, cfg.namespace, cfg.claim, deadline), render_status
     click.echo(json.dumps(data, indent=2, sort_keys=True) if cfg.as_json else render(data))
     return data
@@ -159,7 +167,7 @@ def run_plan(cfg: PlanConfig) -> planning.ModificationPlan:
         )
     else:
         deadline = Deadline(cfg.timeout)
-        kube = Kube(load_api_client(cfg.kubeconfig, deadline), cfg.backoff)
+        kube = connect(cfg, deadline)
         plan = planning.plan_kubernetes(
             kube, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now, deadline
         )

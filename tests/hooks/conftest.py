@@ -1,4 +1,5 @@
-"""Fixtures: the Kubernetes double, a kubeconfig for it, moto EC2 with stepped states."""
+"""Fixtures: the in-memory fake of the client wrapper as the CLI's connection, the HTTP
+double and a kubeconfig for it, moto EC2 with stepped states."""
 
 from __future__ import annotations
 
@@ -11,19 +12,36 @@ import pytest
 from moto import mock_aws
 
 from checkpoint_storage_bench.contract import LEASE_PREFIX, LEDGER_ANNOTATION, parse_ledger
-from hooks.storage_profile import cli
+from hooks.storage_profile import cli, commands
 from hooks.storage_profile.providers import EbsProvider
+from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import FAST_BACKOFF, Ec2, Stepper
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import KubeState, make_class, make_volume
 
 CLAIM_WRITE = re.compile(r"^/api/v1/namespaces/[^/]+/persistentvolumeclaims/[^/]+$")
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 
 
 @pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
+    """The in-memory fake, as every subcommand's connection to Kubernetes; afterwards,
+    checks that the hook only ever patched claims' class (and ledger) and wrote the claims'
+    Leases."""
+    kube = FakeKube()
+    monkeypatch.setattr(commands, "connect", lambda cfg, deadline: kube)
+    yield kube
+    for write in kube.writes:
+        if write.verb == "patch":
+            assert_class_patch(write.body)
+        else:
+            assert write.body["metadata"]["name"].startswith(LEASE_PREFIX), write
+
+
+@pytest.fixture
 def double() -> Iterator[KubeDouble]:
-    """A started double; afterwards, checks that the hook only ever patched claims' class
-    (and ledger) and wrote the claims' Leases."""
+    """A started HTTP double; afterwards, checks that the hook only ever patched claims'
+    class (and ledger) and wrote the claims' Leases, on the wire."""
     server = KubeDouble().start()
     yield server
     server.stop()
@@ -34,18 +52,23 @@ def double() -> Iterator[KubeDouble]:
             assert_claim_class_patch(write)
 
 
+def assert_class_patch(body: dict) -> None:
+    """A patch of a claim's class, with its uid and resourceVersion as preconditions and,
+    when it sets a class, the ledger annotation and nothing else."""
+    assert sorted(body) == ["metadata", "spec"], body
+    assert list(body["spec"]) == ["volumeAttributesClassName"], body
+    meta = body["metadata"]
+    assert set(meta) - {"annotations"} == {"resourceVersion", "uid"}, body
+    if body["spec"]["volumeAttributesClassName"] is not None:
+        assert list(meta["annotations"]) == [LEDGER_ANNOTATION], body
+        parse_ledger(meta["annotations"][LEDGER_ANNOTATION])
+
+
 def assert_claim_class_patch(write) -> None:
-    """A merge patch of one claim's class, with its uid and resourceVersion as preconditions
-    and, when it sets a class, the ledger annotation and nothing else."""
+    """On the wire: one claim's class patch (:func:`assert_class_patch`), as a merge patch."""
     assert write.method == "PATCH" and CLAIM_WRITE.match(write.path), write
     assert write.content_type == "application/merge-patch+json", write
-    assert sorted(write.body) == ["metadata", "spec"], write
-    assert list(write.body["spec"]) == ["volumeAttributesClassName"], write
-    meta = write.body["metadata"]
-    assert set(meta) - {"annotations"} == {"resourceVersion", "uid"}, write
-    if write.body["spec"]["volumeAttributesClassName"] is not None:
-        assert list(meta["annotations"]) == [LEDGER_ANNOTATION], write
-        parse_ledger(meta["annotations"][LEDGER_ANNOTATION])
+    assert_class_patch(write.body)
 
 
 def assert_lease_write(write) -> None:
@@ -59,12 +82,24 @@ def assert_lease_write(write) -> None:
         assert write.method == "PUT" and write.path == f"{LEASES.format(ns=ns)}/{name}", write
 
 
-@pytest.fixture
-def cluster(double: KubeDouble) -> KubeDouble:
+def seed_cluster(state: KubeState) -> None:
     """A bound EBS claim settled on ``baseline`` and two classes of its driver."""
-    make_volume(double)
-    make_class(double, "baseline", type="gp3", iops="3000", throughput="125")
-    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    make_volume(state)
+    make_class(state, "baseline", type="gp3", iops="3000", throughput="125")
+    make_class(state, "fast", type="gp3", iops="6000", throughput="250")
+
+
+@pytest.fixture
+def cluster(fake: FakeKube) -> FakeKube:
+    """The fake with :func:`seed_cluster`'s claim and classes."""
+    seed_cluster(fake)
+    return fake
+
+
+@pytest.fixture
+def wire_cluster(double: KubeDouble) -> KubeDouble:
+    """The HTTP double with :func:`seed_cluster`'s claim and classes."""
+    seed_cluster(double)
     return double
 
 

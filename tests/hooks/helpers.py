@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +53,11 @@ class Ec2:
     client: object
     volume_id: str
 
+    def modify(self, *iops: int) -> None:
+        """Modify the volume outside the hook (another tool, a person), once per value."""
+        for value in iops:
+            self.client.modify_volume(VolumeId=self.volume_id, Iops=value)
+
 
 def modify_from_class(ec2: Ec2):
     """What the EBS CSI driver does on a successful ControllerModifyVolume: ModifyVolume."""
@@ -86,6 +92,12 @@ def run_hook(*args: str) -> Result:
     runner = CliRunner()
     result = runner.invoke(cli.main, list(args), catch_exceptions=False)
     return Result(result.exit_code, result.stdout, result.stderr)
+
+
+def hook_command(*args: str) -> list[str]:
+    """The real entry point's command line, ``python -m hooks.storage_profile ARGS``, for a
+    run in a process of its own."""
+    return [sys.executable, "-m", "hooks.storage_profile", *args]
 
 
 def load_summary(path: Path) -> dict:

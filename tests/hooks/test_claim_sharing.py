@@ -21,61 +21,58 @@ from checkpoint_storage_bench.contract import (
 from hooks.storage_profile import report as report_module
 from hooks.storage_profile.config import DNS1123_SUBDOMAIN
 from hooks.storage_profile.lease import default_holder
+from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
-from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_lease, make_volume
+from tests.hooks.kube_state import make_class, make_lease, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def switch(kubeconfig: Path, *extra: str, to: str = "fast"):
+def switch(*extra: str, to: str = "fast"):
     return run_hook(
-        "switch", "-n", NS, "--claim", CLAIM, "--to", to, "--kubeconfig", str(kubeconfig),
-        "--settle", "kubernetes", *extra,
-    )  # fmt: skip
-
-
-def release(kubeconfig: Path, holder: str, claim: str = CLAIM):
-    return run_hook(
-        "release", "-n", NS, "--claim", claim, "--holder", holder, "--kubeconfig", str(kubeconfig)
+        "switch", "-n", NS, "--claim", CLAIM, "--to", to, "--settle", "kubernetes", *extra
     )
 
 
-def ledger(double: KubeDouble) -> list[LedgerEntry]:
-    claim = double.get("PersistentVolumeClaim", CLAIM, NS)
+def release(holder: str, claim: str = CLAIM):
+    return run_hook("release", "-n", NS, "--claim", claim, "--holder", holder)
+
+
+def ledger(fake: FakeKube) -> list[LedgerEntry]:
+    claim = fake.get("PersistentVolumeClaim", CLAIM, NS)
     return parse_ledger((claim["metadata"].get("annotations") or {}).get(LEDGER_ANNOTATION))
 
 
-def seed_ledger(double: KubeDouble, *hours_ago: float) -> list[LedgerEntry]:
+def seed_ledger(fake: FakeKube, *hours_ago: float) -> list[LedgerEntry]:
     now = datetime.now(UTC).replace(microsecond=0)
     entries = [
         LedgerEntry(now - timedelta(hours=h), "baseline", "fast", "pipeline-old") for h in hours_ago
     ]
-    annotate_ledger(double, format_ledger(entries))
+    annotate_ledger(fake, format_ledger(entries))
     return sorted(entries, key=lambda e: e.at)
 
 
-def annotate_ledger(double: KubeDouble, value: str) -> None:
+def annotate_ledger(fake: FakeKube, value: str) -> None:
     """Set the claim's ledger annotation as another writer would (by hand, an older hook)."""
 
     def annotate(claim: dict) -> None:
         claim["metadata"].setdefault("annotations", {})[LEDGER_ANNOTATION] = value
 
-    double.update("PersistentVolumeClaim", CLAIM, NS, annotate)
+    fake.update("PersistentVolumeClaim", CLAIM, NS, annotate)
 
 
 # ----------------------------------------------------------------- a fresh unbound claim
 
 
 def test_an_unbound_claim_created_with_the_class_is_a_no_op(
-    double: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    make_volume(double, bound=False, current="fast")  # WaitForFirstConsumer, no pod yet
-    make_class(double, "fast", iops="6000")
+    make_volume(fake, bound=False, current="fast")  # WaitForFirstConsumer, no pod yet
+    make_class(fake, "fast", iops="6000")
     monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
     summary = tmp_path / "s.json"
     result = run_hook(
-        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast",
         "--summary-json", str(summary),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -85,8 +82,8 @@ def test_an_unbound_claim_created_with_the_class_is_a_no_op(
     assert data["applied_class"] == "fast" and not data["patched"]
     assert (data["k8s_settle_s"], data["provider_settle_s"], data["total_settle_s"]) == (0, 0, 0)
     assert any("applies when its volume is provisioned" in n for n in data["notes"])
-    assert double.claim_writes() == []
-    assert double.lease()["spec"]["holderIdentity"] == "pipeline-a"  # measured next: held
+    assert fake.claim_writes() == []
+    assert fake.lease()["spec"]["holderIdentity"] == "pipeline-a"  # measured next: held
     record = json.loads(
         next((tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")).read_text()
     )
@@ -95,30 +92,28 @@ def test_an_unbound_claim_created_with_the_class_is_a_no_op(
     assert record["outputs"]["total_settle_s"] == 0
 
 
-def test_a_bound_switch_reports_unbound_noop_false(cluster: KubeDouble, kubeconfig: Path, tmp_path):
+def test_a_bound_switch_reports_unbound_noop_false(cluster: FakeKube, tmp_path):
     summary = tmp_path / "s.json"
-    assert switch(kubeconfig, "--summary-json", str(summary)).exit_code == 0
+    assert switch("--summary-json", str(summary)).exit_code == 0
     assert load_summary(summary)["unbound_noop"] is False
 
 
 @pytest.mark.parametrize("requested", ["baseline", None])
 def test_an_unbound_claim_asking_for_another_class_is_refused_with_what_to_do(
-    double: KubeDouble, kubeconfig: Path, requested: str | None
+    fake: FakeKube, requested: str | None
 ):
-    make_volume(double, bound=False, current=requested)
-    make_class(double, "fast", iops="6000")
-    result = switch(kubeconfig)
+    make_volume(fake, bound=False, current=requested)
+    make_class(fake, "fast", iops="6000")
+    result = switch()
     assert result.exit_code == 3, result.output
     assert "the class of an unbound claim cannot change" in result.stderr
     assert "Create the claim with spec.volumeAttributesClassName: fast" in result.stderr
-    assert double.writes() == []
+    assert fake.requested == []
 
 
-def test_an_unbound_claim_asking_for_a_missing_class_is_refused(
-    double: KubeDouble, kubeconfig: Path
-):
-    make_volume(double, bound=False, current="fast")
-    result = switch(kubeconfig)
+def test_an_unbound_claim_asking_for_a_missing_class_is_refused(fake: FakeKube):
+    make_volume(fake, bound=False, current="fast")
+    result = switch()
     assert result.exit_code == 3, result.output
     assert "VolumeAttributesClass fast not found" in result.stderr
 
@@ -126,7 +121,7 @@ def test_an_unbound_claim_asking_for_a_missing_class_is_refused(
 # ------------------------------------------------------------------- the ledger of switches
 
 
-def test_each_switch_appends_to_the_ledger_in_the_same_patch(cluster: KubeDouble, kubeconfig: Path):
+def test_each_switch_appends_to_the_ledger_in_the_same_patch(cluster: FakeKube):
     cluster.update(
         "PersistentVolumeClaim",
         CLAIM,
@@ -134,8 +129,8 @@ def test_each_switch_appends_to_the_ledger_in_the_same_patch(cluster: KubeDouble
         lambda c: c["metadata"].setdefault("annotations", {}).update(team="ml"),
     )
     started = datetime.now(UTC).replace(microsecond=0)
-    assert switch(kubeconfig).exit_code == 0
-    assert switch(kubeconfig, to="baseline").exit_code == 0
+    assert switch().exit_code == 0
+    assert switch(to="baseline").exit_code == 0
     entries = ledger(cluster)
     assert [(e.from_class, e.to_class, e.holder) for e in entries] == [
         ("baseline", "fast", "pipeline-a"),
@@ -151,12 +146,12 @@ def test_each_switch_appends_to_the_ledger_in_the_same_patch(cluster: KubeDouble
 
 
 def test_the_switch_reports_the_ledger_it_left(
-    cluster: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """The verdict reads the claim's switches from the hook run's ``ledger`` output."""
     monkeypatch.setattr(report_module, "in_polyaxon_run", lambda: True)
     summary = tmp_path / "s.json"
-    assert switch(kubeconfig, "--summary-json", str(summary)).exit_code == 0
+    assert switch("--summary-json", str(summary)).exit_code == 0
     written = cluster.get("PersistentVolumeClaim", CLAIM, NS)["metadata"]["annotations"][
         LEDGER_ANNOTATION
     ]
@@ -169,58 +164,56 @@ def test_the_switch_reports_the_ledger_it_left(
     ]
 
 
-def test_a_no_op_switch_adds_no_entry(cluster: KubeDouble, kubeconfig: Path):
-    assert switch(kubeconfig, to="baseline").exit_code == 0
+def test_a_no_op_switch_adds_no_entry(cluster: FakeKube):
+    assert switch(to="baseline").exit_code == 0
     assert ledger(cluster) == []
 
 
-def test_a_rollback_is_recorded_too(cluster: KubeDouble, kubeconfig: Path):
+def test_a_rollback_is_recorded_too(cluster: FakeKube):
     cluster.resizer.results["fast"] = ["InvalidArgument"]
-    assert switch(kubeconfig, "--on-infeasible", "rollback").exit_code == 4
+    assert switch("--on-infeasible", "rollback").exit_code == 4
     assert [(e.from_class, e.to_class) for e in ledger(cluster)] == [
         ("baseline", "fast"),
         ("fast", "baseline"),
     ]
 
 
-def test_the_window_is_enforced_from_the_ledger_naming_the_next_slot(
-    cluster: KubeDouble, kubeconfig: Path
-):
+def test_the_window_is_enforced_from_the_ledger_naming_the_next_slot(cluster: FakeKube):
     seeded = seed_ledger(cluster, 1, 2, 3, 20)  # EBS: 4 per rolling 24 h
-    result = switch(kubeconfig)
+    result = switch()
     assert result.exit_code == 3, result.output
     assert "has 4 switches in the last 24 h" in result.stderr
     next_at = seeded[0].at + timedelta(hours=24)  # when the 20 h old one leaves the window
     assert f"the next from {next_at:%Y-%m-%dT%H:%M:%SZ}" in result.stderr
     assert cluster.claim_writes() == [] and cluster.lease() is None
 
-    forced = switch(kubeconfig, "--force")
+    forced = switch("--force")
     assert forced.exit_code == 0, forced.output
     assert "warning: --force: the claim's ledger" in forced.stderr
     assert len(ledger(cluster)) == 5
 
 
-def test_switches_older_than_the_window_do_not_count(cluster: KubeDouble, kubeconfig: Path):
+def test_switches_older_than_the_window_do_not_count(cluster: FakeKube):
     seed_ledger(cluster, 25, 26, 27, 30)
-    assert switch(kubeconfig).exit_code == 0
+    assert switch().exit_code == 0
 
 
-def test_the_gke_window_is_one_per_four_hours(double: KubeDouble, kubeconfig: Path):
-    make_volume(double, driver="pd.csi.storage.gke.io")
-    make_class(double, "fast", driver="pd.csi.storage.gke.io", iops="5000")
-    seeded = seed_ledger(double, 1)
-    result = switch(kubeconfig)
+def test_the_gke_window_is_one_per_four_hours(fake: FakeKube):
+    make_volume(fake, driver="pd.csi.storage.gke.io")
+    make_class(fake, "fast", driver="pd.csi.storage.gke.io", iops="5000")
+    seeded = seed_ledger(fake, 1)
+    result = switch()
     assert result.exit_code == 3, result.output
     assert "pd.csi.storage.gke.io allows 1 per 4 h" in result.stderr
     assert f"the next from {seeded[0].at + timedelta(hours=4):%Y-%m-%dT%H:%M:%SZ}" in result.stderr
 
 
-def test_a_hand_written_annotation_is_refused_unless_forced(cluster: KubeDouble, kubeconfig: Path):
+def test_a_hand_written_annotation_is_refused_unless_forced(cluster: FakeKube):
     annotate_ledger(cluster, "switched twice yesterday")
-    result = switch(kubeconfig)
+    result = switch()
     assert result.exit_code == 3, result.output
     assert "is not a ledger of switches" in result.stderr
-    forced = switch(kubeconfig, "--force")
+    forced = switch("--force")
     assert forced.exit_code == 0, forced.output
     assert [e.to_class for e in ledger(cluster)] == ["fast"]
 
@@ -234,13 +227,11 @@ BAD_LEDGERS = {
 
 
 @pytest.mark.parametrize("value", list(BAD_LEDGERS.values()), ids=list(BAD_LEDGERS))
-def test_a_ledger_no_reader_can_use_is_refused_by_every_subcommand(
-    cluster: KubeDouble, kubeconfig: Path, value: str
-):
+def test_a_ledger_no_reader_can_use_is_refused_by_every_subcommand(cluster: FakeKube, value: str):
     annotate_ledger(cluster, value)
-    target = ("-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    target = ("-n", NS, "--claim", CLAIM)
     for args in (("--dry-run",), ()):
-        refused = switch(kubeconfig, *args)
+        refused = switch(*args)
         assert refused.exit_code == 3, refused.output
         assert "is not a ledger of switches" in refused.stderr
         assert "fix or remove it (--force starts a new ledger)" in refused.stderr
@@ -251,14 +242,14 @@ def test_a_ledger_no_reader_can_use_is_refused_by_every_subcommand(
     assert shown.exit_code == 0, shown.output
     assert "switches       not a ledger: " in shown.stdout
     assert cluster.claim_writes() == []
-    forced = switch(kubeconfig, "--force")
+    forced = switch("--force")
     assert forced.exit_code == 0, forced.output
     assert "starting a new one" in forced.stderr
     assert [e.to_class for e in ledger(cluster)] == ["fast"]
 
 
 @pytest.fixture
-def ebs_cluster(cluster: KubeDouble, ec2: Ec2) -> KubeDouble:
+def ebs_cluster(cluster: FakeKube, ec2: Ec2) -> FakeKube:
     cluster.update(
         "PersistentVolume",
         "pvc-0001",
@@ -270,15 +261,14 @@ def ebs_cluster(cluster: KubeDouble, ec2: Ec2) -> KubeDouble:
 
 
 def test_the_provider_is_a_second_source_and_the_stricter_wins(
-    ebs_cluster: KubeDouble, kubeconfig: Path, ec2: Ec2, use_ebs
+    ebs_cluster: FakeKube, ec2: Ec2, use_ebs
 ):
     # EC2 saw 4 modifications just now (the next fits in 24 h); the ledger 4 from 20-23 h
     # ago (the next fits in 1 h): EC2's later time wins.
-    for iops in (3100, 3200, 3300, 3400):
-        ec2.client.modify_volume(VolumeId=ec2.volume_id, Iops=iops)
+    ec2.modify(3100, 3200, 3300, 3400)
     seed_ledger(ebs_cluster, 20, 21, 22, 23)
     use_ebs(Stepper(since=datetime.now(UTC) + timedelta(seconds=1)))
-    result = switch(kubeconfig, "--settle", "provider")
+    result = switch("--settle", "provider")
     assert result.exit_code == 3, result.output
     assert "has 4 switches in the last 24 h" in result.stderr  # the ledger's refusal
     assert "modified 4 times in the last 24 h" in result.stderr  # EC2's refusal
@@ -294,13 +284,11 @@ def test_the_provider_is_a_second_source_and_the_stricter_wins(
     assert ec2_next  # EC2 has the history the stricter time comes from
 
 
-def test_the_ledger_refuses_where_the_provider_sees_nothing(
-    ebs_cluster: KubeDouble, kubeconfig: Path, use_ebs
-):
+def test_the_ledger_refuses_where_the_provider_sees_nothing(ebs_cluster: FakeKube, use_ebs):
     # AWS may list only a volume's latest modification: the ledger still counts all four.
     seed_ledger(ebs_cluster, 1, 2, 3, 4)
     use_ebs(Stepper(since=datetime.now(UTC) + timedelta(seconds=1)))
-    result = switch(kubeconfig, "--settle", "provider")
+    result = switch("--settle", "provider")
     assert result.exit_code == 3, result.output
     assert "has 4 switches in the last 24 h" in result.stderr
 
@@ -308,14 +296,14 @@ def test_the_ledger_refuses_where_the_provider_sees_nothing(
 # ------------------------------------------------------------------------------ the Lease
 
 
-def test_a_switch_takes_the_lease_and_renews_its_own(cluster: KubeDouble, kubeconfig: Path):
-    first = switch(kubeconfig)
+def test_a_switch_takes_the_lease_and_renews_its_own(cluster: FakeKube):
+    first = switch()
     assert first.exit_code == 0, first.output
     lease = cluster.lease()
     assert lease["spec"]["holderIdentity"] == "pipeline-a"
     assert lease["spec"]["leaseDurationSeconds"] == 6 * 3600
     assert "took Lease ml-team/storage-profile-training-checkpoints as pipeline-a" in first.stderr
-    second = switch(kubeconfig, to="baseline")
+    second = switch(to="baseline")
     assert second.exit_code == 0, second.output
     renewed = cluster.lease()
     assert "renewed Lease" in second.stderr
@@ -346,27 +334,25 @@ def test_a_long_claim_name_gets_a_lease_name_that_fits(claim: str):
     assert lease_name(CLAIM) == f"{LEASE_PREFIX}{CLAIM}"  # a name that fits is kept as is
 
 
-def test_a_switch_of_a_long_claim_takes_its_lease(double: KubeDouble, kubeconfig: Path):
+def test_a_switch_of_a_long_claim_takes_its_lease(fake: FakeKube):
     claim = LONG_CLAIMS[0]
-    make_volume(double, claim=claim)
-    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    make_volume(fake, claim=claim)
+    make_class(fake, "fast", type="gp3", iops="6000", throughput="250")
     result = run_hook(
-        "switch", "-n", NS, "--claim", claim, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "switch", "-n", NS, "--claim", claim, "--to", "fast",
         "--settle", "kubernetes",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    lease = double.lease(claim, NS)
+    lease = fake.lease(claim, NS)
     assert lease is not None and lease["spec"]["holderIdentity"] == "pipeline-a"
-    status = run_hook("status", "-n", NS, "--claim", claim, "--kubeconfig", str(kubeconfig))
+    status = run_hook("status", "-n", NS, "--claim", claim)
     assert f"lease          {lease_name(claim)}: pipeline-a" in status.stdout
 
 
-def test_another_holders_fresh_lease_refuses_naming_holder_and_expiry(
-    cluster: KubeDouble, kubeconfig: Path
-):
+def test_another_holders_fresh_lease_refuses_naming_holder_and_expiry(cluster: FakeKube):
     make_lease(cluster, "pipeline-b", renewed_ago=60, duration=3600)
     for extra in ((), ("--dry-run",)):
-        result = switch(kubeconfig, *extra)
+        result = switch(*extra)
         assert result.exit_code == 3, result.output
         assert "is held by pipeline-b until " in result.stderr
         expires = result.stderr.split("is held by pipeline-b until ")[1][:20]
@@ -378,9 +364,9 @@ def test_another_holders_fresh_lease_refuses_naming_holder_and_expiry(
     assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
 
 
-def test_an_expired_lease_is_taken_over(cluster: KubeDouble, kubeconfig: Path):
+def test_an_expired_lease_is_taken_over(cluster: FakeKube):
     make_lease(cluster, "pipeline-b", renewed_ago=7200, duration=3600)
-    result = switch(kubeconfig)
+    result = switch()
     assert result.exit_code == 0, result.output
     assert "took over Lease ml-team/storage-profile-training-checkpoints from pipeline-b" in (
         result.stderr
@@ -389,56 +375,49 @@ def test_an_expired_lease_is_taken_over(cluster: KubeDouble, kubeconfig: Path):
     assert spec["holderIdentity"] == "pipeline-a" and spec["leaseTransitions"] == 1
 
 
-def test_release_gives_the_lease_up_for_the_next_pipeline(cluster: KubeDouble, kubeconfig: Path):
-    assert switch(kubeconfig).exit_code == 0
-    other = release(kubeconfig, "pipeline-b")
+def test_release_gives_the_lease_up_for_the_next_pipeline(cluster: FakeKube):
+    assert switch().exit_code == 0
+    other = release("pipeline-b")
     assert other.exit_code == 3, other.output
     assert "is held by pipeline-a until" in other.stderr and "not released" in other.stderr
-    mine = release(kubeconfig, "pipeline-a")
+    mine = release("pipeline-a")
     assert mine.exit_code == 0, mine.output
     assert "released Lease ml-team/storage-profile-training-checkpoints" in mine.stdout
     assert "holderIdentity" not in cluster.lease()["spec"]
-    again = release(kubeconfig, "pipeline-a")
+    again = release("pipeline-a")
     assert again.exit_code == 0 and "nothing to release" in again.stdout
     # The next pipeline can switch now.
-    nxt = switch(kubeconfig, "--holder", "pipeline-b", to="baseline")
+    nxt = switch("--holder", "pipeline-b", to="baseline")
     assert nxt.exit_code == 0, nxt.output
     assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
 
 
-def test_release_without_a_lease_or_of_an_expired_one_is_a_no_op(
-    cluster: KubeDouble, kubeconfig: Path
-):
-    none = release(kubeconfig, "pipeline-a")
+def test_release_without_a_lease_or_of_an_expired_one_is_a_no_op(cluster: FakeKube):
+    none = release("pipeline-a")
     assert none.exit_code == 0 and "nothing to release" in none.stdout
     make_lease(cluster, "pipeline-b", renewed_ago=7200, duration=3600)
-    expired = release(kubeconfig, "pipeline-a")
+    expired = release("pipeline-a")
     assert expired.exit_code == 0 and "expired" in expired.stdout
     assert cluster.lease()["spec"]["holderIdentity"] == "pipeline-b"
 
 
-def renew(kubeconfig: Path, holder: str, *extra: str):
-    return run_hook(
-        "renew", "-n", NS, "--claim", CLAIM, "--holder", holder, "--kubeconfig", str(kubeconfig),
-        *extra,
-    )  # fmt: skip
+def renew(holder: str, *extra: str):
+    return run_hook("renew", "-n", NS, "--claim", CLAIM, "--holder", holder, *extra)
 
 
-def test_renew_extends_the_stages_lease_and_refuses_one_it_lost(
-    cluster: KubeDouble, kubeconfig: Path
-):
-    assert switch(kubeconfig).exit_code == 0
+def test_renew_extends_the_stages_lease_and_refuses_one_it_lost(cluster: FakeKube):
+    assert switch().exit_code == 0
     taken = cluster.lease()
-    mine = renew(kubeconfig, "pipeline-a", "--lease-duration", "7200")
+    mine = renew("pipeline-a", "--lease-duration", "7200")
     assert mine.exit_code == 0, mine.output
     assert "renewed Lease ml-team/storage-profile-training-checkpoints as pipeline-a" in mine.stdout
     spec = cluster.lease()["spec"]
     assert spec["leaseDurationSeconds"] == 7200 and spec["renewTime"] > taken["spec"]["renewTime"]
-    other = renew(kubeconfig, "pipeline-b")
+    other = renew("pipeline-b")
     assert other.exit_code == 3, other.output
     assert "is held by pipeline-a, not by pipeline-b: not renewed" in other.stderr
-    assert release(kubeconfig, "pipeline-a").exit_code == 0
-    lost = renew(kubeconfig, "pipeline-a")
+    assert release("pipeline-a").exit_code == 0
+    lost = renew("pipeline-a")
     assert lost.exit_code == 3 and "is not held (released)" in lost.stderr, lost.output
     assert "holderIdentity" not in cluster.lease()["spec"]
 
@@ -466,23 +445,9 @@ def test_release_on_the_local_backend_is_a_no_op():
     assert "no Lease" in result.stdout
 
 
-def test_least_privilege_rbac_covers_the_lease_and_no_other(cluster: KubeDouble, kubeconfig: Path):
-    cluster.rbac = Rbac.from_manifests(
-        ROOT / "connections" / "rbac-storage-profile.yaml", "ml-team:storage-profile-hook"
-    )
-    assert switch(kubeconfig).exit_code == 0  # create
-    assert switch(kubeconfig, to="baseline").exit_code == 0  # get + update
-    assert release(kubeconfig, "pipeline-a").exit_code == 0
-    assert all(r.status != 403 for r in cluster.requests)
-    # Another claim's Lease is out of reach (get and update are restricted by name).
-    result = release(kubeconfig, "pipeline-a", claim="someone-else")
-    assert result.exit_code == 3, result.output
-    assert "cannot read Lease ml-team/storage-profile-someone-else" in result.stderr
-
-
-def test_status_shows_the_lease_and_the_ledger(cluster: KubeDouble, kubeconfig: Path):
-    assert switch(kubeconfig).exit_code == 0
-    args = ("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+def test_status_shows_the_lease_and_the_ledger(cluster: FakeKube):
+    assert switch().exit_code == 0
+    args = ("status", "-n", NS, "--claim", CLAIM)
     data = json.loads(run_hook(*args, "--output", "json").stdout)
     assert data["lease"]["holder"] == "pipeline-a"
     assert [(e["from"], e["to"]) for e in data["ledger"]] == [("baseline", "fast")]
@@ -521,7 +486,7 @@ def test_a_lease_duration_the_api_cannot_store_is_a_usage_error(seconds: str):
     assert "--lease-duration must be 1 to 2147483647 seconds" in result.stderr
 
 
-def test_a_fractional_lease_duration_is_rounded_up(cluster: KubeDouble, kubeconfig: Path):
-    result = switch(kubeconfig, "--lease-duration", "90.2")
+def test_a_fractional_lease_duration_is_rounded_up(cluster: FakeKube):
+    result = switch("--lease-duration", "90.2")
     assert result.exit_code == 0, result.output
     assert cluster.lease()["spec"]["leaseDurationSeconds"] == 91

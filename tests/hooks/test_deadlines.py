@@ -13,8 +13,10 @@ import pytest
 from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded
 from hooks.storage_profile.gke import GkeProvider
 from hooks.storage_profile.providers import EC2_READ_TIMEOUT, EbsProvider
+from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import run_hook, write_kubeconfig
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 
@@ -207,7 +209,7 @@ def test_finding_google_credentials_ends_by_the_deadline(monkeypatch: pytest.Mon
 
 @pytest.mark.timeout(60)
 def test_the_polyaxon_holder_lookup_is_part_of_the_deadline(
-    double: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeKube, monkeypatch: pytest.MonkeyPatch
 ):
     import polyaxon.client
 
@@ -223,15 +225,12 @@ def test_the_polyaxon_holder_lookup_is_part_of_the_deadline(
     monkeypatch.setattr(polyaxon.client, "RunClient", SilentRunClient)
     monkeypatch.delenv("STORAGE_PROFILE_HOLDER")
     monkeypatch.setenv("POLYAXON_RUN_INSTANCE", "acme.bench.runs.run-1")
-    make_volume(double)
-    make_class(double, "fast", iops="6000")
+    make_volume(fake)
+    make_class(fake, "fast", iops="6000")
     for command in ("switch", "release"):
         # A dry run: a real switch would also log its report to the (absent) Polyaxon run.
         extra = ("--to", "fast", "--dry-run") if command == "switch" else ()
-        result, elapsed = timed(
-            command, "-n", NS, "--claim", CLAIM, *extra, "--kubeconfig", str(kubeconfig),
-            "--timeout", "2",
-        )  # fmt: skip
+        result, elapsed = timed(command, "-n", NS, "--claim", CLAIM, *extra, "--timeout", "2")
         assert result.exit_code == 5, result.output
         assert elapsed < 4, elapsed
-    assert double.claim_writes() == []
+    assert fake.claim_writes() == []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,8 +34,10 @@ from hooks.storage_profile.gke import (
 from hooks.storage_profile.providers import PROVIDERS
 from hooks.storage_profile.switch import default_provider
 from tests.hooks.compute_double import ComputeDouble
-from tests.hooks.helpers import load_summary, run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.fake_kube import FakeKube
+from tests.hooks.helpers import hook_command, load_summary, run_hook
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import KubeState, make_class, make_volume
 
 ROOT = Path(__file__).resolve().parents[2]
 NS, CLAIM = "ml-team", "training-checkpoints"
@@ -288,17 +289,16 @@ def test_preflight_refuses_when_the_api_refuses(compute: ComputeDouble) -> None:
 # ------------------------------------------------------------------- through the real CLI
 
 
-@pytest.fixture
-def gke_cluster(double: KubeDouble, compute: ComputeDouble) -> KubeDouble:
-    """The double's claim is a GKE Hyperdisk; the resizer's driver call starts an update
-    that the disk reports two looks later (the driver does not wait for the operation)."""
+def seed_gke(state: KubeState, compute: ComputeDouble) -> None:
+    """The claim is a GKE Hyperdisk; the resizer's driver call starts an update that the
+    disk reports two looks later (the driver does not wait for the operation)."""
     # On the shipped baseline class already, as the bundle's claim starts: a switch to
     # it is then no modification, and GKE's one per 4 h (counted from the claim's ledger)
     # is left for the one switch to checkpoint-throughput.
-    make_volume(double, driver=DRIVER, handle=HANDLE, current="checkpoint-baseline")
+    make_volume(state, driver=DRIVER, handle=HANDLE, current="checkpoint-baseline")
     for name, doc in shipped_classes().items():
-        make_class(double, name, driver=DRIVER, **doc["parameters"])
-    double.resizer.driver = DRIVER
+        make_class(state, name, driver=DRIVER, **doc["parameters"])
+    state.resizer.driver = DRIVER
 
     def on_modify(pv: dict, vac: dict) -> None:
         target = DiskTarget.from_parameters(vac["parameters"])
@@ -309,29 +309,29 @@ def gke_cluster(double: KubeDouble, compute: ComputeDouble) -> KubeDouble:
             provisionedThroughput=target.throughput_mibps,
         )
 
-    double.resizer.on_modify = on_modify
-    return double
+    state.resizer.on_modify = on_modify
 
 
-def switch(kubeconfig: Path, *extra: str, to: str = "checkpoint-throughput"):
-    return run_hook(
-        "switch", "-n", NS, "--claim", CLAIM, "--to", to, "--kubeconfig", str(kubeconfig), *extra
-    )
+@pytest.fixture
+def gke_cluster(fake: FakeKube, compute: ComputeDouble) -> FakeKube:
+    """:func:`seed_gke` on the in-memory fake."""
+    seed_gke(fake, compute)
+    return fake
+
+
+def switch(*extra: str, to: str = "checkpoint-throughput"):
+    return run_hook("switch", "-n", NS, "--claim", CLAIM, "--to", to, *extra)
 
 
 def test_switch_waits_for_compute_engine(
-    gke_cluster: KubeDouble,
-    compute: ComputeDouble,
-    kubeconfig: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    gke_cluster: FakeKube, compute: ComputeDouble, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     gke = provider(compute)
     monkeypatch.setattr(cli, "PROVIDER_FOR", lambda d, pv: gke if d == DRIVER else None)
     summary = tmp_path / "s.json"
-    result = switch(kubeconfig, "--summary-json", str(summary), to="checkpoint-baseline")
+    result = switch("--summary-json", str(summary), to="checkpoint-baseline")
     assert result.exit_code == 0, result.output  # already on the baseline: nothing to wait for
-    result = switch(kubeconfig, "--summary-json", str(summary))
+    result = switch("--summary-json", str(summary))
     assert result.exit_code == 0, result.output
     data = load_summary(summary)
     assert data["provider"] == "gcp-pd" and data["driver"] == DRIVER
@@ -345,16 +345,16 @@ def test_switch_waits_for_compute_engine(
 
 
 def test_unknown_driver_falls_back_to_kubernetes_settle(
-    double: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     driver = "example.csi.vendor.io"
-    make_volume(double, driver=driver, handle="vendor-volume-1")
-    make_class(double, "baseline", driver=driver, speed="1")
-    make_class(double, "fast", driver=driver, speed="2")
-    double.resizer.driver = driver
+    make_volume(fake, driver=driver, handle="vendor-volume-1")
+    make_class(fake, "baseline", driver=driver, speed="1")
+    make_class(fake, "fast", driver=driver, speed="2")
+    fake.resizer.driver = driver
     monkeypatch.setattr(cli, "PROVIDER_FOR", default_provider)  # the real registry
     summary = tmp_path / "s.json"
-    result = switch(kubeconfig, "--summary-json", str(summary), to="fast")
+    result = switch("--summary-json", str(summary), to="fast")
     assert result.exit_code == 0, result.output
     data = load_summary(summary)
     assert data["provider"] is None and data["applied_class"] == "fast"
@@ -365,15 +365,16 @@ def test_unknown_driver_falls_back_to_kubernetes_settle(
 
 
 def test_switch_with_workload_identity_credentials(
-    gke_cluster: KubeDouble, kubeconfig: Path, tmp_path: Path
+    double: KubeDouble, compute: ComputeDouble, kubeconfig: Path, tmp_path: Path
 ):
     """``python -m hooks.storage_profile`` as the pod runs it: the real provider registry,
     Application Default Credentials from the (double) metadata server, as Workload
     Identity serves them, and the API endpoint from the environment."""
+    seed_gke(double, compute)
     metadata = ComputeDouble(token="wi-token", require_token="wi-token").start()
     try:
         metadata.add_disk(HANDLE)
-        gke_cluster.resizer.on_modify = lambda pv, vac: metadata.modify(
+        double.resizer.on_modify = lambda pv, vac: metadata.modify(
             HANDLE, after_looks=0, provisionedIops=6000, provisionedThroughput=290
         )
         env = {
@@ -389,23 +390,12 @@ def test_switch_with_workload_identity_credentials(
             **{ENDPOINT_ENV: metadata.endpoint},
         )
         summary = tmp_path / "s.json"
+        command = hook_command(
+            "switch", "-n", NS, "--claim", CLAIM, "--to", "checkpoint-throughput",
+            "--kubeconfig", str(kubeconfig), "--summary-json", str(summary),
+        )  # fmt: skip
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hooks.storage_profile",
-                "switch",
-                "-n",
-                NS,
-                "--claim",
-                CLAIM,
-                "--to",
-                "checkpoint-throughput",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--summary-json",
-                str(summary),
-            ],
+            command,
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -431,10 +421,7 @@ def test_switch_with_workload_identity_credentials(
 
 
 def test_the_heartbeat_shows_the_disk_while_the_provider_is_waited_for(
-    gke_cluster: KubeDouble,
-    compute: ComputeDouble,
-    kubeconfig: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    gke_cluster: FakeKube, compute: ComputeDouble, monkeypatch: pytest.MonkeyPatch
 ):
     # The update lands ~0.8 s after Kubernetes settled: a few heartbeats of 0.2 s meanwhile.
     gke = GkeProvider(
@@ -445,7 +432,7 @@ def test_the_heartbeat_shows_the_disk_while_the_provider_is_waited_for(
     )
     monkeypatch.setattr(cli, "PROVIDER_FOR", lambda d, pv: gke if d == DRIVER else None)
     monkeypatch.setattr(cli, "HEARTBEAT", 0.2)
-    result = switch(kubeconfig)
+    result = switch()
     assert result.exit_code == 0, result.output
     beats = [
         line

@@ -12,8 +12,10 @@ from checkpoint_storage_bench.retry import Backoff, Deadline
 from hooks.storage_profile import cli
 from hooks.storage_profile.config import DEFAULT_TIMEOUT, SwitchConfig
 from hooks.storage_profile.heartbeat import Heartbeat
+from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import Ec2, Stepper, modify_from_class, run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import KubeState, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 LINE = re.compile(
@@ -23,17 +25,23 @@ LINE = re.compile(
 )
 
 
-def test_a_quiet_kubernetes_wait_prints_a_heartbeat(
-    double: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
-):
-    make_volume(double)
-    make_class(double, "fast", iops="6000")
-    double.resizer.driver_delay = 3.5  # InProgress for 3.5 s, with nothing else happening
-    monkeypatch.setattr(cli, "HEARTBEAT", 0.4)
-    result = run_hook(
-        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
-        "--settle", "kubernetes", "--timeout", "60",
+def slow_switch(state: KubeState, seconds: float, *extra: str):
+    """Switch the claim to a class whose modification takes ``seconds`` (InProgress, with
+    nothing else happening)."""
+    make_volume(state)
+    make_class(state, "fast", iops="6000")
+    state.resizer.driver_delay = seconds
+    return run_hook(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--settle", "kubernetes",
+        "--timeout", "60", *extra,
     )  # fmt: skip
+
+
+def test_a_quiet_kubernetes_wait_prints_a_heartbeat(
+    fake: FakeKube, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(cli, "HEARTBEAT", 0.4)
+    result = slow_switch(fake, 3.5)
     assert result.exit_code == 0, result.output
     beats = list(LINE.finditer(result.stderr))
     # At most one per interval over the ~3.5 s wait, and the wait did speak (a watch lasts
@@ -43,23 +51,17 @@ def test_a_quiet_kubernetes_wait_prints_a_heartbeat(
     assert beats[-1]["provider"] == "not asked yet"
     assert beats[-1]["left"].endswith("s")
     # The watch was cut for the heartbeat and resumed without listing the claim again.
-    assert double.count("list") == 1 and double.count("watch") >= 2
+    assert fake.count("list_claim") == 1 and fake.count("watch_claim") >= 2
 
 
 def test_watches_that_end_at_once_back_off_and_show_in_the_heartbeat(
     double: KubeDouble, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    make_volume(double)
-    make_class(double, "fast", iops="6000")
-    double.resizer.driver_delay = 3.0
     double.watch_faults.extend(["close"] * 100_000)  # every watch ends without an event
     backoff = Backoff.exponential(0.2, factor=2.0, cap=0.8, tries=4)
     monkeypatch.setattr(cli, "BACKOFF", backoff)
     monkeypatch.setattr(cli, "HEARTBEAT", 0.5)
-    result = run_hook(
-        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
-        "--settle", "kubernetes", "--timeout", "60",
-    )  # fmt: skip
+    result = slow_switch(double, 3.0, "--kubeconfig", str(kubeconfig))
     assert result.exit_code == 0, result.output
     watches = double.count("watch")
     # Reopened at once, the ~3 s wait sent thousands; backing off, one per delay at most.
@@ -72,15 +74,11 @@ def test_watches_that_end_at_once_back_off_and_show_in_the_heartbeat(
 
 
 def test_a_provider_wait_prints_its_state_and_progress(
-    double: KubeDouble,
-    kubeconfig: Path,
-    ec2: Ec2,
-    use_ebs,
-    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeKube, ec2: Ec2, use_ebs, monkeypatch: pytest.MonkeyPatch
 ):
-    make_volume(double, handle=ec2.volume_id)
-    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
-    double.resizer.on_modify = modify_from_class(ec2)
+    make_volume(fake, handle=ec2.volume_id)
+    make_class(fake, "fast", type="gp3", iops="6000", throughput="250")
+    fake.resizer.on_modify = modify_from_class(ec2)
     use_ebs(
         Stepper(
             since=datetime.now(UTC) - timedelta(seconds=1),
@@ -88,10 +86,7 @@ def test_a_provider_wait_prints_its_state_and_progress(
         )
     )
     monkeypatch.setattr(cli, "HEARTBEAT", 0.3)
-    result = run_hook(
-        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
-        "--settle", "provider",
-    )  # fmt: skip
+    result = run_hook("switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--settle", "provider")
     assert result.exit_code == 0, result.output
     provider_beats = [b for b in LINE.finditer(result.stderr) if "EC2" in b["provider"]]
     assert provider_beats, result.stderr

@@ -12,7 +12,8 @@ from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, fo
 from hooks.storage_profile.errors import ApiError, Conflict, Forbidden, Gone, Invalid, NotFound
 from hooks.storage_profile.kube import Kube, load_api_client
 from tests.hooks.helpers import FAST_BACKOFF
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 

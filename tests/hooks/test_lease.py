@@ -13,6 +13,7 @@ from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile.errors import EXIT_PREFLIGHT, PreflightRefused
 from hooks.storage_profile.lease import ClaimLease, microtime
 from tests.hooks.fake_kube import FakeKube
+from tests.hooks.kube_state import make_lease
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 NAME = lease_name(CLAIM)
@@ -25,7 +26,7 @@ def lease(kube: FakeKube, holder: str = "pipeline-a", duration: float = 7200) ->
 
 def seeded(holder: str | None, renewed_ago: float) -> FakeKube:
     kube = FakeKube()
-    kube.put_lease(NS, NAME, holder, microtime(NOW - timedelta(seconds=renewed_ago)))
+    make_lease(kube, holder, renewed_ago, now=NOW)
     return kube
 
 
@@ -37,9 +38,9 @@ def test_renew_extends_our_lease_from_now_and_keeps_its_history():
         f"renewed Lease {NS}/{NAME} as pipeline-a until "
         f"{(NOW + timedelta(seconds=7200)):%Y-%m-%dT%H:%M:%SZ}"
     )
-    ((verb, body),) = kube.writes
-    assert verb == "update"
-    spec = body["spec"]
+    (write,) = kube.writes
+    assert write.verb == "update"
+    spec = write.body["spec"]
     assert spec["renewTime"] == microtime(NOW) and spec["leaseDurationSeconds"] == 7200
     assert spec["holderIdentity"] == "pipeline-a"
     assert spec["acquireTime"] == before["spec"]["acquireTime"]
@@ -72,14 +73,14 @@ def test_renew_refuses_when_there_is_no_lease():
     kube = FakeKube()
     with pytest.raises(PreflightRefused, match="does not exist, not by pipeline-a"):
         lease(kube).renew(Deadline(10))
-    assert kube.writes == [] and kube.leases == {}
+    assert kube.writes == [] and kube.lease() is None
 
 
 def test_renew_reads_again_after_a_concurrent_write_and_judges_what_it_finds():
     kube = seeded("pipeline-a", renewed_ago=60)
 
     def taken(fake: FakeKube) -> None:  # another holder takes it between our read and write
-        fake.put_lease(NS, NAME, "pipeline-b", microtime(NOW))
+        make_lease(fake, "pipeline-b", now=NOW)
 
     kube.before_write = taken
     with pytest.raises(PreflightRefused, match="is held by pipeline-b"):
@@ -98,9 +99,9 @@ def test_acquire_creates_a_missing_lease_for_the_duration():
     kube = FakeKube()
     note = lease(kube, duration=90.5).acquire(Deadline(10))
     assert note.startswith(f"took Lease {NS}/{NAME} as pipeline-a until ")
-    ((verb, body),) = kube.writes
-    spec = body["spec"]
-    assert verb == "create" and spec["holderIdentity"] == "pipeline-a"
+    (write,) = kube.writes
+    spec = write.body["spec"]
+    assert write.verb == "create" and spec["holderIdentity"] == "pipeline-a"
     assert spec["leaseDurationSeconds"] == 91  # whole seconds, rounded up
     assert spec["acquireTime"] == spec["renewTime"] == microtime(NOW)
     assert spec["leaseTransitions"] == 0
@@ -110,7 +111,7 @@ def test_acquire_that_loses_the_create_race_reads_again_and_refuses_the_winner()
     kube = FakeKube()
 
     def won(fake: FakeKube) -> None:  # another pipeline creates it between our read and create
-        fake.put_lease(NS, NAME, "pipeline-b", microtime(NOW))
+        make_lease(fake, "pipeline-b", now=NOW)
 
     kube.before_write = won
     with pytest.raises(PreflightRefused, match="is held by pipeline-b until"):

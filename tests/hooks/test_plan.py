@@ -1,5 +1,5 @@
 """``plan``: the modification plan before a pipeline's first switch, through the real CLI
-against the Kubernetes double (and the sandbox's local profiles)."""
+against the Kubernetes fake (and the sandbox's local profiles)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, fo
 from hooks.storage_profile import plan as plan_module
 from hooks.storage_profile.errors import EXIT_CODES, EXIT_PREFLIGHT, PlanRefused
 from hooks.storage_profile.plan import earliest_start, switches_of
+from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import run_hook
-from tests.hooks.kube_double import KubeDouble, make_class, make_volume
+from tests.hooks.kube_state import make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -26,15 +27,15 @@ def _fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_module, "NOW", lambda: NOW)
 
 
-def cluster(double: KubeDouble, driver: str = EBS, **volume) -> KubeDouble:
-    make_volume(double, driver=driver, current="checkpoint-baseline", **volume)
-    make_class(double, "checkpoint-baseline", driver=driver, iops="3000", throughput="125")
-    make_class(double, "checkpoint-throughput", driver=driver, iops="6000", throughput="250")
-    make_class(double, "checkpoint-io2", driver=driver, iops="16000", throughput="500")
-    return double
+def cluster(fake: FakeKube, driver: str = EBS, **volume) -> FakeKube:
+    make_volume(fake, driver=driver, current="checkpoint-baseline", **volume)
+    make_class(fake, "checkpoint-baseline", driver=driver, iops="3000", throughput="125")
+    make_class(fake, "checkpoint-throughput", driver=driver, iops="6000", throughput="250")
+    make_class(fake, "checkpoint-io2", driver=driver, iops="16000", throughput="500")
+    return fake
 
 
-def set_ledger(double: KubeDouble, *hours_ago: float) -> None:
+def set_ledger(fake: FakeKube, *hours_ago: float) -> None:
     entries = [
         LedgerEntry(NOW - timedelta(hours=h), "checkpoint-baseline", "checkpoint-throughput")
         for h in hours_ago
@@ -43,12 +44,11 @@ def set_ledger(double: KubeDouble, *hours_ago: float) -> None:
     def annotate(claim: dict) -> None:
         claim["metadata"].setdefault("annotations", {})[LEDGER_ANNOTATION] = format_ledger(entries)
 
-    double.update("PersistentVolumeClaim", CLAIM, NS, annotate)
+    fake.update("PersistentVolumeClaim", CLAIM, NS, annotate)
 
 
-def plan(kubeconfig: Path, profiles: str, *extra: str, summary: Path | None = None):
-    args = ["plan", "-n", NS, "--claim", CLAIM, "--profiles", profiles]
-    args += ["--kubeconfig", str(kubeconfig), *extra]
+def plan(profiles: str, *extra: str, summary: Path | None = None):
+    args = ["plan", "-n", NS, "--claim", CLAIM, "--profiles", profiles, *extra]
     if summary is not None:
         args += ["--summary-json", str(summary)]
     return run_hook(*args)
@@ -88,12 +88,10 @@ def test_earliest_start_in_a_rolling_window() -> None:
 # -------------------------------------------------------------------- through the CLI (EBS)
 
 
-def test_fits_and_changes_nothing(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
-    cluster(double)
+def test_fits_and_changes_nothing(fake: FakeKube, tmp_path: Path):
+    cluster(fake)
     out = tmp_path / "plan.json"
-    result = plan(
-        kubeconfig, "checkpoint-baseline,checkpoint-throughput", "--return-to-first", summary=out
-    )
+    result = plan("checkpoint-baseline,checkpoint-throughput", "--return-to-first", summary=out)
     assert result.exit_code == 0, result.output
     data = load(out)
     assert data["schema"] == "storage-profile-plan/1"
@@ -108,18 +106,14 @@ def test_fits_and_changes_nothing(double: KubeDouble, kubeconfig: Path, tmp_path
     assert data["refusal"] is None and data["ledger_in_window"] == 0
     assert "modifications    2 (checkpoint-baseline -> checkpoint-throughput" in result.stdout
     assert "earliest start   2026-12-01T12:00:00Z (now)" in result.stdout
-    assert double.writes() == []  # read only
+    assert fake.requested == []  # read only
 
 
-def test_refused_until_old_switches_leave_the_window(
-    double: KubeDouble, kubeconfig: Path, tmp_path: Path
-):
-    cluster(double)
-    set_ledger(double, 30, 20, 10, 2)  # three inside the last 24 h
+def test_refused_until_old_switches_leave_the_window(fake: FakeKube, tmp_path: Path):
+    cluster(fake)
+    set_ledger(fake, 30, 20, 10, 2)  # three inside the last 24 h
     out = tmp_path / "plan.json"
-    result = plan(
-        kubeconfig, "checkpoint-baseline,checkpoint-throughput,checkpoint-io2", summary=out
-    )
+    result = plan("checkpoint-baseline,checkpoint-throughput,checkpoint-io2", summary=out)
     assert result.exit_code == 3
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("storage-profile: error: the run over checkpoint-baseline, ")
@@ -130,23 +124,21 @@ def test_refused_until_old_switches_leave_the_window(
     data = load(out)
     assert not data["fits"] and data["earliest_start"] == "2026-12-01T16:00:00Z"
     assert data["ledger_in_window"] == 3
-    assert double.writes() == []
+    assert fake.requested == []
 
 
-def test_one_more_switch_would_fit(double: KubeDouble, kubeconfig: Path):
-    cluster(double)
-    set_ledger(double, 30, 20, 10, 2)
-    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput")
+def test_one_more_switch_would_fit(fake: FakeKube):
+    cluster(fake)
+    set_ledger(fake, 30, 20, 10, 2)
+    result = plan("checkpoint-baseline,checkpoint-throughput")
     assert result.exit_code == 0, result.output
 
 
-def test_more_than_the_window_allows_never_fits(
-    double: KubeDouble, kubeconfig: Path, tmp_path: Path
-):
-    cluster(double)
+def test_more_than_the_window_allows_never_fits(fake: FakeKube, tmp_path: Path):
+    cluster(fake)
     out = tmp_path / "plan.json"
     profiles = "checkpoint-throughput,checkpoint-io2,checkpoint-throughput,checkpoint-io2"
-    result = plan(kubeconfig, profiles, "--return-to-first", summary=out)
+    result = plan(profiles, "--return-to-first", summary=out)
     assert result.exit_code == 3
     assert "needs 5 modifications" in result.stderr
     assert "cannot fit in one window, whenever it starts" in result.stderr
@@ -155,58 +147,58 @@ def test_more_than_the_window_allows_never_fits(
     assert "earliest start   never, in one run" in result.stdout
 
 
-def test_a_missing_class_is_refused(double: KubeDouble, kubeconfig: Path):
-    cluster(double)
-    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-nvme,checkpoint-gold")
+def test_a_missing_class_is_refused(fake: FakeKube):
+    cluster(fake)
+    result = plan("checkpoint-baseline,checkpoint-nvme,checkpoint-gold")
     assert result.exit_code == 3
     assert "VolumeAttributesClass not found: checkpoint-nvme, checkpoint-gold" in result.stderr
 
 
-def test_a_class_of_another_driver_is_refused(double: KubeDouble, kubeconfig: Path):
-    cluster(double)
-    make_class(double, "hyperdisk-fast", driver=GKE, iops="6000", throughput="290Mi")
-    result = plan(kubeconfig, "checkpoint-baseline,hyperdisk-fast")
+def test_a_class_of_another_driver_is_refused(fake: FakeKube):
+    cluster(fake)
+    make_class(fake, "hyperdisk-fast", driver=GKE, iops="6000", throughput="290Mi")
+    result = plan("checkpoint-baseline,hyperdisk-fast")
     assert result.exit_code == 3
     assert f"provisioned by {EBS}, but hyperdisk-fast is for {GKE}" in result.stderr
 
 
-def test_a_malformed_ledger_is_refused(double: KubeDouble, kubeconfig: Path):
-    cluster(double)
+def test_a_malformed_ledger_is_refused(fake: FakeKube):
+    cluster(fake)
 
     def annotate(claim: dict) -> None:
         claim["metadata"]["annotations"] = {LEDGER_ANNOTATION: '{"not": "a list"}'}
 
-    double.update("PersistentVolumeClaim", CLAIM, NS, annotate)
-    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput")
+    fake.update("PersistentVolumeClaim", CLAIM, NS, annotate)
+    result = plan("checkpoint-baseline,checkpoint-throughput")
     assert result.exit_code == 3 and "is not a ledger of switches" in result.stderr
 
 
-def test_a_missing_claim_is_refused(double: KubeDouble, kubeconfig: Path):
-    cluster(double, claim="other-claim")
-    result = plan(kubeconfig, "checkpoint-baseline")
+def test_a_missing_claim_is_refused(fake: FakeKube):
+    cluster(fake, claim="other-claim")
+    result = plan("checkpoint-baseline")
     assert result.exit_code == 3 and f"claim {NS}/{CLAIM} not found" in result.stderr
 
 
 # --------------------------------------------------------------- GKE, unbound, unknown
 
 
-def test_gke_allows_one_change_per_four_hours(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
-    cluster(double, driver=GKE, handle="projects/p/zones/z/disks/d")
-    assert plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput").exit_code == 0
-    set_ledger(double, 1)  # switched an hour ago
+def test_gke_allows_one_change_per_four_hours(fake: FakeKube, tmp_path: Path):
+    cluster(fake, driver=GKE, handle="projects/p/zones/z/disks/d")
+    assert plan("checkpoint-baseline,checkpoint-throughput").exit_code == 0
+    set_ledger(fake, 1)  # switched an hour ago
     out = tmp_path / "plan.json"
-    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput", summary=out)
+    result = plan("checkpoint-baseline,checkpoint-throughput", summary=out)
     assert result.exit_code == 3
     assert "allows 1 per 4 h" in result.stderr and "fits from 2026-12-01T15:00:00Z" in result.stderr
     assert load(out)["window_s"] == 4 * 3600
-    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput", "--return-to-first")
+    result = plan("checkpoint-baseline,checkpoint-throughput", "--return-to-first")
     assert result.exit_code == 3 and "cannot fit in one window" in result.stderr
 
 
-def test_unbound_claim_on_the_first_profile(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
-    cluster(double, bound=False)
+def test_unbound_claim_on_the_first_profile(fake: FakeKube, tmp_path: Path):
+    cluster(fake, bound=False)
     out = tmp_path / "plan.json"
-    result = plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput", summary=out)
+    result = plan("checkpoint-baseline,checkpoint-throughput", summary=out)
     assert result.exit_code == 0, result.output
     data = load(out)
     assert data["bound"] is False and data["driver"] == EBS  # from the classes
@@ -214,9 +206,9 @@ def test_unbound_claim_on_the_first_profile(double: KubeDouble, kubeconfig: Path
     assert any("applies when its first pod provisions it" in n for n in data["notes"])
 
 
-def test_unbound_claim_on_another_class_is_refused(double: KubeDouble, kubeconfig: Path):
-    cluster(double, bound=False)
-    result = plan(kubeconfig, "checkpoint-throughput,checkpoint-baseline")
+def test_unbound_claim_on_another_class_is_refused(fake: FakeKube):
+    cluster(fake, bound=False)
+    result = plan("checkpoint-throughput,checkpoint-baseline")
     assert result.exit_code == 3
     assert "is not bound yet and names checkpoint-baseline" in result.stderr
     assert "the first profile must be checkpoint-baseline (not checkpoint-throughput)" in (
@@ -224,11 +216,11 @@ def test_unbound_claim_on_another_class_is_refused(double: KubeDouble, kubeconfi
     )
 
 
-def test_a_driver_without_a_known_window(double: KubeDouble, kubeconfig: Path, tmp_path: Path):
-    cluster(double, driver="example.csi.vendor.io", handle="v-1")
+def test_a_driver_without_a_known_window(fake: FakeKube, tmp_path: Path):
+    cluster(fake, driver="example.csi.vendor.io", handle="v-1")
     out = tmp_path / "plan.json"
     profiles = "checkpoint-throughput,checkpoint-io2,checkpoint-throughput,checkpoint-io2"
-    result = plan(kubeconfig, profiles, summary=out)
+    result = plan(profiles, summary=out)
     assert result.exit_code == 0, result.output
     data = load(out)
     assert data["modifications_needed"] == 4 and data["modifications_allowed"] is None
@@ -236,9 +228,9 @@ def test_a_driver_without_a_known_window(double: KubeDouble, kubeconfig: Path, t
 
 
 @pytest.mark.parametrize("profiles", ["", "a,,b", " , "])
-def test_bad_profiles_are_a_usage_error(double: KubeDouble, kubeconfig: Path, profiles: str):
-    cluster(double)
-    result = plan(kubeconfig, profiles)
+def test_bad_profiles_are_a_usage_error(fake: FakeKube, profiles: str):
+    cluster(fake)
+    result = plan(profiles)
     assert result.exit_code == 2 and "--profiles" in result.stderr
 
 
@@ -256,15 +248,13 @@ def test_exit_codes_come_from_the_hooks_one_table() -> None:
 
 
 def test_inside_a_run_the_plan_is_logged_and_a_refusal_fails_it(
-    double: KubeDouble, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    cluster(double)
+    cluster(fake)
     monkeypatch.setattr(plan_module, "in_polyaxon_run", lambda: True)
-    assert plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput").exit_code == 0
-    set_ledger(double, 20, 10, 2)
-    assert (
-        plan(kubeconfig, "checkpoint-baseline,checkpoint-throughput,checkpoint-io2").exit_code == 3
-    )
+    assert plan("checkpoint-baseline,checkpoint-throughput").exit_code == 0
+    set_ledger(fake, 20, 10, 2)
+    assert plan("checkpoint-baseline,checkpoint-throughput,checkpoint-io2").exit_code == 3
     records = [
         json.loads(p.read_text())
         for p in (tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")

@@ -1,4 +1,5 @@
-"""``status``, argument errors and the real ``python -m`` entry point."""
+"""``status`` (against the in-memory fake of the client wrapper), argument errors, and on
+the wire: the real ``python -m`` entry point, TLS, RBAC for events."""
 
 from __future__ import annotations
 
@@ -7,34 +8,28 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import click
 import pytest
 
-from tests.hooks.helpers import run_hook, write_kubeconfig
-from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_volume
+from tests.hooks.fake_kube import FakeKube
+from tests.hooks.helpers import hook_command, run_hook, write_kubeconfig
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import Rbac, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_status_shows_desired_current_status_conditions_and_events(
-    double: KubeDouble, kubeconfig: Path
-):
-    make_volume(double)
-    make_class(double, "fast", iops="6000")
-    double.resizer.results["fast"] = ["InvalidArgument"]
-    assert (
-        run_hook(
-            "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig)
-        ).exit_code
-        == 4
-    )
+def test_status_shows_desired_current_status_conditions_and_events(fake: FakeKube):
+    make_volume(fake)
+    make_class(fake, "fast", iops="6000")
+    fake.resizer.results["fast"] = ["InvalidArgument"]
+    assert run_hook("switch", "-n", NS, "--claim", CLAIM, "--to", "fast").exit_code == 4
 
-    text = run_hook("status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig))
+    text = run_hook("status", "-n", NS, "--claim", CLAIM)
     assert text.exit_code == 0, text.output
     assert "desired class  fast" in text.stdout
     assert "current class  baseline" in text.stdout
@@ -42,9 +37,7 @@ def test_status_shows_desired_current_status_conditions_and_events(
     assert "ModifyVolumeError=True InvalidArgument: rpc error" in text.stdout
     assert "Warning VolumeModifyFailed" in text.stdout and "Normal VolumeModify:" in text.stdout
 
-    raw = run_hook(
-        "status", "-n", NS, "--claim", CLAIM, "--kubeconfig", str(kubeconfig), "-o", "json"
-    )
+    raw = run_hook("status", "-n", NS, "--claim", CLAIM, "-o", "json")
     data = json.loads(raw.stdout)
     assert (data["desiredClass"], data["currentClass"]) == ("fast", "baseline")
     assert data["modifyVolumeStatus"] == {
@@ -53,12 +46,12 @@ def test_status_shows_desired_current_status_conditions_and_events(
     }
     assert data["driver"] == "ebs.csi.aws.com" and data["volume"] == "pvc-0001"
     assert [e["reason"] for e in data["events"]] == ["VolumeModify", "VolumeModifyFailed"]
-    assert double.claim_writes()[-1].method == "PATCH"  # status itself wrote nothing
-    assert len(double.claim_writes()) == 1
+    assert fake.claim_writes()[-1].verb == "patch"  # status itself wrote nothing
+    assert len(fake.claim_writes()) == 1
 
 
-def test_status_of_a_missing_claim(double: KubeDouble, kubeconfig: Path):
-    result = run_hook("status", "-n", NS, "--claim", "nope", "--kubeconfig", str(kubeconfig))
+def test_status_of_a_missing_claim(fake: FakeKube):
+    result = run_hook("status", "-n", NS, "--claim", "nope")
     assert result.exit_code == 3
     assert "claim ml-team/nope not found" in result.stderr
 
@@ -132,24 +125,10 @@ def test_python_dash_m_entry_point(double: KubeDouble, kubeconfig: Path, tmp_pat
     make_volume(double)
     make_class(double, "fast", iops="6000")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "hooks.storage_profile",
-        "switch",
-        "-n",
-        NS,
-        "--claim",
-        CLAIM,
-        "--to",
-        "fast",
-        "--kubeconfig",
-        str(kubeconfig),
-        "--settle",
-        "kubernetes",
-        "--summary-json",
-        str(tmp_path / "s.json"),
-    ]
+    cmd = hook_command(
+        "switch", "-n", NS, "--claim", CLAIM, "--to", "fast", "--kubeconfig", str(kubeconfig),
+        "--settle", "kubernetes", "--summary-json", str(tmp_path / "s.json"),
+    )  # fmt: skip
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "s.json").read_text())["applied_class"] == "fast"
@@ -241,14 +220,14 @@ def test_every_option_has_help_text():
     ids=["namespace", "claim", "class", "status-claim", "plan-claim"],
 )
 def test_a_name_with_a_trailing_newline_is_refused_before_any_request(
-    double: KubeDouble, kubeconfig: Path, args: list[str]
+    fake: FakeKube, args: list[str]
 ):
-    make_volume(double)
-    make_class(double, "fast", iops="6000")
-    result = run_hook(*args, "--kubeconfig", str(kubeconfig))
+    make_volume(fake)
+    make_class(fake, "fast", iops="6000")
+    result = run_hook(*args)
     assert result.exit_code == 2, result.output
     assert "is not a valid" in result.stderr and "\\n'" in result.stderr
-    assert double.requests == []
+    assert fake.calls == []
 
 
 def test_status_without_permission_to_list_events_shows_the_claim_and_says_so(

@@ -30,6 +30,7 @@ def claim(spec: str | None = "fast", current: str | None = "baseline", status: s
     if conditions:
         state["conditions"] = conditions
     return {
+        "kind": "PersistentVolumeClaim",
         "metadata": {"name": CLAIM, "namespace": NS, "uid": uid},
         "spec": {"volumeAttributesClassName": spec, "volumeName": "pvc-0001"},
         "status": state,
@@ -39,29 +40,35 @@ def claim(spec: str | None = "fast", current: str | None = "baseline", status: s
 SETTLED = claim(current="fast")
 
 
+def fake(stored: dict) -> FakeKube:
+    kube = FakeKube()
+    kube.put(stored)
+    return kube
+
+
 def waiter(kube: FakeKube, **kwargs) -> ClaimWaiter:
     kwargs.setdefault("pending_grace", 120.0)
     return ClaimWaiter(kube, NS, CLAIM, Deadline(30), uid="u-1", **kwargs)  # type: ignore[arg-type]
 
 
 def test_settles_when_the_watch_reports_the_class_applied():
-    kube = FakeKube(claim=claim(status="InProgress"))
+    kube = fake(claim(status="InProgress"))
     kube.watches = [[("MODIFIED", claim(status="InProgress")), ("MODIFIED", SETTLED)]]
     assert waiter(kube).wait("fast") == SETTLED
-    assert kube.lists == 1 and kube.sleeps == []
+    assert kube.count("list_claim") == 1 and kube.sleeps == []
 
 
 def test_an_expired_watch_lists_again_at_once_and_backs_off_when_it_keeps_expiring():
-    kube = FakeKube(claim=claim(status="InProgress"))
+    kube = fake(claim(status="InProgress"))
     gone = Gone(410, "too old resource version")
     kube.watches = [[gone], [gone], [("MODIFIED", SETTLED)]]
     assert waiter(kube).wait("fast") == SETTLED
     # The first expiry re-lists without a pause; the second in a row backs off once.
-    assert kube.lists == 3 and kube.sleeps == [0.25]
+    assert kube.count("list_claim") == 3 and kube.sleeps == [0.25]
 
 
 def test_an_answer_the_wait_does_not_judge_ends_it_with_the_servers_message():
-    kube = FakeKube(claim=claim(status="InProgress"))
+    kube = fake(claim(status="InProgress"))
     kube.watches = [[ApiError(400, "bad field selector")]]
     with pytest.raises(HookError) as info:
         waiter(kube).wait("fast")
@@ -79,7 +86,7 @@ def test_an_answer_the_wait_does_not_judge_ends_it_with_the_servers_message():
     ids=["deleted", "recreated", "other-writer", "unknown-status"],
 )  # fmt: skip
 def test_states_that_never_settle_are_unexpected(event, said):
-    kube = FakeKube(claim=claim(status="InProgress"))
+    kube = fake(claim(status="InProgress"))
     kube.watches = [[event]]
     with pytest.raises(UnexpectedState, match=re.escape(said)):
         waiter(kube).wait("fast")
@@ -87,7 +94,7 @@ def test_states_that_never_settle_are_unexpected(event, said):
 
 def test_infeasible_names_the_claims_error_condition():
     error = {"type": "ModifyVolumeError", "reason": "InvalidArgument", "message": "iops too high"}
-    kube = FakeKube(claim=claim(status="InProgress"))
+    kube = fake(claim(status="InProgress"))
     kube.watches = [[("MODIFIED", claim(status="Infeasible", conditions=[error]))]]
     warnings: list[str] = []
     with pytest.raises(Infeasible) as info:
@@ -100,8 +107,8 @@ def test_infeasible_names_the_claims_error_condition():
 
 def test_pending_fails_once_the_grace_is_over():
     clock = iter([0.0, 0.0, 5.0, 11.0, 11.0, 11.0])
-    kube = FakeKube(claim=claim(status="Pending"))
+    kube = fake(claim(status="Pending"))
     kube.watches = [[("MODIFIED", claim(status="Pending"))]] * 3
-    kube.events = [{"type": "Warning", "reason": "VolumeModifyFailed", "message": "no class"}]
+    kube.add_event(claim(), "Warning", "VolumeModifyFailed", "no class")
     with pytest.raises(Infeasible, match="stayed Pending for 10s: VolumeModifyFailed: no class"):
         waiter(kube, pending_grace=10.0, clock=lambda: next(clock, 11.0)).wait("fast")

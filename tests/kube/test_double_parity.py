@@ -19,7 +19,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from checkpoint_storage_bench.contract import LEDGER_ANNOTATION
-from tests.hooks.kube_double import KubeDouble, Rbac, make_class, make_volume
+from tests.hooks.kube_double import KubeDouble
+from tests.hooks.kube_state import Rbac, make_class, make_volume
 from tests.kube.cluster import (
     BASELINE,
     CLAIM,
