@@ -41,6 +41,7 @@ SAMPLE_METRICS = ("scan_epoch_s", "scan_au", "workspace_save_p99_ms")
 COMPARABLE = (
     "workload",
     "dataset_format",
+    "codec",
     "dataset_size",
     "record_size",
     "shard_size",
