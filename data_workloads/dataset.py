@@ -150,7 +150,7 @@ def record(spec: DatasetSpec, index: int) -> tuple[int, bytes]:
 
 
 def encode(spec: DatasetSpec, index: int) -> tuple[bytes, bytes]:
-    """A record as stored: its JSON header and its payload (compressed with ``zlib``)."""
+    """A record as stored: its JSON header and its payload (compressed for codec ``zlib``)."""
     label, raw = record(spec, index)
     header = json.dumps(
         {
@@ -174,9 +174,12 @@ def decode(header: bytes, payload: bytes | bytearray | memoryview) -> tuple[torc
         ValueError: The header or payload does not decode, the sizes disagree, or the
             image fails its CRC32.
     """
-    meta = json.loads(header)
-    shape = tuple(int(n) for n in meta["shape"])
-    codec = meta.get("codec")
+    try:
+        meta = json.loads(header)
+        shape = tuple(int(n) for n in meta["shape"])
+        codec, want_crc = meta["codec"], int(meta["crc32"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"the record's header {header[:80]!r} lacks {exc}") from None
     if codec == "zlib":
         raw: bytes | bytearray | memoryview = bytearray(_fast_zlib.decompress(payload))
     elif codec == "none":
@@ -185,7 +188,7 @@ def decode(header: bytes, payload: bytes | bytearray | memoryview) -> tuple[torc
         raise ValueError(f"unknown codec {codec!r} in the record's header")
     if len(raw) != math.prod(shape):
         raise ValueError(f"payload of {len(raw)} bytes for shape {shape}")
-    if crc32(raw) != meta["crc32"]:
+    if crc32(raw) != want_crc:
         raise ValueError(f"the image of shape {shape} fails its CRC32 check")
     image = torch.frombuffer(raw, dtype=torch.uint8).view(shape)
     return image, int(meta["label"])
