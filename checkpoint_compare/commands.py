@@ -119,6 +119,13 @@ def run_workloads(config: CompareConfig, loaded: Loaded) -> WorkloadVerdict:
         written.append(_write(config.json_path, to_json(verdict)))
     if config.markdown_path:
         written.append(_write(config.markdown_path, markdown))
+    if config.html_path:
+        from checkpoint_compare.report_html import NO_PLOTS, plots_available
+        from checkpoint_compare.report_workloads import to_html as workload_html
+
+        if not plots_available():
+            click.echo(f"warning: {config.html_path}: {NO_PLOTS}", err=True)
+        written.append(_write(config.html_path, workload_html(verdict)))
     _record(
         config,
         loaded,

@@ -43,7 +43,7 @@ def plots_available() -> bool:
 
 
 _STACKED = ("serialize", "write", "fsync", "checksum", "upload")
-_STYLE = """
+STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 72em; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
@@ -54,7 +54,7 @@ pre { background: #f6f6f6; padding: 0.8em; white-space: pre-wrap; }
 """
 
 
-def _png(draw: Callable[[Figure], None], size: tuple[float, float] = (8, 4)) -> str:
+def png(draw: Callable[[Figure], None], size: tuple[float, float] = (8, 4)) -> str:
     import matplotlib
 
     matplotlib.use("Agg")  # no display, no GUI toolkit: files only
@@ -71,14 +71,14 @@ def _png(draw: Callable[[Figure], None], size: tuple[float, float] = (8, 4)) -> 
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-_PALETTE = ("#4c72b0", "#dd8452", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd")
+PALETTE = ("#4c72b0", "#dd8452", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd")
 
 
 def profile_colours(verdict: Verdict) -> dict[str, str]:
     """One colour per profile in every plot (the baseline first), so a profile is the same
     colour wherever it appears; the verdict's colours (green, red) are left to the
     differences that decide it."""
-    return {s.profile: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(verdict.profiles)}
+    return {s.profile: PALETTE[i % len(PALETTE)] for i, s in enumerate(verdict.profiles)}
 
 
 def _label(verdict: Verdict, profile: str) -> str:
@@ -184,7 +184,7 @@ def interval_colour(cand: Candidate) -> str:
     return GREY if faster is None else GREEN if faster else RED
 
 
-def _interval_panel(
+def interval_panel(
     title: str, rows: list[tuple[str, Difference, str]], unit: str, panel: str
 ) -> str:
     """One forest plot: per candidate its estimate (dot), interval (line) and practical
@@ -276,15 +276,15 @@ def intervals_svg(verdict: Verdict) -> str:
 
     level = f"{verdict.thresholds.confidence:.0%}"
     panels = [
-        _interval_panel(
+        interval_panel(
             f"Pause per checkpoint, {level} interval", rows(lambda c: c.comparison.pause), "s",
             "pause",
         ),
-        _interval_panel("Whole run", rows(lambda c: c.comparison.runtime), "s", "runtime"),
+        interval_panel("Whole run", rows(lambda c: c.comparison.runtime), "s", "runtime"),
     ]  # fmt: skip
     # The restore informs and does not decide the verdict: never a verdict colour.
     if restore := rows(lambda c: c.comparison.restore, lambda c: GREY):
-        panels.append(_interval_panel("Restore of the newest checkpoint", restore, "s", "restore"))
+        panels.append(interval_panel("Restore of the newest checkpoint", restore, "s", "restore"))
     return "<div id='plot-intervals'>" + "".join(panels) + "</div>"
 
 
@@ -307,7 +307,7 @@ def to_html(verdict: Verdict) -> str:
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         "<title>Storage profile comparison</title>",
-        f"<style>{_STYLE}</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         "<h1>Storage profile comparison</h1>",
         f"<p class='verdict' id='verdict'><b>Verdict: {esc(verdict.verdict)}</b><br>"
         f"{esc(verdict.reason)}</p>",
@@ -338,7 +338,7 @@ def to_html(verdict: Verdict) -> str:
         size = (10, 4) if plot_id == "plot-fio" else (8, 4)
         parts.append(
             f"<h2>{esc(title)}</h2><img id='{plot_id}' alt='{esc(title)}' "
-            f"src='data:image/png;base64,{_png(draw, size)}'>"
+            f"src='data:image/png;base64,{png(draw, size)}'>"
         )
     parts.append("</section><section id='tables'>")
     for title, rows in sections(verdict):

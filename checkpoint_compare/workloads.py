@@ -41,6 +41,7 @@ SAMPLE_METRICS = ("scan_epoch_s", "scan_au", "workspace_save_p99_ms")
 COMPARABLE = (
     "workload",
     "dataset_format",
+    "codec",
     "dataset_size",
     "record_size",
     "shard_size",
@@ -77,6 +78,7 @@ class WorkloadProfile:
     au_samples: list[float] = field(default_factory=list)
     shift: Shift | None = None
     relative: float | None = None
+    floor: float | None = None
     significant: bool = False
     noise: float | None = None
     cost: ProfileCost | None = None
@@ -220,6 +222,7 @@ def judge_workloads(
             continue
         p.shift = hodges_lehmann(p.samples, base.samples, thresholds.confidence)
         p.relative = p.shift.estimate / base.median if base.median else None
+        p.floor = thresholds.runtime_floor * base.median
         excludes_zero = p.shift.has_interval and (p.shift.high < 0 or p.shift.low > 0)
         p.significant = bool(
             excludes_zero and p.relative is not None and abs(p.relative) > thresholds.runtime_floor

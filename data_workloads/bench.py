@@ -5,13 +5,17 @@ The scan's MB/s (bytes of the dataset on the volume / epoch time, the page cache
 before each epoch) is printed beside fio's random read at the same block size and queue
 depth: for the ``files`` format the median file, for ``webdataset`` the loader's 1 MiB
 reads; the queue depth is the number of DataLoader workers (each has one read in flight).
-The goal is a loader that is never the bottleneck: at least 0.9x fio. The materialize
-write (bytes / (write + fsync)) is printed beside fio's buffered sequential write of the
-same size with an fsync at the end. Nothing is asserted: the figures are the result.
+The goal is a loader that is never the bottleneck: at least 0.9x fio. Beside the ratio,
+the loader's CPU per MB (main process and workers, user + system) and the cores it needs
+to keep up with fio at that cost: on a shared machine the ratio says how many cores the
+loader got, the CPU per MB what it costs on any. The materialize write (bytes / (write +
+fsync)) is printed beside fio's buffered sequential write of the same size with an fsync at
+the end. Nothing is asserted: the figures are the result.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -63,7 +67,11 @@ def bench_format(
         fio_read = fio_mbps(
             fio, scratch / "randread", "randread", bs, max(1, cfg.num_workers), data.bytes, True
         )
+    epochs = scan["epochs"]
+    cpu_ms_per_mb = median([1000 * e["cpu_s"] / (data.bytes / 1e6) for e in epochs])
     row = {
+        "cpu_ms_per_mb": cpu_ms_per_mb,
+        "cores_to_keep_up": fio_read * cpu_ms_per_mb / 1000,
         "format": fmt,
         "records": data.records,
         "bytes": data.bytes,
@@ -88,7 +96,7 @@ def bench_format(
 
 
 def _dataset(settings: dict[str, Any]) -> dict[str, Any]:
-    keys = ("dataset_size", "record_size", "shard_size", "seed")
+    keys = ("dataset_size", "record_size", "shard_size", "seed", "codec")
     return {k: v for k, v in settings.items() if k in keys}
 
 
@@ -103,6 +111,9 @@ def _dataset(settings: dict[str, Any]) -> dict[str, Any]:
     "--format", "formats", multiple=True, type=click.Choice(["webdataset", "files"]),
     help="Formats to measure [default: both].",
 )  # fmt: skip
+@click.option("--codec", default="none", show_default=True, type=click.Choice(["none", "zlib"]),
+              help="How the records' images are stored.")  # fmt: skip
+@click.option("--epochs", default=3, show_default=True, help="Scan epochs (the median's MB/s).")
 @click.option("--fio", default="fio", show_default=True, help="The fio binary.")
 def main(
     directory: Path,
@@ -111,6 +122,8 @@ def main(
     num_workers: int,
     batch_size: int,
     formats: tuple[str, ...],
+    codec: str,
+    epochs: int,
     fio: str,
 ) -> None:
     """Scan and materialize beside fio on one directory; prints a table of ratios."""
@@ -121,15 +134,17 @@ def main(
         record_size=record_size,
         num_workers=num_workers,
         batch_size=batch_size,
-        epochs=2,
+        codec=codec,
+        epochs=epochs,
         compute_ms=0.0,
     )
     ScanConfig(data_dir=directory, track=False, **settings).check_data_dir()
+    load_before = os.getloadavg()[0]
     rows = [bench_format(directory, f, settings, fio) for f in formats or ("webdataset", "files")]
     click.echo(
         f"{'format':<11} {'dataset':>10} {'bs':>8} {'qd':>3} {'scan MB/s':>10} "
-        f"{'fio randread':>12} {'ratio':>6} {'cache out':>9} {'ep2/ep1':>7} "
-        f"{'mat. write':>10} {'fio write':>9} {'ratio':>6}"
+        f"{'fio randread':>12} {'ratio':>6} {'cpu ms/MB':>9} {'cores':>5} {'cache out':>9} "
+        f"{'ep2/ep1':>7} {'mat. write':>10} {'fio write':>9} {'ratio':>6}"
     )
     for r in rows:
         read_ratio = r["scan_mbps"] / r["fio_randread_mbps"]
@@ -137,9 +152,14 @@ def main(
         click.echo(
             f"{r['format']:<11} {format_bytes(r['bytes']):>10} {format_bytes(r['bs']):>8} "
             f"{r['qd']:>3} {r['scan_mbps']:>10.1f} {r['fio_randread_mbps']:>12.1f} "
-            f"{read_ratio:>6.2f} {str(r['cache_kept_out']):>9} {r['second_epoch_ratio']:>7.2f} "
+            f"{read_ratio:>6.2f} {r['cpu_ms_per_mb']:>9.2f} {r['cores_to_keep_up']:>5.1f} "
+            f"{str(r['cache_kept_out']):>9} {r['second_epoch_ratio']:>7.2f} "
             f"{r['materialize_write_mbps']:>10.1f} {r['fio_write_mbps']:>9.1f} {write_ratio:>6.2f}"
         )
+    click.echo(
+        f"{os.cpu_count()} CPUs, load average {load_before:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end"
+    )
     worst = min(r["scan_mbps"] / r["fio_randread_mbps"] for r in rows)
     verdict = "the loader keeps up" if worst >= GOAL else "the loader is the bottleneck here"
     click.echo(f"scan / fio randread, worst format: {worst:.2f}x (goal >= {GOAL}x): {verdict}")

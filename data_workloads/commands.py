@@ -30,6 +30,7 @@ def dataset_spec(cfg: DatasetConfig) -> ds.DatasetSpec:
         dataset_size=int(cfg.dataset_size),
         record_size=int(cfg.record_size),
         shard_size=int(cfg.shard_size),
+        codec=cfg.codec,
     )
 
 

@@ -22,6 +22,7 @@ from data_workloads.errors import ConfigError, DataDirError
 
 DatasetFormat = Literal["webdataset", "files"]
 assert get_args(DatasetFormat) == DATA_FORMATS
+Codec = Literal["none", "zlib"]
 
 MIN_RECORD_BYTES = 3 * 8 * 8
 MAX_WORKERS = 64
@@ -91,12 +92,19 @@ class DatasetConfig(CommonConfig):
     """A workload that reads the generated dataset."""
 
     dataset_format: DatasetFormat = "webdataset"
-    """webdataset: tar shards, each sample a .json header and a .u8.zlib payload, read
-    shard by shard; files: one file per record in a directory tree, read in random order."""
+    """webdataset: tar shards, each sample a .json header and a .u8 (or .u8.zlib) payload,
+    read shard by shard; files: one file per record in a directory tree, read in random
+    order."""
+
+    codec: Codec = "none"
+    """How a record's image is stored: none (its bytes: decoding is parsing the header,
+    verifying the CRC32 and a tensor over the bytes read, cheap enough that the volume is
+    measured, not the loader's CPU) or zlib (compressed: inflating is CPU work in every
+    read, like decoding a JPEG; the dataset is smaller on the volume)."""
 
     dataset_size: int | str = field(default="64MiB", metadata=_SIZE)
-    """Decoded bytes of the whole dataset (records x record size); on the volume it is
-    smaller, the payloads being compressed."""
+    """Decoded bytes of the whole dataset (records x record size); on the volume it takes
+    that plus the headers, or less with --codec zlib."""
 
     record_size: int | str = field(default="64KiB", metadata=_SIZE)
     """Decoded bytes of one record (a 3 x H x W uint8 image, H = W)."""
@@ -114,6 +122,10 @@ class DatasetConfig(CommonConfig):
             raise ConfigError(
                 f"unknown --dataset-format {self.dataset_format!r}; choose from "
                 f"{', '.join(DATA_FORMATS)}"
+            )
+        if self.codec not in get_args(Codec):
+            raise ConfigError(
+                f"unknown --codec {self.codec!r}; choose from {', '.join(get_args(Codec))}"
             )
         self._size("record_size", MIN_RECORD_BYTES)
         self._size("dataset_size", self.record_size)

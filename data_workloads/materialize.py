@@ -55,7 +55,7 @@ def _raw_records(data: ds.Dataset, stages: Stages) -> Iterator[tuple[str, bytes,
     """(key, header, payload) of every record; reading the volume is the read stage."""
     for path in data.files:
         with stages.timed("read"):
-            blob = path.read_bytes()
+            blob = ds.read_file(path)
         if data.spec.format == "webdataset":
             with stages.timed("transform"):
                 samples = list(ds.iter_tar_samples(io.BytesIO(blob)))

@@ -25,7 +25,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data import Dataset as MapDataset
 
 from data_workloads import dataset as ds
-from data_workloads.stats import block_reads_counted, device_read_bytes, median, percentile
+from data_workloads.errors import DatasetCorruptError
+from data_workloads.stats import (
+    block_reads_counted,
+    cpu_seconds,
+    device_read_bytes,
+    median,
+    percentile,
+)
 
 CACHE_COVERAGE = 0.9
 """An epoch whose device reads cover this share of the dataset read it from the volume."""
@@ -41,9 +48,11 @@ class RecordFiles(MapDataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        with open(self.files[index], "rb", buffering=0) as f:
-            data = f.read()
-        return ds.decode(*ds.unpack_file_record(data))
+        path = self.files[index]
+        try:
+            return ds.decode(*ds.unpack_file_record(ds.read_file(path)))
+        except ValueError as exc:
+            raise DatasetCorruptError(f"record {path}: {exc}") from None
 
 
 class TarShards(IterableDataset):
@@ -64,11 +73,17 @@ class TarShards(IterableDataset):
         rng = random.Random((self.seed * 7919 + self.epoch) * 131 + worker)
         pending: list[tuple[torch.Tensor, int]] = []
         for shard in order[worker::workers]:
+            key = None
             with open(shard, "rb", buffering=ds.READ_CHUNK) as f:
-                for _key, header, payload in ds.iter_tar_samples(f):
-                    pending.append(ds.decode(header, payload))
-                    if len(pending) >= self.buffer:
-                        yield pending.pop(rng.randrange(len(pending)))
+                try:
+                    for sample in ds.iter_tar_samples(f):
+                        key = sample[0]  # named in the error, should the record not decode
+                        pending.append(ds.decode(*sample[1:]))
+                        if len(pending) >= self.buffer:
+                            yield pending.pop(rng.randrange(len(pending)))
+                except ValueError as exc:
+                    where = f"{shard} (at record {key})" if key else str(shard)
+                    raise DatasetCorruptError(f"{where}: {exc}") from None
         rng.shuffle(pending)
         yield from pending
 
@@ -94,12 +109,23 @@ def make_loader(data: ds.Dataset, cfg: Any, epoch: int) -> DataLoader:
     )
 
 
+def _batches(loader: DataLoader) -> Iterator[Any]:
+    """The loader's batches; a record that fails to decode in a worker is the dataset's
+    error with its own message (the DataLoader wraps it in the worker's traceback)."""
+    try:
+        yield from loader
+    except DatasetCorruptError as exc:
+        last = str(exc.message).strip().splitlines()[-1]
+        raise DatasetCorruptError(last.split("DatasetCorruptError: ", 1)[-1]) from None
+
+
 def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
     """One epoch: every record once, batch by batch, with the emulated compute."""
     if cfg.drop_cache:
         ds.drop_cache(data.files)
     compute_s = cfg.compute_ms / 1000
     reads_before = device_read_bytes()
+    cpu_before = cpu_seconds()
     waits: list[float] = []
     samples = batches = 0
     computed = 0.0
@@ -107,7 +133,7 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
     first_batch_s = None
     loader = make_loader(data, cfg, epoch)
     asked = time.monotonic()
-    for images, _labels in loader:
+    for images, _labels in _batches(loader):
         got = time.monotonic()
         waits.append(got - asked)
         if first_batch_s is None:
@@ -121,6 +147,7 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
     del loader  # joins the workers, so their block reads are counted
     wall = time.monotonic() - start
     read = device_read_bytes() - reads_before
+    cpu = cpu_seconds() - cpu_before
     return {
         "epoch": epoch,
         "epoch_s": wall,
@@ -133,6 +160,8 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
         "first_batch_s": first_batch_s,
         "wait_s": waits,
         "device_read_bytes": read,
+        # Main process and workers (joined above); the emulated compute is a sleep.
+        "cpu_s": cpu,
     }
 
 

@@ -39,6 +39,14 @@ def device_read_bytes() -> int:
     return (own + children) * BLOCK
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its waited-for children so far: what
+    the loader costs, whatever share of the cores it got on a shared machine."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def block_reads_counted(path: Path) -> bool:
     """Whether reads of ``path`` after dropping its cache show up as block reads (not on
     tmpfs, nor on some network or FUSE file systems): else the cache check cannot tell."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from checkpoint_storage_bench.contract import DATA_WORKLOADS, WORKLOADS
+from checkpoint_storage_bench.contract import DATA_WORKLOADS, VERDICT_WARMUP, WORKLOADS
 from tests.bundle.bundle import PIPELINE_UUID, PROFILES_PIPELINE, check, load_dag
 from tests.bundle.test_polyaxonfiles import SMALL_THREE
 
@@ -21,7 +21,14 @@ def test_the_workload_input_offers_the_contracts_workloads() -> None:
 def test_a_data_workload_runs_in_every_stage_instead_of_the_training(workload: str) -> None:
     dag = load_dag(
         PROFILES_PIPELINE,
-        {**SMALL_THREE, "workload": workload, "dataset_size": "8MiB", "num_workers": 4},
+        {
+            **SMALL_THREE,
+            "workload": workload,
+            "dataset_size": "8MiB",
+            "num_workers": 4,
+            "epochs": 5,
+            "codec": "zlib",
+        },
     )
     jobs = dag.jobs()
     names = [path.split("/", 2)[-1] for path in jobs]
@@ -39,6 +46,9 @@ def test_a_data_workload_runs_in_every_stage_instead_of_the_training(workload: s
             assert pod.argv[pod.argv.index("--data-dir") + 1] == "/checkpoints/datasets"
             if workload == "scan":
                 assert "--num-workers=4" in pod.argv and "--dataset-size=8MiB" in pod.argv
+                assert "--epochs=5" in pod.argv
+            if workload != "workspace":
+                assert "--codec=zlib" in pod.argv
     # The verdict's join gathers the data runs with the switches and fio sweeps.
     runs, _figures, _fio = dag.joins("compare")
     assert runs.query == f"controller: {PIPELINE_UUID}, kind: job, name: switch|fio|train|data"
@@ -51,3 +61,14 @@ def test_the_workload_budget_reaches_the_verdicts_command_line() -> None:
     dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "workspace", "max_p99_ms": 20})
     argv = dag.compile_op("compare", extra={"runs": ["0" * 32]}).argv
     assert "--max-p99-ms=20.0" in argv or "--max-p99-ms=20" in argv
+
+
+def test_a_scan_run_gives_the_verdict_several_epochs_by_default() -> None:
+    """The pipeline's default epochs reach every data op: more than the verdict's warm-up,
+    so each run gives the statistics samples of its own."""
+    (io,) = [i for i in check(PROFILES_PIPELINE).component.inputs if i.name == "epochs"]
+    assert io.value > VERDICT_WARMUP + 1
+    dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "scan"})
+    data = [pod for path, pod in dag.jobs().items() if path.rsplit("/", 1)[1].startswith("data")]
+    assert data and all(f"--epochs={io.value}" in pod.argv for pod in data)
+    assert all("--codec=none" in pod.argv for pod in data)

@@ -138,7 +138,8 @@ def test_the_cli_judges_real_scan_summaries(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "checkpoint_compare", "--no-track", "--min-au", "0.01",
          "--summary", f"{BASE}={tmp_path / f'{BASE}.json'}",
-         "--summary", f"{FAST}={tmp_path / f'{FAST}.json'}", "--json", str(out)],
+         "--summary", f"{FAST}={tmp_path / f'{FAST}.json'}", "--json", str(out),
+         "--html", str(tmp_path / "verdict.html")],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -147,6 +148,9 @@ def test_the_cli_judges_real_scan_summaries(tmp_path: Path) -> None:
     verdict = json.loads(out.read_text())
     assert verdict["workload"] == "scan" and len(verdict["profiles"]) == 2
     assert all(len(p["samples"]) == 2 for p in verdict["profiles"])  # 3 epochs, 1 warm-up
+    page = (tmp_path / "verdict.html").read_text()
+    assert "Storage profile comparison: scan" in page and "AU, baseline" in page
+    assert page.index("id='verdict'") < page.index("id='tables'")
 
 
 def test_outputs_carry_the_verdict_and_none_when_nothing_fits() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,9 @@ from data_workloads.errors import (
 )
 
 
-def spec(fmt: str = "webdataset", **kw: int) -> ds.DatasetSpec:
+def spec(fmt: str = "webdataset", **kw: int | str) -> ds.DatasetSpec:
     values = {"seed": 0, "dataset_size": 256 * 1024, "record_size": 4096, "shard_size": 65536}
-    return ds.DatasetSpec(format=fmt, **{**values, **kw})
+    return ds.DatasetSpec(format=fmt, **{**values, **kw})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "files"])
@@ -43,13 +44,44 @@ def test_same_seed_same_records_other_seed_other_records() -> None:
     assert ds.encode(spec(), 7) != ds.encode(spec(), 8)
 
 
-def test_records_decode_to_their_generated_image_and_label() -> None:
-    header, payload = ds.encode(spec(), 3)
-    image, label = ds.decode(header, payload)
+@pytest.mark.parametrize("codec", ds.CODECS)
+def test_records_decode_to_their_generated_image_and_label(codec: str) -> None:
+    header, payload = ds.encode(spec(codec=codec), 3)
+    image, label = ds.decode(header, bytearray(payload))
     want_label, raw = ds.record(spec(), 3)
     assert image.shape == (3, spec().side, spec().side) and label == want_label
     assert bytes(image.flatten().tolist()) == raw
-    assert len(payload) < len(raw)  # really compressed: decoding has work to do
+    # zlib really compresses (inflating has work to do); none stores the image's bytes.
+    assert (len(payload) < len(raw)) if codec == "zlib" else (payload == raw)
+
+
+def test_an_uncompressed_record_is_a_tensor_over_the_bytes_read() -> None:
+    header, payload = ds.encode(spec(), 3)
+    buf = bytearray(payload)
+    image, _ = ds.decode(header, memoryview(buf))
+    buf[0] ^= 0xFF  # the tensor is the buffer: no copy was made
+    assert int(image.flatten()[0]) == buf[0]
+    # A read-only payload is copied: a tensor may be written to.
+    image, _ = ds.decode(header, payload)
+    image.flatten()[0] = 0
+    assert payload == ds.encode(spec(), 3)[1]
+
+
+@pytest.mark.parametrize("codec", ds.CODECS)
+def test_a_damaged_record_fails_its_crc32(codec: str) -> None:
+    header, payload = ds.encode(spec(codec=codec), 3)
+    if codec == "zlib":  # a damaged image under an intact stream: recompress it
+        raw = bytearray(ds.record(spec(), 3)[1])
+        raw[100] ^= 1
+        payload = zlib.compress(bytes(raw))
+    else:
+        payload = payload[:100] + bytes([payload[100] ^ 1]) + payload[101:]
+    with pytest.raises(ValueError, match="CRC32"):
+        ds.decode(header, bytearray(payload))
+    with pytest.raises(ValueError, match="lacks 'crc32'"):  # written by an older version
+        ds.decode(b'{"label": 1, "shape": [3, 36, 36], "codec": "none"}', bytearray(payload))
+    with pytest.raises(ValueError, match="payload of 10 bytes"):
+        ds.decode(header, bytearray(10) if codec == "none" else zlib.compress(bytes(10)))
 
 
 def test_webdataset_shards_are_tar_files_of_key_json_and_payload(data_dir: Path) -> None:
@@ -58,10 +90,43 @@ def test_webdataset_shards_are_tar_files_of_key_json_and_payload(data_dir: Path)
     assert len(data.files) == 5  # 67 records of 3888 bytes, 16 per 64 KiB shard
     with tarfile.open(data.files[0]) as tar:
         names = tar.getnames()
-    assert names[:4] == ["00000000.json", "00000000.u8.zlib", "00000001.json", "00000001.u8.zlib"]
+    assert names[:4] == ["00000000.json", "00000000.u8", "00000001.json", "00000001.u8"]
     with data.files[-1].open("rb") as f:
         samples = list(ds.iter_tar_samples(f))
     assert [key for key, _, _ in samples] == [f"{i:08d}" for i in range(64, 67)]
+    # The streaming reader reads what tarfile reads, member for member.
+    with tarfile.open(data.files[-1]) as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+    assert [(f"{k}.json", h) for k, h, _ in samples] == members[0::2]
+    assert [(f"{k}.u8", bytes(p)) for k, _, p in samples] == members[1::2]
+
+
+def test_compressed_shards_name_their_codec_and_are_smaller(data_dir: Path) -> None:
+    (data_dir / "zlib").mkdir(parents=True)
+    (data_dir / "none").mkdir()
+    packed = ds.open_dataset(data_dir / "zlib", spec(codec="zlib"))
+    plain = ds.open_dataset(data_dir / "none", spec())
+    with tarfile.open(packed.files[0]) as tar:
+        assert tar.getnames()[:2] == ["00000000.json", "00000000.u8.zlib"]
+    assert packed.bytes < plain.bytes  # tar blocks and headers: not half
+
+
+def test_the_reader_refuses_a_damaged_or_truncated_shard(data_dir: Path) -> None:
+    data_dir.mkdir()
+    blob = ds.open_dataset(data_dir, spec()).files[0].read_bytes()
+    damaged = bytearray(blob)
+    damaged[512 + 3] ^= 0xFF  # inside the first payload: the tar header stays intact
+    damaged[0] ^= 0xFF  # the first header's name: its checksum no longer matches
+    with pytest.raises(ValueError, match="checksum"):
+        list(ds.iter_tar_samples(io.BytesIO(bytes(damaged))))
+    # Members: header block, JSON (one block), header block, payload (3888 bytes, 8 blocks).
+    for cut, why in [
+        (1536 + 100, "member '00000000.u8' is truncated"),
+        (1024 + 100, "ends inside a header"),
+        (1536 + 8 * 512, "without its end-of-archive block"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            list(ds.iter_tar_samples(io.BytesIO(blob[:cut])))
 
 
 def test_missing_dataset_without_generate(data_dir: Path) -> None:
@@ -77,6 +142,7 @@ def test_missing_dataset_without_generate(data_dir: Path) -> None:
         ({"seed": 1}, "seed=0"),
         ({"dataset_size": 128 * 1024}, "dataset_size="),
         ({"record_size": 2048}, "record_size="),
+        ({"codec": "zlib"}, "codec="),
     ],
 )
 def test_a_dataset_of_another_seed_or_size_is_refused(data_dir: Path, other, named) -> None:

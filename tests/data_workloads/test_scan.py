@@ -12,6 +12,7 @@ import torch
 from data_workloads import dataset as ds
 from data_workloads import scan
 from data_workloads.config import ScanConfig
+from data_workloads.errors import DatasetCorruptError
 from data_workloads.stats import block_reads_counted
 
 
@@ -100,3 +101,19 @@ def test_no_compute_no_au(data_dir: Path) -> None:
     figures = scan.run_scan(data, cfg)["figures"]
     assert figures["scan_au"] is None and figures["scan_au_ok"] is None
     assert figures["scan_samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+def test_a_record_damaged_after_verification_stops_the_scan_with_its_exit_code(
+    data_dir: Path, fmt: str
+) -> None:
+    data, cfg = prepared(data_dir, fmt, num_workers=2, epochs=1)
+    victim = data.files[-1]
+    blob = bytearray(victim.read_bytes())
+    # Inside a record's image: the first of the shard (three 512-byte blocks in), or the file's last.
+    blob[1636 if fmt == "webdataset" else -1] ^= 0xFF
+    victim.write_bytes(bytes(blob))
+    with pytest.raises(DatasetCorruptError, match=r"CRC32") as caught:
+        scan.run_scan(data, cfg)
+    assert caught.value.exit_code == 6
+    assert str(victim) in caught.value.message and "Traceback" not in caught.value.message
