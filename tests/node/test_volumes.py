@@ -1,0 +1,226 @@
+"""Volumes whose speed is the class's: the shipped claim, StorageClass and classes on the node's
+CSI driver (a loop device with ext4 per volume, the class's iops and throughput as the kernel's
+block throttle for the pods that have it published), measured by fio in pods of the Debian
+base image, before and after the claim is switched to the throughput class."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from kubernetes.client.rest import ApiException
+
+from tests.kube.cluster import (
+    BASELINE,
+    CLAIM,
+    CLASSES_FILE,
+    NAMESPACE,
+    STORAGE_CLASS_FILE,
+    THROUGHPUT,
+    wait_for,
+)
+from tests.kube.controlplane import DRIVER_NAME, NODE_NAME
+from tests.kube.node import (
+    BASE_IMAGE,
+    VOLUME_BACKING_DIR,
+    VOLUME_PREFIX,
+    Node,
+    debian_base_image,
+    volume_devices,
+)
+
+MIB = 2**20
+TOLERANCE = 0.15
+FIO_MIB = 512
+LOOP_MAJOR = 7
+# Direct I/O as the assertion needs it (cgroup v1 throttles only what the writing process
+# submits itself), sequential 1 MiB writes at queue depth 4.
+FIO = (
+    f"fio --name=seq --directory=/data --rw=write --bs=1M --size={FIO_MIB}M --direct=1"
+    " --ioengine=libaio --iodepth=4 --output-format=json --output=/tmp/fio.json"
+)
+POD_SCRIPT = (
+    "set -e; echo uid $(id -u); echo dev $(stat -c %d /data); "
+    f"{FIO}; rm -f /data/seq.*; "
+    'python3 -c \'import json; w = json.load(open("/tmp/fio.json"))["jobs"][0]["write"];'
+    ' print("bw", w["bw_bytes"], w["io_bytes"])\'; '
+    'echo "written by $0" > "/data/marker-$0"; echo markers $(cat /data/marker-* | wc -l)'
+)
+
+
+def fio_pod(name: str) -> dict:
+    """The job pod as a platform team runs it: non-root, ``fsGroup``, no privilege."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {
+                "runAsUser": 1000,
+                "runAsGroup": 1000,
+                "fsGroup": 1000,
+                "runAsNonRoot": True,
+            },
+            "containers": [
+                {
+                    "name": "fio",
+                    "image": BASE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", POD_SCRIPT, name],
+                    "securityContext": {"allowPrivilegeEscalation": False},
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}],
+        },
+    }
+
+
+def parse(log: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split()[1:] for line in log.splitlines() if line.strip()}
+
+
+def measure(node: Node, name: str) -> tuple[float, dict, dict[str, list[str]]]:
+    pod, log = node.run_pod(fio_pod(name), timeout=240)
+    assert pod["status"]["phase"] == "Succeeded", (pod["status"], log)
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    out = parse(log)
+    assert out["uid"] == ["1000"], log
+    bw, io_bytes = (int(x) for x in out["bw"])
+    assert io_bytes == FIO_MIB * MIB, log
+    return bw / MIB, pod, out
+
+
+def delete_pod(node: Node, name: str) -> None:
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+    try:
+        node.cluster.request("DELETE", path)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+    def gone() -> bool:
+        try:
+            node.cluster.request("GET", path)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(f"pod {name} deleted", gone, timeout=90)
+
+
+def csinode_driver(node: Node) -> dict | None:
+    """The driver's entry in the node's CSINode (the kubelet writes it once registered)."""
+    try:
+        found = node.cluster.request("GET", f"/apis/storage.k8s.io/v1/csinodes/{NODE_NAME}")
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    drivers = found["spec"].get("drivers") or []
+    return next((d for d in drivers if d["name"] == DRIVER_NAME), None)
+
+
+def limits_written(node: Node, pod_uid: str) -> list[str]:
+    """The driver's log lines that set limits in a container cgroup of that pod."""
+    log = (node.state_dir / "logs" / "csi-hostpath-lite.log").read_text()
+    return [
+        line.split("throttle: ", 1)[1]
+        for line in log.splitlines()
+        if "throttle: " in line and f"/pod{pod_uid}/" in line
+    ]
+
+
+def read_from_image(image: Path, name: str) -> str:
+    """A file read out of the ext4 in the backing file itself (debugfs, no mount)."""
+    done = subprocess.run(
+        ["debugfs", "-R", f"cat /{name}", str(image)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout
+
+
+def within(measured: float, target: float) -> bool:
+    return abs(measured - target) <= TOLERANCE * target
+
+
+def test_the_class_decides_the_speed_a_pod_measures(node: Node) -> None:
+    cluster = node.cluster
+    node.import_image(debian_base_image(), BASE_IMAGE.rsplit(":", 1)[0])
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": NAMESPACE,
+                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
+            },
+        }
+    )
+    cluster.apply_file(STORAGE_CLASS_FILE)
+    cluster.apply_file(CLASSES_FILE)
+    cluster.apply(cluster.shipped_claim())
+    wait_for(
+        "the default ServiceAccount",
+        lambda: cluster.core.list_namespaced_service_account(NAMESPACE).items,
+    )
+    registered = wait_for(
+        "the driver registered with the kubelet (CSINode)", lambda: csinode_driver(node), 60
+    )
+    assert registered["nodeID"] == NODE_NAME
+    assert volume_devices() == {"loop_devices": [], "backing_files": []}
+
+    t0 = time.monotonic()
+    before, pod, out = measure(node, "fio-baseline")
+    first_pod_s = time.monotonic() - t0
+    claim = cluster.claim()
+    handle = cluster.pv(claim["spec"]["volumeName"])["spec"]["csi"]["volumeHandle"]
+    image = VOLUME_BACKING_DIR / f"csb-{VOLUME_PREFIX}{handle}.img"
+    assert os.major(int(out["dev"][0])) == LOOP_MAJOR, out  # /data is a loop device's fs
+    assert out["markers"] == ["1"], out
+    baseline_limits = limits_written(node, pod["metadata"]["uid"])
+    assert any(line.endswith(": 125 MiB/s, 3000 IOPS") for line in baseline_limits), baseline_limits
+
+    t0 = time.monotonic()
+    cluster.patch_claim({"spec": {"volumeAttributesClassName": THROUGHPUT}})
+    wait_for("the claim settled on the throughput class", lambda: cluster.settled(THROUGHPUT), 90)
+    switch_s = time.monotonic() - t0
+
+    after, pod, out = measure(node, "fio-throughput")
+    assert out["markers"] == ["2"], out  # the first pod's file is still there
+    throughput_limits = limits_written(node, pod["metadata"]["uid"])
+    assert any(line.endswith(": 250 MiB/s, 6000 IOPS") for line in throughput_limits), (
+        throughput_limits
+    )
+    print(
+        f"\nfio sequential write, O_DIRECT, 1 MiB, QD4, {FIO_MIB} MiB: "
+        f"{BASELINE} {before:.1f} MiB/s (target 125), {THROUGHPUT} {after:.1f} MiB/s "
+        f"(target 250); first pod {first_pod_s:.1f} s (mkfs, stage, fio), switch settled in "
+        f"{switch_s:.1f} s"
+    )
+    assert within(before, 125), f"{BASELINE}: {before:.1f} MiB/s, not within 15 % of 125"
+    assert within(after, 250), f"{THROUGHPUT}: {after:.1f} MiB/s, not within 15 % of 250"
+
+    for name in ("fio-baseline", "fio-throughput"):
+        delete_pod(node, name)
+    # No pod uses the claim: the kubelet unstages it and the loop device goes with its mount.
+    wait_for("the volume unstaged", lambda: not volume_devices()["loop_devices"], timeout=90)
+    assert volume_devices()["backing_files"] == [str(image)]
+    # The pods' files are in the ext4 inside the backing file, not in a host directory.
+    assert read_from_image(image, "marker-fio-baseline") == "written by fio-baseline\n"
+    assert read_from_image(image, "marker-fio-throughput") == "written by fio-throughput\n"
+    on_host = [str(p) for p in node.state_dir.rglob("marker-*")]
+    assert on_host == [], on_host
+
+    cluster.delete_claim()
+    assert volume_devices() == {"loop_devices": [], "backing_files": []}
+    state = json.loads((node.state_dir / "volumes" / "state.json").read_text())
+    assert state == []
+    assert cluster.settled(BASELINE) is None  # the claim is gone
