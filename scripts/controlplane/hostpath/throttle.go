@@ -236,12 +236,14 @@ func (t *throttler) reconcile() error {
 	if t == nil {
 		return nil
 	}
+	// What to write is read under the lock too, so that a reconcile that read the old
+	// parameters never writes after one that read the new.
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	want, err := t.desired()
 	if err != nil {
 		return err
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	targets := map[string]map[string]limits{} // cgroup dir -> device -> limits
 	pods := map[string]bool{}
 	for uid, devs := range want {
