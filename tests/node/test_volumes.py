@@ -98,7 +98,6 @@ def measure(node: Node, name: str) -> tuple[list[float], dict, dict[str, list[st
         bw, io_bytes = (int(x) for x in out[f"bw{run}"])
         assert io_bytes == FIO_MIB * MIB, log
         runs.append(bw / MIB)
-    print(f"\n{name}: fio runs {', '.join(f'{r:.1f}' for r in runs)} MiB/s")
     return runs, pod, out
 
 
@@ -152,6 +151,10 @@ def read_from_image(image: Path, name: str) -> str:
         check=True,
     )
     return done.stdout
+
+
+def show(runs: list[float]) -> str:
+    return "/".join(f"{r:.1f}" for r in runs)
 
 
 def check_speed(runs: list[float], target: float, cls: str) -> float:
@@ -212,7 +215,7 @@ def test_the_class_decides_the_speed_a_pod_measures(node: Node) -> None:
     )
     print(
         f"\nfio sequential write, O_DIRECT, 1 MiB, QD4, {FIO_MIB} MiB, {RUNS} runs: "
-        f"{BASELINE} {before} MiB/s (target 125), {THROUGHPUT} {after} MiB/s "
+        f"{BASELINE} {show(before)} MiB/s (target 125), {THROUGHPUT} {show(after)} MiB/s "
         f"(target 250); first pod {first_pod_s:.1f} s (stage with mkfs, {RUNS} fio runs), "
         f"switch settled in {switch_s:.1f} s"
     )
