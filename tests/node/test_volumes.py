@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.kube.cluster import (
@@ -45,16 +46,32 @@ FIO = (
     f"fio --name=seq --directory=/data --rw=write --bs=1M --size={FIO_MIB}M --direct=1"
     " --ioengine=libaio --iodepth=4 --output-format=json --output=/tmp/fio.json"
 )
+
+
+def fio_runs(label: str, runs: int = RUNS) -> str:
+    """Shell: ``runs`` fio runs on /data, each printing ``<label><n> <bytes/s> <bytes>``."""
+    return (
+        f"for run in $(seq {runs}); do {FIO}; rm -f /data/seq.*; "
+        'python3 -c \'import json, sys; w = json.load(open("/tmp/fio.json"))["jobs"][0]["write"];'
+        f' print("{label}" + sys.argv[1], w["bw_bytes"], w["io_bytes"])\' $run; done; '
+    )
+
+
 POD_SCRIPT = (
     "set -e; echo uid $(id -u); echo dev $(stat -c %d /data); "
-    f"for run in $(seq {RUNS}); do {FIO}; rm -f /data/seq.*; "
-    'python3 -c \'import json, sys; w = json.load(open("/tmp/fio.json"))["jobs"][0]["write"];'
-    ' print("bw" + sys.argv[1], w["bw_bytes"], w["io_bytes"])\' $run; done; '
-    'echo "written by $0" > "/data/marker-$0"; echo markers $(cat /data/marker-* | wc -l)'
+    + fio_runs("bw")
+    + 'echo "written by $0" > "/data/marker-$0"; echo markers $(cat /data/marker-* | wc -l)'
+)
+# One pod, the class switched while it runs: the test creates /data/go once the claim settled.
+LIVE_SCRIPT = (
+    "set -e; "
+    + fio_runs("before", 2)
+    + "echo waiting; while [ ! -e /data/go ]; do sleep 0.2; done; "
+    + fio_runs("after", 2)
 )
 
 
-def fio_pod(name: str) -> dict:
+def fio_pod(name: str, script: str = POD_SCRIPT) -> dict:
     """The job pod as a platform team runs it: non-root, ``fsGroup``, no privilege."""
     return {
         "apiVersion": "v1",
@@ -73,7 +90,7 @@ def fio_pod(name: str) -> dict:
                     "name": "fio",
                     "image": BASE_IMAGE,
                     "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", POD_SCRIPT, name],
+                    "command": ["/bin/sh", "-c", script, name],
                     "securityContext": {"allowPrivilegeEscalation": False},
                     "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                 }
@@ -93,12 +110,17 @@ def measure(node: Node, name: str) -> tuple[list[float], dict, dict[str, list[st
     assert pod["spec"]["nodeName"] == NODE_NAME
     out = parse(log)
     assert out["uid"] == ["1000"], log
-    runs = []
-    for run in range(1, RUNS + 1):
-        bw, io_bytes = (int(x) for x in out[f"bw{run}"])
+    return speeds(out, "bw", RUNS, log), pod, out
+
+
+def speeds(out: dict[str, list[str]], label: str, runs: int, log: str) -> list[float]:
+    """MiB/s of each run that printed ``<label><n>``."""
+    found = []
+    for run in range(1, runs + 1):
+        bw, io_bytes = (int(x) for x in out[f"{label}{run}"])
         assert io_bytes == FIO_MIB * MIB, log
-        runs.append(bw / MIB)
-    return runs, pod, out
+        found.append(bw / MIB)
+    return found
 
 
 def delete_pod(node: Node, name: str) -> None:
@@ -165,7 +187,10 @@ def check_speed(runs: list[float], target: float, cls: str) -> float:
     return best
 
 
-def test_the_class_decides_the_speed_a_pod_measures(node: Node) -> None:
+@pytest.fixture(scope="module")
+def ready(node: Node) -> Node:
+    """The node with the base image, ``ml-team`` (PodSecurity baseline), the shipped
+    StorageClass and classes, and the driver registered with the kubelet."""
     cluster = node.cluster
     node.import_image(debian_base_image(), BASE_IMAGE.rsplit(":", 1)[0])
     cluster.apply(
@@ -180,7 +205,6 @@ def test_the_class_decides_the_speed_a_pod_measures(node: Node) -> None:
     )
     cluster.apply_file(STORAGE_CLASS_FILE)
     cluster.apply_file(CLASSES_FILE)
-    cluster.apply(cluster.shipped_claim())
     wait_for(
         "the default ServiceAccount",
         lambda: cluster.core.list_namespaced_service_account(NAMESPACE).items,
@@ -189,6 +213,12 @@ def test_the_class_decides_the_speed_a_pod_measures(node: Node) -> None:
         "the driver registered with the kubelet (CSINode)", lambda: csinode_driver(node), 60
     )
     assert registered["nodeID"] == NODE_NAME
+    return node
+
+
+def test_the_class_decides_the_speed_a_pod_measures(ready: Node) -> None:
+    node, cluster = ready, ready.cluster
+    cluster.apply(cluster.shipped_claim())
     assert volume_devices() == {"loop_devices": [], "backing_files": []}
 
     t0 = time.monotonic()
@@ -238,3 +268,59 @@ def test_the_class_decides_the_speed_a_pod_measures(node: Node) -> None:
     state = json.loads((node.state_dir / "volumes" / "state.json").read_text())
     assert state == []
     assert cluster.settled(BASELINE) is None  # the claim is gone
+
+
+def pod_log(node: Node, name: str) -> str:
+    return node.cluster.api.call_api(
+        f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/log",
+        "GET",
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _return_http_data_only=True,
+    ).data.decode(errors="replace")
+
+
+def test_a_switch_reaches_a_pod_that_has_the_volume_published(ready: Node) -> None:
+    """ControllerModifyVolume while a pod writes: its next runs get the new class's speed."""
+    node, cluster = ready, ready.cluster
+    cluster.apply(cluster.shipped_claim())
+    assert cluster.claim()["spec"]["volumeAttributesClassName"] == BASELINE
+    name = "fio-live"
+    cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", fio_pod(name, LIVE_SCRIPT))
+    wait_for("the first runs", lambda: "waiting" in pod_log(node, name), timeout=240, interval=1)
+    pod = cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    assert pod["status"]["phase"] == "Running", pod["status"]
+
+    cluster.patch_claim({"spec": {"volumeAttributesClassName": THROUGHPUT}})
+    wait_for("the claim settled on the throughput class", lambda: cluster.settled(THROUGHPUT), 90)
+    pv = cluster.claim()["spec"]["volumeName"]
+    target = (
+        node.state_dir / "kubelet" / "pods" / pod["metadata"]["uid"] / "volumes"
+    ) / f"kubernetes.io~csi/{pv}/mount"
+    # The pod's volume is mounted in the node's mount namespace only.
+    holder = [p for p in node.procs if p.name == "holder"][0].pid
+    subprocess.run(
+        ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", "touch", str(target / "go")],
+        check=True,
+        timeout=30,
+    )
+    deadline = time.monotonic() + 240
+    while cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")["status"][
+        "phase"
+    ] not in ("Succeeded", "Failed"):
+        assert time.monotonic() < deadline, pod_log(node, name)
+        time.sleep(0.5)
+    log = pod_log(node, name)
+    out = parse(log)
+    before, after = speeds(out, "before", 2, log), speeds(out, "after", 2, log)
+    print(f"\none pod, switched while it ran: {show(before)} MiB/s, then {show(after)} MiB/s")
+    check_speed(before, 125, BASELINE)
+    check_speed(after, 250, THROUGHPUT)
+
+    delete_pod(node, name)
+    cluster.delete_claim()
+    wait_for(
+        "the volume removed",
+        lambda: volume_devices() == {"loop_devices": [], "backing_files": []},
+        90,
+    )
