@@ -62,7 +62,7 @@ stamp() {
   local dir pkg ver flags sum
   IFS='|' read -r dir pkg ver flags <<<"$(spec "$1")"
   local files=("$MODS/$dir"/go.mod "$MODS/$dir"/go.sum)
-  [ "$dir" = hostpath ] && files+=("$MODS/$dir"/main.go)
+  [ "$dir" = hostpath ] && files+=("$MODS/$dir"/*.go)
   sum=$(cat "${files[@]}" | sha256sum | cut -c1-16)
   echo "$pkg@$ver $sum $flags"
 }

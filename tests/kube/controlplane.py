@@ -2,8 +2,9 @@
 
 Starts, in this order, each in its own process group with its log in the state directory:
 
-1. ``csi-hostpath-lite`` (the CSI driver's controller side, on a unix socket; first, because
-   the sidecars exit when the socket goes away),
+1. ``csi-hostpath-lite`` (the CSI driver, on a unix socket; first, because the sidecars exit
+   when the socket goes away): its controller side here; with a node (tests/kube/node.py)
+   the node starts it, in its mount namespace and with the node service on,
 2. ``etcd`` (``--unsafe-no-fsync``),
 3. ``kube-apiserver`` (generated certificates, RBAC, a service-account issuer and key),
 4. ``kube-controller-manager`` (the PV binder, the PVC/PV protection and service-account
@@ -31,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,6 +331,9 @@ class ControlPlane:
             loopback, and the `kubernetes` Service's endpoint must be an address they reach.
         node: Also the controllers a Job's pods need, and the API server's kubelet client
             certificate (logs, exec).
+        driver_spawner: Starts the CSI driver instead of this object (called with the
+            driver's arguments, returns its process): a node runs it in its own mount
+            namespace with the node service on.
     """
 
     bin_dir: Path
@@ -341,6 +346,7 @@ class ControlPlane:
     die_with_parent: bool = False
     bind_address: str = "127.0.0.1"
     node: bool = False
+    driver_spawner: Callable[[list[str]], Proc] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -378,18 +384,20 @@ class ControlPlane:
             raise ControlPlaneError(f"state dir too long for a unix socket: {socket_path}")
         csi_address = f"unix://{socket_path}"
 
-        self._spawn(
-            "csi-hostpath-lite",
-            [
-                f"-endpoint={csi_address}",
-                f"-nodeid={NODE_NAME}",
-                f"-statedir={self.state_dir / 'volumes'}",
-                f"-drivername={DRIVER_NAME}",
-                "-enable-controller-modify-volume",
-                f"-accepted-mutable-parameter-names={','.join(ACCEPTED_MUTABLE_PARAMETERS)}",
-                "-enable-topology=false",
-            ],
-        )
+        driver_args = [
+            f"-endpoint={csi_address}",
+            f"-nodeid={NODE_NAME}",
+            f"-statedir={self.state_dir / 'volumes'}",
+            f"-drivername={DRIVER_NAME}",
+            "-enable-controller-modify-volume",
+            f"-accepted-mutable-parameter-names={','.join(ACCEPTED_MUTABLE_PARAMETERS)}",
+            "-enable-topology=false",
+        ]
+        if self.driver_spawner is None:
+            self._spawn("csi-hostpath-lite", driver_args)
+        else:
+            self.procs.append(self.driver_spawner(driver_args))
+            self._write_pids()
 
         client_port, peer_port = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{client_port}"

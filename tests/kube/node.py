@@ -17,13 +17,19 @@ What runs, and what each touches on the machine (everything named with our own p
 - kubelet v1.34 (cgroupfs driver, ``failCgroupV1: false``, ``protectKernelDefaults: true``,
   its own root dir, ``cgroupRoot: /csb-node``), kube-scheduler, kube-proxy (iptables mode,
   so that pods reach the API server through the ``kubernetes`` Service);
+- the CSI driver ``csi-hostpath-lite`` with its node service, in the holder's mount namespace
+  too: each volume a loop device over a sparse file ``/dev/shm/csb-csi-<volume id>.img`` with
+  ext4, staged and bind-mounted into its pods, registered with the kubelet through its plugin
+  registration socket, its class's iops and throughput the block throttle on that device for
+  the pods that have it published; the ``CSIDriver`` object (no attach, pod info on mount,
+  ``fsGroupPolicy: File``);
 - every node process is started in the cgroup ``/csb-node/daemons`` of each hierarchy, so
   containerd's shims and the containers (``/csb-node/kubepods``) are all under ``/csb-node``.
 
 :func:`sweep` removes all of it, from a clean stop or after a killed run alike: it kills every
-process under ``/csb-node``, removes those cgroups, the iptables chains (``kube-proxy
---cleanup`` and the kubelet's own chains), the bridge, the directories it created, and
-restores ``ip_forward`` if it changed.
+process under ``/csb-node``, removes those cgroups, the volumes' loop devices and backing files (by their prefix), the
+iptables chains (``kube-proxy --cleanup`` and the kubelet's own chains), the bridge, the
+directories it created, and restores ``ip_forward`` if it changed.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench import loop_volume
 from tests.kube.controlplane import (
+    DRIVER_NAME,
     KUBELET_CLIENT,
     NODE_NAME,
     ControlPlane,
@@ -66,7 +74,18 @@ SERVICE_SUBNET = "10.0.0.0/24"
 # Under every cgroup hierarchy: daemons/ holds the node's processes, kubepods/ the kubelet's.
 CGROUP_ROOT = "csb-node"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-NODE_PROCESSES = ("holder", "containerd", "kubelet", "kube-scheduler", "kube-proxy")
+NODE_PROCESSES = (
+    "holder",
+    "csi-hostpath-lite",
+    "containerd",
+    "kubelet",
+    "kube-scheduler",
+    "kube-proxy",
+)
+# The CSI volumes' backing files: loop_volume's naming (csb-<name>.img in /dev/shm), so one
+# sweep by this name prefix finds every loop device and file the driver made.
+VOLUME_PREFIX = "csi-"
+VOLUME_BACKING_DIR = loop_volume.BACKING_DIR
 NODE_PIDS_FILE = "node-pids.json"
 HOST_FILE = "node-host.json"  # what start changed on the host, for the sweep
 # Host paths containerd 1.6 and kubelet 1.34 use whatever their flags say; inside the node's
@@ -310,6 +329,7 @@ def _sweep(state_dir: Path, bin_dir: Path | None) -> dict[str, Any]:
     report["recorded"] = _stop_recorded_node(state_dir)
     report["killed"] = kill_node_cgroups()
     remove_node_cgroups()
+    report["volumes"] = sweep_volumes()
     host = _read_json(state_dir / HOST_FILE)
     proxy = (bin_dir or Path(host.get("bin_dir", "/nonexistent"))) / "kube-proxy"
     if kube_chains() and os.access(proxy, os.X_OK):
@@ -338,6 +358,32 @@ def _sweep(state_dir: Path, bin_dir: Path | None) -> dict[str, Any]:
     return report
 
 
+def volume_devices() -> dict[str, list[str]]:
+    """The CSI volumes' loop devices and backing files on this machine now."""
+    ours = f"{loop_volume.PREFIX}{VOLUME_PREFIX}"
+    devices = [
+        f"/dev/{dev.name} ({file})"
+        for file, dev in loop_volume.loop_devices().items()
+        if file.parent == VOLUME_BACKING_DIR and file.name.startswith(ours)
+    ]
+    files = sorted(str(f) for f in VOLUME_BACKING_DIR.glob(f"{ours}*.img"))
+    return {"loop_devices": sorted(devices), "backing_files": files}
+
+
+def sweep_volumes(timeout: float = 15.0) -> list[str]:
+    """Detach the volumes' loop devices and delete their backing files. Run once the node's
+    processes are gone: a device whose file system is still mounted in the dying mount
+    namespace is detached by the kernel when that mount goes, which this waits for."""
+    removed = loop_volume.sweep(VOLUME_PREFIX, VOLUME_BACKING_DIR, cgroups=False)
+    deadline = time.monotonic() + timeout
+    while (left := volume_devices())["loop_devices"]:
+        if time.monotonic() > deadline:
+            raise NodeError(f"loop devices of the node's volumes left: {left['loop_devices']}")
+        time.sleep(0.1)
+        removed += loop_volume.sweep(VOLUME_PREFIX, VOLUME_BACKING_DIR, cgroups=False)
+    return removed
+
+
 def leftovers() -> dict[str, list[str]]:
     """What of a node is on this machine now (empty lists when nothing)."""
     mounts = [
@@ -352,6 +398,7 @@ def leftovers() -> dict[str, list[str]]:
         "bridge": [BRIDGE] if Path(f"/sys/class/net/{BRIDGE}").exists() else [],
         "veths": _bridge_ports(),
         "mounts": mounts,
+        **volume_devices(),
     }
 
 
@@ -462,15 +509,21 @@ class Node:
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(exist_ok=True)
         self._prepare_host()
+        # Before the control plane: the CSI driver it starts first runs in this namespace.
+        self._start_holder()
         self.plane = ControlPlane(
             self.bin_dir,
             self.state_dir,
             die_with_parent=self.die_with_parent,
             bind_address=BRIDGE_IP,
             node=True,
+            driver_spawner=self._spawn_driver,
         )
         self.plane.start()
-        self._start_holder()
+        from tests.kube.cluster import Cluster
+
+        self.cluster = Cluster(self.plane)
+        self.cluster.apply(csi_driver_object())
         self._start_containerd()
         self._start_kubelet()
         self._start_scheduler()
@@ -570,6 +623,25 @@ class Node:
         lines += [f"touch {ready}", "exec sleep infinity"]
         self._spawn("holder", ["unshare", "--mount", "--", "sh", "-c", "\n".join(lines)])
         self._wait("holder", ready.exists, 10)
+
+    def _spawn_driver(self, args: list[str]) -> Proc:
+        """The control plane's CSI driver, here with its node service (as root, in the
+        holder's mount namespace, so that its mounts are the kubelet's)."""
+        binary = self.bin_dir / "csi-hostpath-lite"
+        if not os.access(binary, os.X_OK):
+            raise NodeError(f"{binary} is not built (scripts/controlplane.sh build)")
+        return self._spawn(
+            "csi-hostpath-lite",
+            [
+                str(binary),
+                *args,
+                "-node-service",
+                f"-kubelet-dir={self.state_dir / 'kubelet'}",
+                f"-backing-dir={VOLUME_BACKING_DIR}",
+                f"-backing-prefix={loop_volume.PREFIX}{VOLUME_PREFIX}",
+                f"-kubelet-cgroup-root=/{CGROUP_ROOT}",
+            ],
+        )
 
     def _start_containerd(self) -> None:
         root = self.state_dir / "containerd"
@@ -672,9 +744,6 @@ class Node:
         )
 
     def _wait_node_ready(self, timeout: float = 90) -> None:
-        from tests.kube.cluster import Cluster
-
-        self.cluster = Cluster(self.plane)
         proc = self._proc("kubelet")
 
         def ready() -> bool:
@@ -722,6 +791,24 @@ class Node:
 
 
 # -- configuration ---------------------------------------------------------------------------
+
+
+def csi_driver_object() -> dict[str, Any]:
+    """The driver as the kubelet must know it: no attach step (there is no attacher: the node
+    service stages the volume itself), the pod's name and uid in NodePublishVolume's context
+    (the driver finds the pod's cgroups by the uid), and ``fsGroupPolicy: File`` so that the
+    kubelet hands the root-owned ext4 to a pod's ``fsGroup`` whatever the volume's fsType."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": {"name": DRIVER_NAME},
+        "spec": {
+            "attachRequired": False,
+            "podInfoOnMount": True,
+            "fsGroupPolicy": "File",
+            "volumeLifecycleModes": ["Persistent"],
+        },
+    }
 
 
 def cni_config(ipam_dir: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The node starts, runs a pod as the platform would, and leaves nothing behind: after a
-clean stop, and after the process that started it was killed with SIGKILL."""
+clean stop, and after the process that started it was killed with SIGKILL while a pod had a
+claim's volume mounted."""
 
 from __future__ import annotations
 
@@ -157,11 +158,18 @@ def test_start_run_a_pod_stop_clean(bin_dir: Path) -> None:
 CHILD = """
 import sys, time
 from pathlib import Path
+from tests.kube.cluster import CLASSES_FILE, STORAGE_CLASS_FILE
 from tests.kube.node import Node
 from tests.node.test_lifecycle import prepare, smoke_pod
 node = Node(Path(sys.argv[1]), Path(sys.argv[2]), die_with_parent=True).start()
 prepare(node)
-node.cluster.request("POST", "/api/v1/namespaces/node-smoke/pods", smoke_pod("sleeper", "sleep 3600"))
+node.cluster.apply_file(STORAGE_CLASS_FILE)
+node.cluster.apply_file(CLASSES_FILE)
+node.cluster.apply(node.cluster.shipped_claim("sleeper-claim", "node-smoke"))
+pod = smoke_pod("sleeper", "sleep 3600")
+pod["spec"]["volumes"].append({"name": "claim", "persistentVolumeClaim": {"claimName": "sleeper-claim"}})
+pod["spec"]["containers"][0]["volumeMounts"].append({"name": "claim", "mountPath": "/claim"})
+node.cluster.request("POST", "/api/v1/namespaces/node-smoke/pods", pod)
 while node.cluster.request("GET", "/api/v1/namespaces/node-smoke/pods/sleeper")["status"].get("phase") != "Running":
     time.sleep(0.5)
 print("running", flush=True)
@@ -187,10 +195,12 @@ def test_killed_run_is_swept(bin_dir: Path) -> None:
         child.wait()
     time.sleep(1)
     # What outlives a SIGKILL of the starter: containerd's shim and the pod's processes
-    # (they are not its children), hence the sweep.
+    # (they are not its children), and the claim's loop device and backing file (the pod
+    # still has it mounted), hence the sweep.
     left = leftovers()
     try:
         assert left["processes"] and left["cgroups"], left
+        assert left["loop_devices"] and left["backing_files"], left
     finally:
         report = sweep(state, bin_dir)
         stop_recorded(state)

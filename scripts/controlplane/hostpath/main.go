@@ -1,24 +1,39 @@
-// csi-hostpath-lite: the controller side of a host-path CSI driver, for a control plane on
-// loopback. It stands in for kubernetes-csi/csi-driver-host-path's hostpathplugin, which the
-// Go module proxy reachable here does not serve, and takes the same flags for what it does
-// (-endpoint, -nodeid, -statedir, -drivername, -enable-controller-modify-volume,
-// -accepted-mutable-parameter-names, -enable-topology), so the launcher can run either.
+// csi-hostpath-lite: a whole CSI driver for one node on one machine, whose volumes are
+// file-backed loop devices with ext4 and whose speed is their VolumeAttributesClass's. It
+// stands in for kubernetes-csi/csi-driver-host-path's hostpathplugin (and for the
+// node-driver-registrar), which the Go module proxy reachable here does not serve, and takes
+// the same flags for what they share (-endpoint, -nodeid, -statedir, -drivername,
+// -enable-controller-modify-volume, -accepted-mutable-parameter-names, -enable-topology).
 //
-// What it does, like hostpathplugin's controller service:
-//   - CreateVolume: a directory <statedir>/<volume id>; idempotent by name; mutable
+// Controller service (controller.go), always on, needs no root:
+//   - CreateVolume: records the volume in <statedir>/state.json; idempotent by name; mutable
 //     parameters (from a VolumeAttributesClass) are checked against the accepted names.
-//   - DeleteVolume: removes the directory (unknown ids succeed).
+//   - DeleteVolume: forgets it and removes its backing file (unknown ids succeed).
 //   - ControllerModifyVolume: NotFound for an unknown volume; InvalidArgument for a
-//     parameter that is not accepted ("invalid parameters: [...]") or for no parameters;
-//     otherwise records the parameters.
+//     parameter that is not accepted ("invalid parameters: [...]"), for no parameters or for
+//     an iops/throughput that is not a positive number; otherwise records the parameters and,
+//     with the node service on, applies them to every pod that has the volume published
+//     before it answers.
 //   - ControllerExpandVolume: records the new size.
 //
-// No node service: nothing here mounts anything, and it needs no root.
+// Node service (node.go), with -node-service, as root, in the kubelet's mount namespace:
+//   - NodeStageVolume: the backing file <backing-dir>/<backing-prefix><volume id>.img (sparse,
+//     the volume's capacity), a loop device over it (LOOP_CONFIGURE with autoclear: the
+//     device goes when its last user does, also after a SIGKILL), ext4 when it has no file
+//     system yet, mounted at the staging path. NodeUnstageVolume unmounts it (the file stays:
+//     the data outlives the pod).
+//   - NodePublishVolume / NodeUnpublishVolume: a bind mount of the staging path into the
+//     pod's target path, and its removal.
+//   - NodeGetInfo (node id, topology with -enable-topology), NodeGetCapabilities
+//     (STAGE_UNSTAGE_VOLUME).
+//   - Self-registration with the kubelet (registration.go): the pluginregistration/v1
+//     Registration service on <kubelet-dir>/plugins_registry/<driver>-reg.sock.
+//   - The block throttle (throttle.go): the volume's iops and throughput become the kernel's
+//     block-I/O limits on its loop device for the cgroups of every pod that has it published.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,15 +43,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 var version = "dev"
@@ -62,288 +74,50 @@ type config struct {
 	enableModify   bool
 	acceptedParams stringList
 	enableTopology bool
-}
 
-type volume struct {
-	ID         string            `json:"id"`
-	Name       string            `json:"name"`
-	Capacity   int64             `json:"capacity"`
-	Path       string            `json:"path"`
-	Parameters map[string]string `json:"parameters,omitempty"`
-	Mutable    map[string]string `json:"mutable,omitempty"`
+	nodeService   bool
+	kubeletDir    string
+	backingDir    string
+	backingPrefix string
+	cgroupRoot    string
+	defaultSize   int64
 }
 
 type driver struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
 
 	cfg     config
 	mu      sync.Mutex
 	volumes map[string]*volume // by id
 	nextID  int
+
+	nodeMu    sync.Mutex // one node operation at a time
+	throttler *throttler // nil without the node service
 }
 
-const topologyKey = "topology.hostpath.csi/node"
-
-func (d *driver) stateFile() string { return filepath.Join(d.cfg.stateDir, "state.json") }
-
-func (d *driver) load() error {
-	d.volumes = map[string]*volume{}
-	data, err := os.ReadFile(d.stateFile())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+// backingFile is where a volume keeps its blocks; "" when the driver keeps no files.
+func (d *driver) backingFile(id string) string {
+	if d.cfg.backingDir == "" {
+		return ""
 	}
-	if err != nil {
-		return err
-	}
-	var vols []*volume
-	if err := json.Unmarshal(data, &vols); err != nil {
-		return fmt.Errorf("%s: %w", d.stateFile(), err)
-	}
-	for _, v := range vols {
-		d.volumes[v.ID] = v
-	}
-	d.nextID = len(vols)
-	return nil
+	return filepath.Join(d.cfg.backingDir, d.cfg.backingPrefix+id+".img")
 }
 
-// save writes the state atomically; the caller holds d.mu.
-func (d *driver) save() error {
-	vols := make([]*volume, 0, len(d.volumes))
-	for _, v := range d.volumes {
-		vols = append(vols, v)
-	}
-	sort.Slice(vols, func(i, j int) bool { return vols[i].ID < vols[j].ID })
-	data, err := json.MarshalIndent(vols, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := d.stateFile() + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, d.stateFile())
-}
-
-func (d *driver) validateMutable(params map[string]string) error {
-	if len(d.cfg.acceptedParams) == 0 {
-		return nil // like hostpathplugin: no list means every parameter is mutable
-	}
-	accepted := map[string]bool{}
-	for _, n := range d.cfg.acceptedParams {
-		accepted[n] = true
-	}
-	var unsupported []string
-	for k := range params {
-		if !accepted[k] {
-			unsupported = append(unsupported, k)
-		}
-	}
-	sort.Strings(unsupported)
-	if len(unsupported) > 0 {
-		return status.Errorf(codes.InvalidArgument, "invalid parameters: %v", unsupported)
-	}
-	return nil
-}
-
-// Identity service.
-
-func (d *driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
-	return &csi.GetPluginInfoResponse{Name: d.cfg.driverName, VendorVersion: version}, nil
-}
-
-func (d *driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	caps := []*csi.PluginCapability{{
-		Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
-			Type: csi.PluginCapability_Service_CONTROLLER_SERVICE,
-		}},
-	}, {
-		Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
-			Type: csi.PluginCapability_VolumeExpansion_ONLINE,
-		}},
-	}}
-	if d.cfg.enableTopology {
-		caps = append(caps, &csi.PluginCapability{
-			Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
-				Type: csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
-			}},
-		})
-	}
-	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
-}
-
-func (d *driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	return &csi.ProbeResponse{}, nil
-}
-
-// Controller service.
-
-func (d *driver) controllerCaps() []csi.ControllerServiceCapability_RPC_Type {
-	caps := []csi.ControllerServiceCapability_RPC_Type{
-		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
-		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
-	}
-	if d.cfg.enableModify {
-		caps = append(caps, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
-	}
-	return caps
-}
-
-func (d *driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
-	var out []*csi.ControllerServiceCapability
-	for _, c := range d.controllerCaps() {
-		out = append(out, &csi.ControllerServiceCapability{
-			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: c}},
-		})
-	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: out}, nil
-}
-
-func (d *driver) csiVolume(v *volume) *csi.Volume {
-	out := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.Capacity, VolumeContext: v.Parameters}
-	if d.cfg.enableTopology {
-		out.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{topologyKey: d.cfg.nodeID}}}
-	}
-	return out
-}
-
-func (d *driver) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "Name missing in request")
-	}
-	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "Volume Capabilities missing in request")
-	}
-	for _, c := range req.GetVolumeCapabilities() {
-		if c.GetBlock() != nil {
-			return nil, status.Error(codes.InvalidArgument, "block volumes are not supported")
-		}
-	}
-	if len(req.GetMutableParameters()) > 0 {
-		if !d.cfg.enableModify {
-			return nil, status.Error(codes.InvalidArgument, "mutable parameters given but -enable-controller-modify-volume is off")
-		}
-		if err := d.validateMutable(req.GetMutableParameters()); err != nil {
-			return nil, err
-		}
-	}
-	capacity := req.GetCapacityRange().GetRequiredBytes()
-
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, v := range d.volumes {
-		if v.Name == req.GetName() {
-			if v.Capacity < capacity {
-				return nil, status.Errorf(codes.AlreadyExists, "Volume with the same name: %s but with different size already exist", v.Name)
-			}
-			return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
-		}
-	}
-	d.nextID++
-	id := fmt.Sprintf("vol-%04d-%s", d.nextID, shortName(req.GetName()))
-	path := filepath.Join(d.cfg.stateDir, id)
-	if err := os.MkdirAll(path, 0o750); err != nil {
-		return nil, status.Errorf(codes.Internal, "failed to create volume %s: %v", id, err)
-	}
-	v := &volume{
-		ID: id, Name: req.GetName(), Capacity: capacity, Path: path,
-		Parameters: req.GetParameters(), Mutable: req.GetMutableParameters(),
-	}
-	d.volumes[id] = v
-	if err := d.save(); err != nil {
-		return nil, status.Errorf(codes.Internal, "failed to save state: %v", err)
-	}
-	log.Printf("CreateVolume %s: id=%s capacity=%d mutable=%v", req.GetName(), id, capacity, v.Mutable)
-	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
-}
-
-func shortName(name string) string {
-	if len(name) > 12 {
-		return name[len(name)-12:]
-	}
-	return name
-}
-
-func (d *driver) DeleteVolume(_ context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "Volume ID missing in request")
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	v, ok := d.volumes[req.GetVolumeId()]
-	if !ok {
-		return &csi.DeleteVolumeResponse{}, nil
-	}
-	if err := os.RemoveAll(v.Path); err != nil {
-		return nil, status.Errorf(codes.Internal, "failed to delete volume %s: %v", v.ID, err)
-	}
-	delete(d.volumes, v.ID)
-	if err := d.save(); err != nil {
-		return nil, status.Errorf(codes.Internal, "failed to save state: %v", err)
-	}
-	log.Printf("DeleteVolume %s", v.ID)
-	return &csi.DeleteVolumeResponse{}, nil
-}
-
-func (d *driver) ValidateVolumeCapabilities(_ context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	d.mu.Lock()
-	_, ok := d.volumes[req.GetVolumeId()]
-	d.mu.Unlock()
-	if !ok {
-		return nil, status.Error(codes.NotFound, req.GetVolumeId())
-	}
-	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
-		VolumeContext: req.GetVolumeContext(), VolumeCapabilities: req.GetVolumeCapabilities(), Parameters: req.GetParameters(),
-	}}, nil
-}
-
-func (d *driver) ControllerExpandVolume(_ context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	v, ok := d.volumes[req.GetVolumeId()]
-	if !ok {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", req.GetVolumeId())
-	}
-	if n := req.GetCapacityRange().GetRequiredBytes(); n > v.Capacity {
-		v.Capacity = n
-		if err := d.save(); err != nil {
-			return nil, status.Errorf(codes.Internal, "failed to save state: %v", err)
-		}
-	}
-	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.Capacity, NodeExpansionRequired: false}, nil
-}
-
-func (d *driver) ControllerModifyVolume(_ context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
-	if !d.cfg.enableModify {
-		return nil, status.Error(codes.Unimplemented, "ControllerModifyVolume is not enabled")
-	}
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "Volume ID missing in request")
-	}
-	if len(req.GetMutableParameters()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "Mutable parameters missing in request")
-	}
-	if err := d.validateMutable(req.GetMutableParameters()); err != nil {
-		log.Printf("ControllerModifyVolume %s refused: %v", req.GetVolumeId(), err)
+func listen(path string) (net.Listener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	v, ok := d.volumes[req.GetVolumeId()]
-	if !ok {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", req.GetVolumeId())
+	return net.Listen("unix", path)
+}
+
+func logErrors(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	resp, err := h(ctx, req)
+	if err != nil {
+		log.Printf("%s: %v", info.FullMethod, err)
 	}
-	if v.Mutable == nil {
-		v.Mutable = map[string]string{}
-	}
-	for k, val := range req.GetMutableParameters() {
-		v.Mutable[k] = val
-	}
-	if err := d.save(); err != nil {
-		return nil, status.Errorf(codes.Internal, "failed to save state: %v", err)
-	}
-	log.Printf("ControllerModifyVolume %s: mutable=%v", v.ID, v.Mutable)
-	return &csi.ControllerModifyVolumeResponse{}, nil
+	return resp, err
 }
 
 func main() {
@@ -352,10 +126,16 @@ func main() {
 	flag.StringVar(&cfg.driverName, "drivername", "hostpath.csi.k8s.io", "name of the driver")
 	flag.StringVar(&cfg.endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix:///ABS/PATH)")
 	flag.StringVar(&cfg.nodeID, "nodeid", "", "node id")
-	flag.StringVar(&cfg.stateDir, "statedir", "/csi-data-dir", "directory for the volumes and the driver's state")
+	flag.StringVar(&cfg.stateDir, "statedir", "/csi-data-dir", "directory for the driver's state")
 	flag.BoolVar(&cfg.enableModify, "enable-controller-modify-volume", false, "enables ControllerModifyVolume (MODIFY_VOLUME)")
 	flag.Var(&cfg.acceptedParams, "accepted-mutable-parameter-names", "comma separated names of the mutable parameters the driver accepts; unset: all")
 	flag.BoolVar(&cfg.enableTopology, "enable-topology", true, "reports VOLUME_ACCESSIBILITY_CONSTRAINTS")
+	flag.BoolVar(&cfg.nodeService, "node-service", false, "also serve the Node service (loop devices, mounts, block throttle: needs root)")
+	flag.StringVar(&cfg.kubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root dir (plugins_registry/, pods/)")
+	flag.StringVar(&cfg.backingDir, "backing-dir", "", "where volumes keep their backing files (required with -node-service)")
+	flag.StringVar(&cfg.backingPrefix, "backing-prefix", "csb-csi-", "every backing file's name starts with this (a sweep finds them by it)")
+	flag.StringVar(&cfg.cgroupRoot, "kubelet-cgroup-root", "/", "the kubelet's cgroupRoot (pods are under <it>/kubepods)")
+	flag.Int64Var(&cfg.defaultSize, "default-size", 1<<30, "bytes of a volume created without a capacity")
 	flag.BoolVar(&showVersion, "version", false, "print the version and exit")
 	flag.Parse()
 	if showVersion {
@@ -364,6 +144,12 @@ func main() {
 	}
 	if cfg.nodeID == "" {
 		log.Fatal("-nodeid is required")
+	}
+	if cfg.nodeService && cfg.backingDir == "" {
+		log.Fatal("-node-service needs -backing-dir")
+	}
+	if strings.ContainsAny(cfg.backingPrefix, "/") {
+		log.Fatalf("-backing-prefix %q must not contain '/'", cfg.backingPrefix)
 	}
 	u, err := url.Parse(cfg.endpoint)
 	if err != nil || u.Scheme != "unix" || u.Path == "" {
@@ -376,30 +162,45 @@ func main() {
 	if err := d.load(); err != nil {
 		log.Fatal(err)
 	}
-	if err := os.Remove(u.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		log.Fatal(err)
+	var reg *grpc.Server
+	if cfg.nodeService {
+		if err := os.MkdirAll(cfg.backingDir, 0o700); err != nil {
+			log.Fatal(err)
+		}
+		t, err := newThrottler(d, cfg.cgroupRoot, filepath.Join(cfg.kubeletDir, "pods"))
+		if err != nil {
+			log.Fatalf("the node service cannot throttle block I/O here: %v", err)
+		}
+		d.throttler = t
+		go t.run()
 	}
-	lis, err := net.Listen("unix", u.Path)
+	lis, err := listen(u.Path)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		resp, err := h(ctx, req)
-		if err != nil {
-			log.Printf("%s: %v", info.FullMethod, err)
-		}
-		return resp, err
-	}))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(logErrors))
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
+	if cfg.nodeService {
+		csi.RegisterNodeServer(srv, d)
+		// Registered once the CSI socket listens: the kubelet calls NodeGetInfo right away.
+		reg, err = register(cfg, u.Path)
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-sigs
+		if reg != nil {
+			reg.Stop()
+			_ = os.Remove(registrationSocket(cfg))
+		}
 		srv.Stop()
 	}()
-	log.Printf("%s %s listening on %s (modify=%v accepted=%v topology=%v)",
-		cfg.driverName, version, u.Path, cfg.enableModify, cfg.acceptedParams, cfg.enableTopology)
+	log.Printf("%s %s listening on %s (modify=%v accepted=%v topology=%v node=%v)",
+		cfg.driverName, version, u.Path, cfg.enableModify, cfg.acceptedParams, cfg.enableTopology, cfg.nodeService)
 	if err := srv.Serve(lis); err != nil {
 		log.Fatal(err)
 	}
