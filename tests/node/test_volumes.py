@@ -271,13 +271,20 @@ def test_the_class_decides_the_speed_a_pod_measures(ready: Node) -> None:
 
 
 def pod_log(node: Node, name: str) -> str:
-    return node.cluster.api.call_api(
-        f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/log",
-        "GET",
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _return_http_data_only=True,
-    ).data.decode(errors="replace")
+    """The pod's log so far ("" while its container is not started yet)."""
+    try:
+        answer = node.cluster.api.call_api(
+            f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/log",
+            "GET",
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+    except ApiException as exc:
+        if exc.status == 400:  # "container ... is waiting to start"
+            return ""
+        raise
+    return answer.data.decode(errors="replace")
 
 
 def test_a_switch_reaches_a_pod_that_has_the_volume_published(ready: Node) -> None:
