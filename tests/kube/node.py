@@ -670,7 +670,8 @@ class Node:
 
     def import_image(self, archive: Path, base_name: str) -> None:
         """Import an OCI archive whose index names its tag (``NAME:TAG`` = base_name:tag)."""
-        self.ctr("images", "import", f"--base-name={base_name}", str(archive))
+        # The job image is several GB (torch with its CUDA libraries): minutes on a busy disk.
+        self.ctr("images", "import", f"--base-name={base_name}", str(archive), timeout=900)
 
     def _start_kubelet(self) -> None:
         assert self.plane is not None
