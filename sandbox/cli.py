@@ -58,7 +58,8 @@ def _common(fn):
                 "--host",
                 default=DEFAULT_HOST,
                 show_default=True,
-                help="The server's address; loopback only (127.0.0.1, ::1, localhost).",
+                help="The server's address: loopback (127.0.0.1, ::1, localhost), or the node's "
+                "bridge address (10.244.0.1) once the node runs; nowhere else.",
             ),
             click.option(
                 "--port", type=int, help=f"Server port (default: last used, else {DEFAULT_PORT})."
