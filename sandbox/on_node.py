@@ -1,0 +1,303 @@
+"""The sandbox on the local node: Polyaxon's own agent and the operator stand-in, not the
+process-based agent (docs/agent-on-node.md).
+
+What runs, beside the node (``python -m tests.kube.node start``, which owns the bridge
+``10.244.0.1`` and the API server on it):
+
+- the sandbox's haupt server, listening on the bridge's address (the one address of this
+  machine the pods reach: Polyaxon's init and sidecar containers and the runs' tracking
+  call it);
+- Polyaxon's agent from the pinned package, ``polyaxon agent start`` (``POLYAXON_SERVICE=
+  agent``, the ``agent`` extra's ``kubernetes_asyncio``), with ``connections/node-agent.yaml``
+  as its config: it polls the server's agent state and turns each queued run into a
+  ``polyaxon.com/v1`` object with Polyaxon's own converter;
+- the operator stand-in (``python -m operator_standin``), which runs those objects as batch
+  Jobs and reports their phases to the server.
+
+Before those start, the cluster gets what the runs need: the namespace, the CRDs, the runs'
+service account and the Role Polyaxon's sidecar needs (it reads its pod and the main
+container's log through the API), and the images of Polyaxon's init and sidecar containers
+imported into the node's containerd (``sandbox/node_images.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from checkpoint_storage_bench.processes import stop_group
+from sandbox.config import NODE_BRIDGE_ADDRESS, REPO_ROOT, SandboxPaths, _resolve
+from sandbox.errors import ConfigError, ServerStartError
+from sandbox.server import Sandbox, _spawn, read_pid, tail
+
+NODE_AGENT_FILE = REPO_ROOT / "connections" / "node-agent.yaml"
+RUNS_ROLE = "polyaxon-runs-sidecar"
+READY_TIMEOUT = 60.0
+
+
+def node_state_dir() -> Path:
+    """Where ``python -m tests.kube.node start`` keeps its state by default."""
+    from tests.kube.node import default_state_dir
+
+    return default_state_dir()
+
+
+def node_kubeconfig(state_dir: Path) -> Path:
+    """The node's admin kubeconfig; a ConfigError when the node is not running."""
+    kubeconfig = state_dir / "admin.kubeconfig"
+    pids = state_dir / "node-pids.json"
+    if not kubeconfig.exists() or not pids.exists():
+        raise ConfigError(
+            f"no node runs with state in {state_dir}: start it first with "
+            '`python -m tests.kube.node start --bin-dir "$(scripts/controlplane.sh bin-dir)"`'
+        )
+    return kubeconfig
+
+
+def agent_config(agent_file: Path, root: Path) -> dict[str, Any]:
+    """The node agent config with the artifacts store's host path made absolute (relative to
+    the sandbox root); its ``mountPath`` is where the pods see it."""
+    try:
+        config = yaml.safe_load(agent_file.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read agent config {agent_file}: {exc}") from exc
+    store = config.get("artifactsStore") or {}
+    if store.get("kind") != "host_path":
+        raise ConfigError(f"{agent_file}: the artifacts store must be a host_path on the node")
+    schema = store.setdefault("schema", {})
+    schema["hostPath"] = str(_resolve(SandboxPaths(root).root, schema["hostPath"]))
+    return config
+
+
+# The agent config's keys and the environment variables Polyaxon's AgentConfig reads them from.
+AGENT_ENV_KEYS = {
+    "namespace": "POLYAXON_K8S_NAMESPACE",
+    "artifactsStore": "POLYAXON_AGENT_ARTIFACTS_STORE",
+    "connections": "POLYAXON_AGENT_CONNECTIONS",
+    "init": "POLYAXON_AGENT_INIT",
+    "sidecar": "POLYAXON_AGENT_SIDECAR",
+    "runsSa": "POLYAXON_AGENT_RUNS_SA",
+}
+
+
+def agent_env(config: dict[str, Any], url: str, kubeconfig: Path, home: Path) -> dict[str, str]:
+    """The environment of ``polyaxon agent start`` for this config and server."""
+    unknown = set(config) - set(AGENT_ENV_KEYS)
+    if unknown:
+        raise ConfigError(f"node agent config: keys not handled here: {sorted(unknown)}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+    env.update(
+        HOME=str(home),
+        KUBECONFIG=str(kubeconfig),
+        # The CLI registers `agent` only for this service; it also makes settings read the
+        # agent config from the POLYAXON_AGENT_* variables below.
+        POLYAXON_SERVICE="agent",
+        POLYAXON_HOST=url,
+        POLYAXON_NO_API="false",
+        PYTHONUNBUFFERED="1",
+    )
+    for key, var in AGENT_ENV_KEYS.items():
+        if key in config:
+            value = config[key]
+            env[var] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+def prepare_cluster(api: Any, config: dict[str, Any]) -> list[str]:
+    """Namespace, CRDs, the runs' service account and the sidecar's Role; returns what was
+    created (idempotent)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from operator_standin import crd
+
+    namespace = config["namespace"]
+    made = []
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+
+    def create(fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+            made.append(f"{args[-1]['kind']} {args[-1]['metadata']['name']}")
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    create(
+        core.create_namespace,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+    )
+    made += crd.install(api)
+    if config.get("runsSa"):
+        create(
+            core.create_namespaced_service_account,
+            namespace,
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": config["runsSa"]}},
+        )
+    create(
+        rbac.create_namespaced_role,
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": RUNS_ROLE},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+            ],
+        },
+    )
+    # Every account of the namespace: a run may name its own (the hook's), and its sidecar
+    # needs the same reads.
+    create(
+        rbac.create_namespaced_role_binding,
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": RUNS_ROLE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RUNS_ROLE},
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Group",
+                    "name": f"system:serviceaccounts:{namespace}",
+                }
+            ],
+        },
+    )
+    return made
+
+
+def import_image(state_dir: Path, archive: Path, base_name: str) -> None:
+    """Import an OCI archive into the running node's containerd (in the node's mount
+    namespace, as ``tests.kube.node.Node.import_image`` does)."""
+    pids = json.loads((state_dir / "node-pids.json").read_text())
+    (holder,) = [p["pid"] for p in pids["procs"] if p["name"] == "holder"]
+    done = subprocess.run(
+        [
+            "nsenter",
+            f"--mount=/proc/{holder}/ns/mnt",
+            "--",
+            "ctr",
+            f"--address={state_dir / 'containerd.sock'}",
+            "--namespace=k8s.io",
+            "images",
+            "import",
+            f"--base-name={base_name}",
+            str(archive),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ConfigError(f"importing {archive} into the node failed: {done.stderr.strip()}")
+
+
+def import_images(state_dir: Path) -> list[str]:
+    """The Debian base and Polyaxon's init/sidecar images, built (cached) and imported."""
+    from sandbox import node_images
+    from tests.kube.node import BASE_IMAGE, debian_base_image, image_cache
+
+    base = debian_base_image()
+    aux = node_images.build(base, image_cache())
+    import_image(state_dir, base, BASE_IMAGE.rsplit(":", 1)[0])
+    import_image(state_dir, aux, node_images.IMAGE)
+    return [
+        BASE_IMAGE,
+        *(f"{node_images.IMAGE}:{node_images.tag_for(s)}" for s in node_images.SERVICES),
+    ]
+
+
+@dataclass
+class NodeProcesses:
+    """Polyaxon's agent and the operator stand-in for one sandbox, as process groups with
+    their pid files in ``.sandbox/``."""
+
+    sandbox: Sandbox
+    kubeconfig: Path
+    config: dict[str, Any]
+
+    @property
+    def state(self) -> Path:
+        return self.sandbox.paths.state
+
+    def pid_file(self, name: str) -> Path:
+        return self.state / f"{name}.pid"
+
+    def log_file(self, name: str) -> Path:
+        return self.state / f"{name}.log"
+
+    def start(self) -> None:
+        if self.sandbox.host != NODE_BRIDGE_ADDRESS:
+            raise ConfigError(
+                f"on the node the server must listen on {NODE_BRIDGE_ADDRESS} (--host), "
+                "where the pods reach it"
+            )
+        home = self.state / "plx-agent-home"
+        home.mkdir(parents=True, exist_ok=True)
+        env = agent_env(self.config, self.sandbox.url, self.kubeconfig, home)
+        polyaxon = Path(sys.executable).with_name("polyaxon")
+        self._start("plx-agent", [str(polyaxon), "agent", "start"], env)
+        op_env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+        op_env.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
+        self._start(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "operator_standin",
+                "--namespace",
+                self.config["namespace"],
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--api-host",
+                self.sandbox.url,
+            ],
+            op_env,
+        )
+        self._wait_ready()
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        if read_pid(self.pid_file(name)):
+            return
+        self.log_file(name).write_text("")
+        pid = _spawn(argv, env, self.log_file(name), REPO_ROOT)
+        self.pid_file(name).write_text(str(pid))
+
+    def _wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        marks = {"plx-agent": "Checking agent state", "operator": "watching polyaxon.com/v1"}
+        deadline = time.monotonic() + timeout
+        pending = dict(marks)
+        while pending and time.monotonic() < deadline:
+            for name, mark in list(pending.items()):
+                if not read_pid(self.pid_file(name)):
+                    raise ServerStartError(
+                        f"{name} exited while starting; last lines of {self.log_file(name)}:\n"
+                        f"{tail(self.log_file(name))}"
+                    )
+                if mark in self.log_file(name).read_text(errors="replace"):
+                    del pending[name]
+            time.sleep(0.5)
+        if pending:
+            raise ServerStartError(f"not ready after {timeout:.0f} s: {', '.join(pending)}")
+
+    def stop(self) -> list[str]:
+        stopped = []
+        for name in ("plx-agent", "operator"):
+            pid = read_pid(self.pid_file(name))
+            if pid:
+                stop_group(pid)
+                stopped.append(f"{name} (pid {pid})")
+            self.pid_file(name).unlink(missing_ok=True)
+        return stopped
