@@ -27,7 +27,7 @@ from sandbox.config import (
     default_root,
     load_agent_settings,
 )
-from sandbox.errors import EXIT_CODES, ServerUnavailableError
+from sandbox.errors import EXIT_CODES, ConfigError, ServerUnavailableError
 from sandbox.server import Sandbox
 
 EPILOG = exit_codes_help(EXIT_CODES)
@@ -103,15 +103,52 @@ def main(verbose: bool) -> None:
     )
 
 
+def _on_node_options(fn):
+    fn = click.option(
+        "--node-state",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="The node's state dir (default: that of `python -m tests.kube.node start`).",
+    )(fn)
+    return click.option(
+        "--on-node",
+        is_flag=True,
+        help="Run on the local node (docs/agent-on-node.md): the server on the node's bridge "
+        "address, Polyaxon's own agent and the operator stand-in instead of the local agent; "
+        "the agent config defaults to connections/node-agent.yaml.",
+    )(fn)
+
+
+def _node_sandbox(root, host, port, agent_file, profiles_file) -> Sandbox:
+    from sandbox.config import NODE_BRIDGE_ADDRESS
+    from sandbox.on_node import NODE_AGENT_FILE
+
+    return _sandbox(
+        root,
+        NODE_BRIDGE_ADDRESS if host == DEFAULT_HOST else host,
+        port,
+        agent_file or NODE_AGENT_FILE,
+        profiles_file,
+    )
+
+
 @main.command(epilog=EPILOG)
 @_common
 @click.option("--project", default=DEFAULT_PROJECT, show_default=True, help="Project to create.")
-def start(root, host, port, agent_file, profiles_file, project) -> None:
+@_on_node_options
+def start(root, host, port, agent_file, profiles_file, project, on_node, node_state) -> None:
     """Start the server (127.0.0.1, one worker) and the local agent; create the project."""
-    sb = _sandbox(root, host, port, agent_file, profiles_file)
-    sb = commands.start_all(
-        sb, DEFAULT_OWNER, project, echo=click.echo, fallback=profiles_file is None
-    )
+    if on_node:
+        from sandbox.on_node import node_state_dir, start_on_node
+
+        sb = _node_sandbox(root, host, port, agent_file, profiles_file)
+        sb = start_on_node(
+            sb, DEFAULT_OWNER, project, node_state or node_state_dir(), echo=click.echo
+        )
+    else:
+        sb = _sandbox(root, host, port, agent_file, profiles_file)
+        sb = commands.start_all(
+            sb, DEFAULT_OWNER, project, echo=click.echo, fallback=profiles_file is None
+        )
     click.echo(f"sandbox: runs table {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs")
     click.echo(f"sandbox: stop with: {commands.stop_hint(sb)}")
 
@@ -121,6 +158,14 @@ def start(root, host, port, agent_file, profiles_file, project) -> None:
 def stop(root, host, port, agent_file, profiles_file) -> None:
     """Stop the agent (and any run it executes) and the server."""
     sb = _sandbox(root, host, port, agent_file, profiles_file)
+    last = (sb.paths.read_info() or {}).get("host")
+    if host == DEFAULT_HOST and last not in (None, host):
+        # The server last listened elsewhere (the node's bridge): stop its runs there. Once
+        # the bridge is gone no server can be listening on it; the pids still get stopped.
+        try:
+            sb = _sandbox(root, last, port, agent_file, profiles_file)
+        except ConfigError:
+            pass
     stopped = sb.stop()
     click.echo("sandbox: stopped " + (", ".join(stopped) if stopped else "nothing (not running)"))
 

@@ -41,6 +41,7 @@ from sandbox.server import Sandbox, _spawn, read_pid, tail
 NODE_AGENT_FILE = REPO_ROOT / "connections" / "node-agent.yaml"
 RUNS_ROLE = "polyaxon-runs-sidecar"
 READY_TIMEOUT = 60.0
+PROCESSES = ("plx-agent", "operator")
 
 
 def node_state_dir() -> Path:
@@ -293,11 +294,48 @@ class NodeProcesses:
             raise ServerStartError(f"not ready after {timeout:.0f} s: {', '.join(pending)}")
 
     def stop(self) -> list[str]:
-        stopped = []
-        for name in ("plx-agent", "operator"):
-            pid = read_pid(self.pid_file(name))
-            if pid:
-                stop_group(pid)
-                stopped.append(f"{name} (pid {pid})")
-            self.pid_file(name).unlink(missing_ok=True)
-        return stopped
+        return stop_node_processes(self.sandbox.paths)
+
+
+def stop_node_processes(paths: SandboxPaths) -> list[str]:
+    """Stop Polyaxon's agent and the operator stand-in of this sandbox, if they run."""
+    stopped = []
+    for name in PROCESSES:
+        pid_file = paths.state / f"{name}.pid"
+        pid = read_pid(pid_file)
+        if pid:
+            stop_group(pid)
+            stopped.append(f"{name} (pid {pid})")
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def start_on_node(
+    sb: Sandbox, owner: str, project: str, node_state: Path, echo: Any = print
+) -> Sandbox:
+    """Cluster objects, images, the server on the bridge, the project, Polyaxon's agent
+    and the operator stand-in; each step is skipped when already done."""
+    from kubernetes import config as k8s_config
+
+    from sandbox.components import ensure_project
+
+    kubeconfig = node_kubeconfig(node_state)
+    agent_file = sb.agent.agent_file or NODE_AGENT_FILE
+    config = agent_config(agent_file, sb.paths.root)
+    api = k8s_config.new_client_from_config(str(kubeconfig))
+    made = prepare_cluster(api, config)
+    echo(f"sandbox: node {kubeconfig}: {', '.join(made) if made else 'objects already there'}")
+    t0 = time.monotonic()
+    images = import_images(node_state)
+    echo(f"sandbox: images in the node: {', '.join(images)} ({time.monotonic() - t0:.0f} s)")
+    sb.paths.state.mkdir(parents=True, exist_ok=True)
+    echo(f"sandbox: server on {sb.url} (log {sb.paths.server_log})")
+    sb.start_server()
+    ensure_project(owner, project, sb.client)
+    procs = NodeProcesses(sb, kubeconfig, config)
+    procs.start()
+    echo(
+        f"sandbox: Polyaxon's agent (log {procs.log_file('plx-agent')}) and the operator "
+        f"stand-in (log {procs.log_file('operator')}) running against the node"
+    )
+    return sb
