@@ -10,7 +10,8 @@ is the ``polyaxon`` package with ``POLYAXON_SERVICE`` set (the CLI registers the
 ``initializer`` / ``sidecar`` commands only for that service): so these images are the node's
 Debian base (``tests/kube/node.py``) plus one layer with the pinned ``polyaxon`` and the
 extras those commands import (``k8s-async``: the sidecar reads its pod through the API;
-``sidecar``), tagged once per service with its ``POLYAXON_SERVICE``.
+``sidecar``: pandas, anyio; ``fsspec``: its sync to the store), tagged once per service with
+its ``POLYAXON_SERVICE``.
 
 Built with pip (``--target``) and umoci, cached under a key of the pins and the base archive.
 """
@@ -25,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 POLYAXON_VERSION = "2.18.0"
-PACKAGES = (f"polyaxon[k8s-async,sidecar]=={POLYAXON_VERSION}",)
+PACKAGES = (f"polyaxon[k8s-async,sidecar,fsspec]=={POLYAXON_VERSION}",)
 IMAGE = "localhost/csb-polyaxon-aux"  # one name, a tag per service: ctr imports NAME:TAG
 SERVICES = ("init", "sidecar")
 SITE = "/opt/polyaxon"  # where the layer puts the packages (on PYTHONPATH)
