@@ -118,16 +118,18 @@ def _on_node_options(fn):
     )(fn)
 
 
-def _node_sandbox(root, host, port, agent_file, profiles_file) -> Sandbox:
+def _node_sandbox(root, host, port, agent_file) -> Sandbox:
     from sandbox.config import NODE_BRIDGE_ADDRESS
-    from sandbox.on_node import NODE_AGENT_FILE
+    from sandbox.on_node import NODE_AGENT_FILE, server_settings
 
-    return _sandbox(
-        root,
-        NODE_BRIDGE_ADDRESS if host == DEFAULT_HOST else host,
-        port,
-        agent_file or NODE_AGENT_FILE,
-        profiles_file,
+    paths = SandboxPaths(root or default_root())
+    if port is None:
+        port = int((paths.read_info() or {}).get("port", DEFAULT_PORT))
+    return Sandbox(
+        paths=paths,
+        agent=server_settings(paths.root, Path(agent_file) if agent_file else NODE_AGENT_FILE),
+        host=NODE_BRIDGE_ADDRESS if host == DEFAULT_HOST else host,
+        port=port,
     )
 
 
@@ -140,7 +142,7 @@ def start(root, host, port, agent_file, profiles_file, project, on_node, node_st
     if on_node:
         from sandbox.on_node import node_state_dir, start_on_node
 
-        sb = _node_sandbox(root, host, port, agent_file, profiles_file)
+        sb = _node_sandbox(root, host, port, agent_file)
         sb = start_on_node(
             sb, DEFAULT_OWNER, project, node_state or node_state_dir(), echo=click.echo
         )

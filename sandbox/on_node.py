@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from checkpoint_storage_bench.processes import stop_group
-from sandbox.config import NODE_BRIDGE_ADDRESS, REPO_ROOT, SandboxPaths, _resolve
+from sandbox.config import NODE_BRIDGE_ADDRESS, REPO_ROOT, AgentSettings, SandboxPaths
 from sandbox.errors import ConfigError, ServerStartError
 from sandbox.server import Sandbox, _spawn, read_pid, tail
 
@@ -63,19 +63,34 @@ def node_kubeconfig(state_dir: Path) -> Path:
     return kubeconfig
 
 
-def agent_config(agent_file: Path, root: Path) -> dict[str, Any]:
-    """The node agent config with the artifacts store's host path made absolute (relative to
-    the sandbox root); its ``mountPath`` is where the pods see it."""
+def agent_config(agent_file: Path) -> dict[str, Any]:
+    """The node agent config (Polyaxon's AgentConfig keys); its artifacts store must be a
+    ``volume_claim``: the on-node mode backs that claim with the server's data dir."""
     try:
         config = yaml.safe_load(agent_file.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read agent config {agent_file}: {exc}") from exc
     store = config.get("artifactsStore") or {}
-    if store.get("kind") != "host_path":
-        raise ConfigError(f"{agent_file}: the artifacts store must be a host_path on the node")
-    schema = store.setdefault("schema", {})
-    schema["hostPath"] = str(_resolve(SandboxPaths(root).root, schema["hostPath"]))
+    if store.get("kind") != "volume_claim" or not (store.get("schema") or {}).get("volumeClaim"):
+        raise ConfigError(
+            f"{agent_file}: the artifacts store must be a volume_claim (the on-node mode binds "
+            "it to the server's data dir)"
+        )
+    if not config.get("namespace"):
+        raise ConfigError(f"{agent_file}: namespace is required")
     return config
+
+
+def server_settings(root: Path, agent_file: Path = NODE_AGENT_FILE) -> AgentSettings:
+    """The server's view of the node agent config: the same connections, and the artifacts
+    store as the host directory the store's claim is bound to (the server reads it there)."""
+    config = agent_config(agent_file)
+    data = str(SandboxPaths(root).server_data)
+    store = dict(config["artifactsStore"])
+    store.update(kind="host_path", schema={"hostPath": data, "mountPath": data})
+    return AgentSettings(
+        artifacts_store=store, connections=config.get("connections") or [], agent_file=agent_file
+    )
 
 
 # The agent config's keys and the environment variables Polyaxon's AgentConfig reads them from.
@@ -112,9 +127,10 @@ def agent_env(config: dict[str, Any], url: str, kubeconfig: Path, home: Path) ->
     return env
 
 
-def prepare_cluster(api: Any, config: dict[str, Any]) -> list[str]:
-    """Namespace, CRDs, the runs' service account and the sidecar's Role; returns what was
-    created (idempotent)."""
+def prepare_cluster(api: Any, config: dict[str, Any], store_dir: Path) -> list[str]:
+    """Namespace (PodSecurity ``baseline``), CRDs, the artifacts store's claim bound to
+    ``store_dir`` (the server's data dir), the runs' service account and the sidecar's
+    Role; returns what was created (idempotent)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -134,9 +150,50 @@ def prepare_cluster(api: Any, config: dict[str, Any]) -> list[str]:
 
     create(
         core.create_namespace,
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": namespace,
+                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
+            },
+        },
     )
     made += crd.install(api)
+    claim = config["artifactsStore"]["schema"]["volumeClaim"]
+    store_dir.mkdir(parents=True, exist_ok=True)
+    pv = store_volume_name(namespace, claim)
+    create(
+        core.create_persistent_volume,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(store_dir), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+    )
+    create(
+        core.create_namespaced_persistent_volume_claim,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "10Gi"}},
+            },
+        },
+    )
     if config.get("runsSa"):
         create(
             core.create_namespaced_service_account,
@@ -176,6 +233,10 @@ def prepare_cluster(api: Any, config: dict[str, Any]) -> list[str]:
         },
     )
     return made
+
+
+def store_volume_name(namespace: str, claim: str) -> str:
+    return f"{namespace}-{claim}"
 
 
 def import_image(state_dir: Path, archive: Path, base_name: str) -> None:
@@ -321,9 +382,9 @@ def start_on_node(
 
     kubeconfig = node_kubeconfig(node_state)
     agent_file = sb.agent.agent_file or NODE_AGENT_FILE
-    config = agent_config(agent_file, sb.paths.root)
+    config = agent_config(agent_file)
     api = k8s_config.new_client_from_config(str(kubeconfig))
-    made = prepare_cluster(api, config)
+    made = prepare_cluster(api, config, sb.paths.server_data)
     echo(f"sandbox: node {kubeconfig}: {', '.join(made) if made else 'objects already there'}")
     t0 = time.monotonic()
     images = import_images(node_state)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths, load_agent_settings
-from sandbox.on_node import NODE_AGENT_FILE, start_on_node
+from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
+from sandbox.on_node import server_settings, start_on_node
 from sandbox.server import Sandbox, free_port
 from tests.kube.conftest import _binaries, _missing
 from tests.kube.node import Node, NodeError
@@ -72,7 +72,7 @@ def sandbox_on_node(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Ite
     paths = SandboxPaths(root)
     sb = Sandbox(
         paths=paths,
-        agent=load_agent_settings(root, NODE_AGENT_FILE),
+        agent=server_settings(root),
         host=NODE_BRIDGE_ADDRESS,
         port=free_port(NODE_BRIDGE_ADDRESS),
     )
