@@ -281,16 +281,18 @@ class Reconciler:
         return [item["metadata"]["name"] for item in listed.get("items", [])]
 
     def _patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
-        obj["status"] = status
-        self.custom.patch_namespaced_custom_object_status(
+        """Write ``status``; ``obj`` becomes the object as stored (new resourceVersion)."""
+        stored = self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, self.namespace, JOB_PLURAL, obj["metadata"]["name"], {"status": status}
         )
+        obj.clear()
+        obj.update(stored)
 
     def _set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> None:
         # A JSON merge patch replaces the list whole; the resourceVersion makes it fail on a
         # concurrent change (the agent's clean) instead of overwriting it.
         meta = obj["metadata"]
-        self.custom.patch_namespaced_custom_object(
+        stored = self.custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
             self.namespace,
@@ -298,6 +300,8 @@ class Reconciler:
             meta["name"],
             {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
         )
+        obj.clear()
+        obj.update(stored)
 
     def _sync(self, obj: dict[str, Any], condition: dict[str, Any]) -> None:
         if self.sink is None or not obj.get("syncStatuses"):
@@ -337,9 +341,6 @@ class Reconciler:
         missing = [f for f in FINALIZERS if f not in finalizers]
         if missing:
             self._set_finalizers(obj, finalizers + missing)
-            obj = self.get(name)
-            if obj is None:
-                return
         if is_done(obj.get("status") or {}):
             self._clean_up(obj)
             return
