@@ -326,14 +326,41 @@ def submit(
     help="What each stage measures: the training's checkpoints, or a data workload "
     "(docs/data-workloads.md) at small sizes.",
 )
+@_on_node_options
 def demo(
-    root, host, port, agent_file, profiles_file, project, polyaxonfile, params, timeout, workload
+    root,
+    host,
+    port,
+    agent_file,
+    profiles_file,
+    project,
+    polyaxonfile,
+    params,
+    timeout,
+    workload,
+    on_node,
+    node_state,
 ):
     """Start everything, run the storage-profile pipeline, print the comparison.
 
     Re-running reuses the running server, project and hub (versions are re-registered from
     the files) and submits a fresh pipeline with caching disabled.
     """
+    if on_node:
+        from sandbox.on_node import node_state_dir, run_demo_on_node
+
+        if workload != "checkpoint":
+            raise click.BadParameter("--on-node runs the checkpoint workload only for now")
+        run_demo_on_node(
+            _node_sandbox(root, host, port, agent_file),
+            project,
+            polyaxonfile,
+            _parse_params(params),
+            timeout,
+            node_state or node_state_dir(),
+            echo=click.echo,
+        )
+        return
     sb = _sandbox(root, host, port, agent_file, profiles_file)
     commands.run_demo(
         sb,

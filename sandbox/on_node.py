@@ -400,3 +400,111 @@ def start_on_node(
         f"stand-in (log {procs.log_file('operator')}) running against the node"
     )
     return sb
+
+
+# The bundle's objects on the node: the node's CSI driver's StorageClass and classes, the
+# hook's RBAC, and the shipped claim on that StorageClass (WaitForFirstConsumer: bound when
+# the first op that mounts it is scheduled).
+STORAGE_CLASS_FILE = REPO_ROOT / "connections" / "storageclass-hostpath.yaml"
+CLASSES_FILE = REPO_ROOT / "connections" / "vac-hostpath.yaml"
+RBAC_FILE = REPO_ROOT / "connections" / "rbac-storage-profile.yaml"
+CLAIM_FILE = REPO_ROOT / "connections" / "claim-training-checkpoints.yaml"
+FIELD_MANAGER = "checkpoint-storage-bench-sandbox"
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and "kind" in d]
+
+
+def apply_bundle(api: Any, namespace: str) -> tuple[list[str], list[str]]:
+    """Server-side apply the StorageClass, the classes, the hook's RBAC and the claim;
+    returns (applied objects, the classes in the file's order)."""
+    from kubernetes.dynamic import DynamicClient
+
+    dynamic = DynamicClient(api)
+    (storage_class,) = _docs(STORAGE_CLASS_FILE)
+    classes = _docs(CLASSES_FILE)
+    (claim_doc,) = _docs(CLAIM_FILE)
+    claim_doc["metadata"]["namespace"] = namespace
+    claim_doc["spec"]["storageClassName"] = storage_class["metadata"]["name"]
+    applied = []
+    for doc in [storage_class, *classes, *_docs(RBAC_FILE), claim_doc]:
+        resource = dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        dynamic.server_side_apply(
+            resource, body=doc, field_manager=FIELD_MANAGER, force_conflicts=True
+        )
+        applied.append(f"{doc['kind']} {doc['metadata']['name']}")
+    return applied, [c["metadata"]["name"] for c in classes]
+
+
+def project_image(echo: Any = print) -> tuple[str, Path]:
+    """Build (cached) the project's image from its Dockerfile (``scripts/image.sh``) and
+    return its name and archive."""
+    script = REPO_ROOT / "scripts" / "image.sh"
+    if not script.exists():
+        raise ConfigError(f"{script} is missing: the project's image cannot be built here")
+    name = subprocess.run(
+        ["bash", str(script), "name"], capture_output=True, text=True, check=False, timeout=60
+    )
+    t0 = time.monotonic()
+    built = subprocess.run(
+        ["bash", str(script), "build"], capture_output=True, text=True, check=False, timeout=3600
+    )
+    if name.returncode != 0 or built.returncode != 0:
+        raise ConfigError(f"scripts/image.sh failed: {(built.stderr or name.stderr)[-2000:]}")
+    archive = built.stdout.strip().splitlines()[-1]
+    echo(f"sandbox: image {name.stdout.strip()} ({archive}, {time.monotonic() - t0:.0f} s)")
+    return name.stdout.strip(), Path(archive)
+
+
+# The demo's sizes (sandbox.commands.DEMO_PARAMS) with what differs on the node: the hook
+# talks to the API server from its pod, and the node's driver has no provider to wait for.
+NODE_DEMO_OVERRIDES = {"backend": "kubernetes", "settle": "kubernetes"}
+
+
+def run_demo_on_node(
+    sb: Sandbox,
+    project: str,
+    polyaxonfile: Path,
+    overrides: dict[str, str],
+    timeout: float,
+    node_state: Path,
+    echo: Any = print,
+) -> str:
+    """The pipeline on the node, as the README's cluster command submits it: start
+    everything, apply the bundle's objects, import the project's image, submit, follow,
+    print the comparison. Returns the pipeline's uuid."""
+    from kubernetes import config as k8s_config
+
+    from sandbox import commands
+    from sandbox.config import DEFAULT_OWNER
+    from sandbox.pipeline import follow, runs_table_url
+
+    sb = start_on_node(sb, DEFAULT_OWNER, project, node_state, echo=echo)
+    config = agent_config(sb.agent.agent_file or NODE_AGENT_FILE)
+    api = k8s_config.new_client_from_config(str(node_kubeconfig(node_state)))
+    applied, classes = apply_bundle(api, config["namespace"])
+    echo(f"sandbox: applied {', '.join(applied)}")
+    name, archive = project_image(echo)
+    import_image(node_state, archive, name.rsplit(":", 1)[0])
+    declared = commands.declared_inputs(polyaxonfile)
+    values = dict(commands.DEMO_PARAMS, **NODE_DEMO_OVERRIDES)
+    values.update(
+        api_host=sb.url,
+        image=name,
+        namespace=config["namespace"],
+        claim=_docs(CLAIM_FILE)[0]["metadata"]["name"],
+        profiles=json.dumps(classes),
+    )
+    values = {k: v for k, v in values.items() if k in declared}
+    values.update(overrides)
+    uuid = commands.submit_pipeline(sb, polyaxonfile, values, project, False, echo=echo)
+    try:
+        ops = follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
+        echo("")
+        commands.print_comparison(sb, project, uuid, ops, echo=echo)
+    finally:
+        echo("")
+        echo(f"runs table: {runs_table_url(sb.url, DEFAULT_OWNER, project, uuid)}")
+        echo(f"the server keeps running; stop it with: {commands.stop_hint(sb)}")
+    return uuid
