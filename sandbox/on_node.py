@@ -208,11 +208,12 @@ def prepare_cluster(api: Any, config: dict[str, Any], store_dir: Path) -> list[s
             "kind": "Role",
             "metadata": {"name": RUNS_ROLE},
             # What the sidecar reads (polyaxon._sidecar, _k8s.logging.async_monitor): its
-            # pod, the main container's log, and for the run's spec.json the run's pods,
-            # services and their events.
+            # pod and its status (it polls pods/status until the main container ends), the
+            # main container's log, and for the run's spec.json the run's pods, services
+            # and their events.
             "rules": [
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["pods/log", "pods/status"], "verbs": ["get"]},
                 {"apiGroups": [""], "resources": ["services", "events"], "verbs": ["get", "list"]},
             ],
         },
