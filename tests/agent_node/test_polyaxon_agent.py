@@ -24,7 +24,9 @@ from tests.kube.node import Node
 
 HERE = Path(__file__).parent
 OWNER = "default"
-RUN_CREATED = re.compile(r"A new run was created: \S+@([0-9a-f]{32})")
+# The CLI wraps its output at the terminal width (80 without one): the uuid may follow a
+# line break.
+RUN_CREATED = re.compile(r"A new run was created:\s+\S+@([0-9a-f]{32})")
 
 
 def polyaxon(sb: Sandbox, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -32,7 +34,7 @@ def polyaxon(sb: Sandbox, *args: str, timeout: float = 120) -> subprocess.Comple
     cli = Path(sys.executable).with_name("polyaxon")
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
     sb.paths.cli_home.mkdir(parents=True, exist_ok=True)
-    env.update(HOME=str(sb.paths.cli_home), POLYAXON_HOST=sb.url)
+    env.update(HOME=str(sb.paths.cli_home), POLYAXON_HOST=sb.url, COLUMNS="200")
     return subprocess.run(
         [str(cli), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
