@@ -29,13 +29,21 @@ pytestmark = pytest.mark.skipif(
 PIPELINE = commands.REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-profiles.yaml"
 
 
-def test_the_readme_command_runs_the_pipeline_on_the_node(
-    node: Node, sandbox_on_node: Sandbox
-) -> None:
-    sb = sandbox_on_node
-    _, classes = apply_bundle(node.cluster.api, NAMESPACE)
+@pytest.fixture(scope="session")
+def image_in_node(node: Node) -> str:
+    """The project's image, built (cached) and imported. Session-scoped so that it is built
+    with the real HOME's image cache, before the per-test HOME of tests/conftest.py."""
     image, archive = project_image()
     import_image(node.state_dir, archive, image.rsplit(":", 1)[0])
+    return image
+
+
+def test_the_readme_command_runs_the_pipeline_on_the_node(
+    node: Node, sandbox_on_node: Sandbox, image_in_node: str
+) -> None:
+    sb = sandbox_on_node
+    image = image_in_node
+    _, classes = apply_bundle(node.cluster.api, NAMESPACE)
     params = dict(commands.DEMO_PARAMS, **NODE_DEMO_OVERRIDES, image=image, api_host=sb.url)
     params = {k: v for k, v in params.items() if k in commands.declared_inputs(PIPELINE)}
     args = ["run", "-p", f"{OWNER}/{PROJECT}", "-f", str(PIPELINE), "--queue", "agent/queue"]
