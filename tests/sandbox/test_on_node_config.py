@@ -24,6 +24,7 @@ print(json.dumps({
     "connections": [x.name for x in c.connections],
     "init": c.init.get_image(),
     "sidecar": c.sidecar.get_image(),
+    "sidecar_requests": c.sidecar.get_resources()["requests"],
     "runs_sa": c.runs_sa,
     "host": settings.CLIENT_CONFIG.host,
 }))
@@ -46,6 +47,7 @@ def test_polyaxons_settings_read_the_node_agent_config_from_the_env(tmp_path: Pa
         "connections": ["checkpoints"],
         "init": "localhost/csb-polyaxon-aux:init-2.18.0",
         "sidecar": "localhost/csb-polyaxon-aux:sidecar-2.18.0",
+        "sidecar_requests": {"cpu": "0", "memory": "60Mi"},
         "runs_sa": "polyaxon-runs",
         "host": "http://10.244.0.1:8123",
     }
