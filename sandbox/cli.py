@@ -27,7 +27,7 @@ from sandbox.config import (
     default_root,
     load_agent_settings,
 )
-from sandbox.errors import EXIT_CODES, ServerUnavailableError
+from sandbox.errors import EXIT_CODES, ConfigError, ServerUnavailableError
 from sandbox.server import Sandbox
 
 EPILOG = exit_codes_help(EXIT_CODES)
@@ -58,7 +58,8 @@ def _common(fn):
                 "--host",
                 default=DEFAULT_HOST,
                 show_default=True,
-                help="The server's address; loopback only (127.0.0.1, ::1, localhost).",
+                help="The server's address: loopback (127.0.0.1, ::1, localhost), or the node's "
+                "bridge address (10.244.0.1) once the node runs; nowhere else.",
             ),
             click.option(
                 "--port", type=int, help=f"Server port (default: last used, else {DEFAULT_PORT})."
@@ -102,15 +103,54 @@ def main(verbose: bool) -> None:
     )
 
 
+def _on_node_options(fn):
+    fn = click.option(
+        "--node-state",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="The node's state dir (default: that of `python -m tests.kube.node start`).",
+    )(fn)
+    return click.option(
+        "--on-node",
+        is_flag=True,
+        help="Run on the local node (docs/agent-on-node.md): the server on the node's bridge "
+        "address, Polyaxon's own agent and the operator stand-in instead of the local agent; "
+        "the agent config defaults to connections/node-agent.yaml.",
+    )(fn)
+
+
+def _node_sandbox(root, host, port, agent_file) -> Sandbox:
+    from sandbox.config import NODE_BRIDGE_ADDRESS
+    from sandbox.on_node import NODE_AGENT_FILE, server_settings
+
+    paths = SandboxPaths(root or default_root())
+    if port is None:
+        port = int((paths.read_info() or {}).get("port", DEFAULT_PORT))
+    return Sandbox(
+        paths=paths,
+        agent=server_settings(paths.root, Path(agent_file) if agent_file else NODE_AGENT_FILE),
+        host=NODE_BRIDGE_ADDRESS if host == DEFAULT_HOST else host,
+        port=port,
+    )
+
+
 @main.command(epilog=EPILOG)
 @_common
 @click.option("--project", default=DEFAULT_PROJECT, show_default=True, help="Project to create.")
-def start(root, host, port, agent_file, profiles_file, project) -> None:
+@_on_node_options
+def start(root, host, port, agent_file, profiles_file, project, on_node, node_state) -> None:
     """Start the server (127.0.0.1, one worker) and the local agent; create the project."""
-    sb = _sandbox(root, host, port, agent_file, profiles_file)
-    sb = commands.start_all(
-        sb, DEFAULT_OWNER, project, echo=click.echo, fallback=profiles_file is None
-    )
+    if on_node:
+        from sandbox.on_node import node_state_dir, start_on_node
+
+        sb = _node_sandbox(root, host, port, agent_file)
+        sb = start_on_node(
+            sb, DEFAULT_OWNER, project, node_state or node_state_dir(), echo=click.echo
+        )
+    else:
+        sb = _sandbox(root, host, port, agent_file, profiles_file)
+        sb = commands.start_all(
+            sb, DEFAULT_OWNER, project, echo=click.echo, fallback=profiles_file is None
+        )
     click.echo(f"sandbox: runs table {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs")
     click.echo(f"sandbox: stop with: {commands.stop_hint(sb)}")
 
@@ -120,6 +160,14 @@ def start(root, host, port, agent_file, profiles_file, project) -> None:
 def stop(root, host, port, agent_file, profiles_file) -> None:
     """Stop the agent (and any run it executes) and the server."""
     sb = _sandbox(root, host, port, agent_file, profiles_file)
+    last = (sb.paths.read_info() or {}).get("host")
+    if host == DEFAULT_HOST and last not in (None, host):
+        # The server last listened elsewhere (the node's bridge): stop its runs there. Once
+        # the bridge is gone no server can be listening on it; the pids still get stopped.
+        try:
+            sb = _sandbox(root, last, port, agent_file, profiles_file)
+        except ConfigError:
+            pass
     stopped = sb.stop()
     click.echo("sandbox: stopped " + (", ".join(stopped) if stopped else "nothing (not running)"))
 
@@ -278,14 +326,41 @@ def submit(
     help="What each stage measures: the training's checkpoints, or a data workload "
     "(docs/data-workloads.md) at small sizes.",
 )
+@_on_node_options
 def demo(
-    root, host, port, agent_file, profiles_file, project, polyaxonfile, params, timeout, workload
+    root,
+    host,
+    port,
+    agent_file,
+    profiles_file,
+    project,
+    polyaxonfile,
+    params,
+    timeout,
+    workload,
+    on_node,
+    node_state,
 ):
     """Start everything, run the storage-profile pipeline, print the comparison.
 
     Re-running reuses the running server, project and hub (versions are re-registered from
     the files) and submits a fresh pipeline with caching disabled.
     """
+    if on_node:
+        from sandbox.on_node import node_state_dir, run_demo_on_node
+
+        if workload != "checkpoint":
+            raise click.BadParameter("--on-node runs the checkpoint workload only for now")
+        run_demo_on_node(
+            _node_sandbox(root, host, port, agent_file),
+            project,
+            polyaxonfile,
+            _parse_params(params),
+            timeout,
+            node_state or node_state_dir(),
+            echo=click.echo,
+        )
+        return
     sb = _sandbox(root, host, port, agent_file, profiles_file)
     commands.run_demo(
         sb,

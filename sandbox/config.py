@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,25 +46,58 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# The address of the node's bridge (tests/kube/node.py, BRIDGE_IP): the one address of this
+# machine that the node's pods reach. The server may listen there, and nowhere else but
+# loopback, so that Polyaxon's containers in those pods (init, sidecar, tracking) reach it.
+NODE_BRIDGE_ADDRESS = "10.244.0.1"
+
+
+def local_addresses() -> set[str]:
+    """The IP addresses configured on this machine's interfaces."""
+    import psutil
+
+    return {
+        addr.address.split("%")[0]
+        for addrs in psutil.net_if_addrs().values()
+        for addr in addrs
+        if addr.family in (socket.AF_INET, socket.AF_INET6)
+    }
+
+
+def is_sandbox_host(host: str) -> bool:
+    """Whether the sandbox server may listen on ``host``: loopback, or the node's bridge."""
+    return is_loopback(host) or host.strip("[]") == NODE_BRIDGE_ADDRESS
+
+
 def check_loopback(host: str) -> str:
-    """``host`` if it is a loopback address, else a ConfigError.
+    """``host`` if the sandbox server may listen there, else a ConfigError.
 
     The sandbox server has no authentication and its agent runs whatever command a submitted
-    run names, so it must never listen where another machine can reach it.
+    run names, so it must never listen where another machine can reach it: loopback, or the
+    node's bridge address once the node has put it on this machine (its pods reach nothing
+    else of the host, and nothing off the machine reaches the bridge).
     """
-    if not is_loopback(host):
-        raise ConfigError(
-            f"--host {host} is not a loopback address: the sandbox server is unauthenticated "
-            "and its agent runs submitted commands, so it only listens on 127.0.0.1, ::1 or "
-            "localhost"
-        )
-    return host
+    if is_loopback(host):
+        return host
+    if host.strip("[]") == NODE_BRIDGE_ADDRESS:
+        if NODE_BRIDGE_ADDRESS not in local_addresses():
+            raise ConfigError(
+                f"--host {host} is the node's bridge address, but no interface of this machine "
+                "has it: start the node first (python -m tests.kube.node start --bin-dir ...)"
+            )
+        return host
+    raise ConfigError(
+        f"--host {host} is not a loopback address: the sandbox server is unauthenticated "
+        "and its agent runs submitted commands, so it only listens on 127.0.0.1, ::1, "
+        f"localhost, or the node's bridge address {NODE_BRIDGE_ADDRESS}"
+    )
 
 
 def is_loopback_http(url: str) -> bool:
-    """Whether ``url`` is plain ``http://`` to a loopback host (the sandbox's own server)."""
+    """Whether ``url`` is plain ``http://`` to the sandbox's own server (a loopback host or
+    the node's bridge address)."""
     parts = urllib.parse.urlsplit(url)
-    return parts.scheme == "http" and is_loopback(parts.hostname or "")
+    return parts.scheme == "http" and is_sandbox_host(parts.hostname or "")
 
 
 def default_root() -> Path:

@@ -303,7 +303,8 @@ class Sandbox:
             for project, uuid, status in unfinished:
                 if status != "stopping":
                     stop_run(client, owner, project, uuid)
-            deadline = time.monotonic() + (wait if self.agent_pid() else 0)
+            agent_runs = self.agent_pid() or read_pid(self.paths.state / "plx-agent.pid")
+            deadline = time.monotonic() + (wait if agent_runs else 0)
             while time.monotonic() < deadline and any(
                 get_run(client, owner, project, uuid).status not in DONE_STATUSES
                 for project, uuid, _ in unfinished
@@ -317,6 +318,11 @@ class Sandbox:
         """Stop the unfinished runs, the agent, then the server. Returns what was stopped."""
         runs = self.stop_unfinished_runs()
         stopped = [f"{len(runs)} unfinished run(s)"] if runs else []
+        # On the node (sandbox.on_node): Polyaxon's agent and the operator stand-in, once
+        # the runs they were stopping are done.
+        from sandbox.on_node import stop_node_processes
+
+        stopped += stop_node_processes(self.paths)
         for name, pid_file in (("agent", self.paths.agent_pid), ("server", self.paths.server_pid)):
             pid = pid_in(pid_file)
             if pid and read_pid(pid_file):

@@ -813,3 +813,26 @@ def test_demo_params_of_a_data_workload(tmp_path):
     assert values["workload"] == "scan" and values["dataset_size"] == "8MiB"
     assert values["min_au"] == DATA_DEMO_PARAMS["min_au"]
     assert "workload" not in demo_params(sb, DEFAULT_PIPELINE, {})
+
+
+def test_the_nodes_bridge_address_is_accepted_only_once_the_machine_has_it(tmp_path, monkeypatch):
+    from sandbox import config as sandbox_config
+
+    bridge = sandbox_config.NODE_BRIDGE_ADDRESS
+    monkeypatch.setattr(sandbox_config, "local_addresses", lambda: {"127.0.0.1"})
+    with pytest.raises(ConfigError, match="no interface of this machine has it"):
+        Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), host=bridge)
+    monkeypatch.setattr(sandbox_config, "local_addresses", lambda: {"127.0.0.1", bridge})
+    assert (
+        Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), host=bridge).host == bridge
+    )
+    # Any other address of the machine stays refused, even one it has.
+    monkeypatch.setattr(sandbox_config, "local_addresses", lambda: {"127.0.0.1", "10.244.0.7"})
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path), host="10.244.0.7")
+
+
+def test_local_addresses_include_loopback():
+    from sandbox.config import local_addresses
+
+    assert "127.0.0.1" in local_addresses()

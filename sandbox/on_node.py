@@ -1,0 +1,515 @@
+"""The sandbox on the local node: Polyaxon's own agent and the operator stand-in, not the
+process-based agent (docs/agent-on-node.md).
+
+What runs, beside the node (``python -m tests.kube.node start``, which owns the bridge
+``10.244.0.1`` and the API server on it):
+
+- the sandbox's haupt server, listening on the bridge's address (the one address of this
+  machine the pods reach: Polyaxon's init and sidecar containers and the runs' tracking
+  call it);
+- Polyaxon's agent from the pinned package, ``polyaxon agent start`` (``POLYAXON_SERVICE=
+  agent``, the ``agent`` extra's ``kubernetes_asyncio``), with ``connections/node-agent.yaml``
+  as its config: it polls the server's agent state and turns each queued run into a
+  ``polyaxon.com/v1`` object with Polyaxon's own converter;
+- the operator stand-in (``python -m operator_standin``), which runs those objects as batch
+  Jobs and reports their phases to the server.
+
+Before those start, the cluster gets what the runs need: the namespace, the CRDs, the runs'
+service account and the Role Polyaxon's sidecar needs (it reads its pod and the main
+container's log through the API), and the images of Polyaxon's init and sidecar containers
+imported into the node's containerd (``sandbox/node_images.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from checkpoint_storage_bench.processes import stop_group
+from sandbox.config import NODE_BRIDGE_ADDRESS, REPO_ROOT, AgentSettings, SandboxPaths
+from sandbox.errors import ConfigError, ServerStartError
+from sandbox.server import Sandbox, _spawn, read_pid, tail
+
+NODE_AGENT_FILE = REPO_ROOT / "connections" / "node-agent.yaml"
+RUNS_ROLE = "polyaxon-runs-sidecar"
+READY_TIMEOUT = 60.0
+PROCESSES = ("plx-agent", "operator")
+
+
+def node_state_dir() -> Path:
+    """Where ``python -m tests.kube.node start`` keeps its state by default."""
+    from tests.kube.node import default_state_dir
+
+    return default_state_dir()
+
+
+def node_kubeconfig(state_dir: Path) -> Path:
+    """The node's admin kubeconfig; a ConfigError when the node is not running."""
+    kubeconfig = state_dir / "admin.kubeconfig"
+    pids = state_dir / "node-pids.json"
+    if not kubeconfig.exists() or not pids.exists():
+        raise ConfigError(
+            f"no node runs with state in {state_dir}: start it first with "
+            '`python -m tests.kube.node start --bin-dir "$(scripts/controlplane.sh bin-dir)"`'
+        )
+    return kubeconfig
+
+
+def agent_config(agent_file: Path) -> dict[str, Any]:
+    """The node agent config (Polyaxon's AgentConfig keys); its artifacts store must be a
+    ``volume_claim``: the on-node mode backs that claim with the server's data dir."""
+    try:
+        config = yaml.safe_load(agent_file.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read agent config {agent_file}: {exc}") from exc
+    store = config.get("artifactsStore") or {}
+    if store.get("kind") != "volume_claim" or not (store.get("schema") or {}).get("volumeClaim"):
+        raise ConfigError(
+            f"{agent_file}: the artifacts store must be a volume_claim (the on-node mode binds "
+            "it to the server's data dir)"
+        )
+    if not config.get("namespace"):
+        raise ConfigError(f"{agent_file}: namespace is required")
+    return config
+
+
+def server_settings(root: Path, agent_file: Path = NODE_AGENT_FILE) -> AgentSettings:
+    """The server's view of the node agent config: the same connections, and the artifacts
+    store as the host directory the store's claim is bound to (the server reads it there)."""
+    config = agent_config(agent_file)
+    data = str(SandboxPaths(root).server_data)
+    store = dict(config["artifactsStore"])
+    store.update(kind="host_path", schema={"hostPath": data, "mountPath": data})
+    return AgentSettings(
+        artifacts_store=store, connections=config.get("connections") or [], agent_file=agent_file
+    )
+
+
+# The agent config's keys and the environment variables Polyaxon's AgentConfig reads them from.
+AGENT_ENV_KEYS = {
+    "namespace": "POLYAXON_K8S_NAMESPACE",
+    "artifactsStore": "POLYAXON_AGENT_ARTIFACTS_STORE",
+    "connections": "POLYAXON_AGENT_CONNECTIONS",
+    "init": "POLYAXON_AGENT_INIT",
+    "sidecar": "POLYAXON_AGENT_SIDECAR",
+    "runsSa": "POLYAXON_AGENT_RUNS_SA",
+}
+
+
+def agent_env(config: dict[str, Any], url: str, kubeconfig: Path, home: Path) -> dict[str, str]:
+    """The environment of ``polyaxon agent start`` for this config and server."""
+    unknown = set(config) - set(AGENT_ENV_KEYS)
+    if unknown:
+        raise ConfigError(f"node agent config: keys not handled here: {sorted(unknown)}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+    env.update(
+        HOME=str(home),
+        KUBECONFIG=str(kubeconfig),
+        # The CLI registers `agent` only for this service; it also makes settings read the
+        # agent config from the POLYAXON_AGENT_* variables below.
+        POLYAXON_SERVICE="agent",
+        POLYAXON_HOST=url,
+        POLYAXON_NO_API="false",
+        PYTHONUNBUFFERED="1",
+    )
+    for key, var in AGENT_ENV_KEYS.items():
+        if key in config:
+            value = config[key]
+            env[var] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+def prepare_cluster(api: Any, config: dict[str, Any], store_dir: Path) -> list[str]:
+    """Namespace (PodSecurity ``baseline``), CRDs, the artifacts store's claim bound to
+    ``store_dir`` (the server's data dir), the runs' service account and the sidecar's
+    Role; returns what was created (idempotent)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from operator_standin import crd
+
+    namespace = config["namespace"]
+    made = []
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+
+    def create(fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+            made.append(f"{args[-1]['kind']} {args[-1]['metadata']['name']}")
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    create(
+        core.create_namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": namespace,
+                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
+            },
+        },
+    )
+    made += crd.install(api)
+    claim = config["artifactsStore"]["schema"]["volumeClaim"]
+    store_dir.mkdir(parents=True, exist_ok=True)
+    pv = store_volume_name(namespace, claim)
+    create(
+        core.create_persistent_volume,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(store_dir), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+    )
+    create(
+        core.create_namespaced_persistent_volume_claim,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "10Gi"}},
+            },
+        },
+    )
+    if config.get("runsSa"):
+        create(
+            core.create_namespaced_service_account,
+            namespace,
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": config["runsSa"]}},
+        )
+    create(
+        rbac.create_namespaced_role,
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": RUNS_ROLE},
+            # What the sidecar reads (polyaxon._sidecar, _k8s.logging.async_monitor): its
+            # pod and its status (it polls pods/status until the main container ends), the
+            # main container's log, and for the run's spec.json the run's pods, services
+            # and their events.
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods/log", "pods/status"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["services", "events"], "verbs": ["get", "list"]},
+            ],
+        },
+    )
+    # Every account of the namespace: a run may name its own (the hook's), and its sidecar
+    # needs the same reads.
+    create(
+        rbac.create_namespaced_role_binding,
+        namespace,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": RUNS_ROLE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RUNS_ROLE},
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Group",
+                    "name": f"system:serviceaccounts:{namespace}",
+                }
+            ],
+        },
+    )
+    return made
+
+
+def store_volume_name(namespace: str, claim: str) -> str:
+    return f"{namespace}-{claim}"
+
+
+def import_image(state_dir: Path, archive: Path, base_name: str) -> None:
+    """Import an OCI archive into the running node's containerd (in the node's mount
+    namespace, as ``tests.kube.node.Node.import_image`` does)."""
+    pids = json.loads((state_dir / "node-pids.json").read_text())
+    (holder,) = [p["pid"] for p in pids["procs"] if p["name"] == "holder"]
+    done = subprocess.run(
+        [
+            "nsenter",
+            f"--mount=/proc/{holder}/ns/mnt",
+            "--",
+            "ctr",
+            f"--address={state_dir / 'containerd.sock'}",
+            "--namespace=k8s.io",
+            "images",
+            "import",
+            f"--base-name={base_name}",
+            str(archive),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ConfigError(f"importing {archive} into the node failed: {done.stderr.strip()}")
+
+
+def import_images(state_dir: Path) -> list[str]:
+    """The Debian base and Polyaxon's init/sidecar images, built (cached) and imported."""
+    from sandbox import node_images
+    from tests.kube.node import BASE_IMAGE, debian_base_image, image_cache
+
+    base = debian_base_image()
+    aux = node_images.build(base, image_cache())
+    import_image(state_dir, base, BASE_IMAGE.rsplit(":", 1)[0])
+    import_image(state_dir, aux, node_images.IMAGE)
+    return [
+        BASE_IMAGE,
+        *(f"{node_images.IMAGE}:{node_images.tag_for(s)}" for s in node_images.SERVICES),
+    ]
+
+
+@dataclass
+class NodeProcesses:
+    """Polyaxon's agent and the operator stand-in for one sandbox, as process groups with
+    their pid files in ``.sandbox/``."""
+
+    sandbox: Sandbox
+    kubeconfig: Path
+    config: dict[str, Any]
+
+    @property
+    def state(self) -> Path:
+        return self.sandbox.paths.state
+
+    def pid_file(self, name: str) -> Path:
+        return self.state / f"{name}.pid"
+
+    def log_file(self, name: str) -> Path:
+        return self.state / f"{name}.log"
+
+    def start(self) -> None:
+        if self.sandbox.host != NODE_BRIDGE_ADDRESS:
+            raise ConfigError(
+                f"on the node the server must listen on {NODE_BRIDGE_ADDRESS} (--host), "
+                "where the pods reach it"
+            )
+        home = self.state / "plx-agent-home"
+        home.mkdir(parents=True, exist_ok=True)
+        env = agent_env(self.config, self.sandbox.url, self.kubeconfig, home)
+        polyaxon = Path(sys.executable).with_name("polyaxon")
+        self._start("plx-agent", [str(polyaxon), "agent", "start"], env)
+        op_env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+        op_env.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
+        self._start(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "operator_standin",
+                "--namespace",
+                self.config["namespace"],
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--api-host",
+                self.sandbox.url,
+            ],
+            op_env,
+        )
+        self._wait_ready()
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        if read_pid(self.pid_file(name)):
+            return
+        self.log_file(name).write_text("")
+        pid = _spawn(argv, env, self.log_file(name), REPO_ROOT)
+        self.pid_file(name).write_text(str(pid))
+
+    def _wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        marks = {"plx-agent": "Checking agent state", "operator": "watching polyaxon.com/v1"}
+        deadline = time.monotonic() + timeout
+        pending = dict(marks)
+        while pending and time.monotonic() < deadline:
+            for name, mark in list(pending.items()):
+                if not read_pid(self.pid_file(name)):
+                    raise ServerStartError(
+                        f"{name} exited while starting; last lines of {self.log_file(name)}:\n"
+                        f"{tail(self.log_file(name))}"
+                    )
+                if mark in self.log_file(name).read_text(errors="replace"):
+                    del pending[name]
+            time.sleep(0.5)
+        if pending:
+            raise ServerStartError(f"not ready after {timeout:.0f} s: {', '.join(pending)}")
+
+    def stop(self) -> list[str]:
+        return stop_node_processes(self.sandbox.paths)
+
+
+def stop_node_processes(paths: SandboxPaths) -> list[str]:
+    """Stop Polyaxon's agent and the operator stand-in of this sandbox, if they run."""
+    stopped = []
+    for name in PROCESSES:
+        pid_file = paths.state / f"{name}.pid"
+        pid = read_pid(pid_file)
+        if pid:
+            stop_group(pid)
+            stopped.append(f"{name} (pid {pid})")
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def start_on_node(
+    sb: Sandbox, owner: str, project: str, node_state: Path, echo: Any = print
+) -> Sandbox:
+    """Cluster objects, images, the server on the bridge, the project, Polyaxon's agent
+    and the operator stand-in; each step is skipped when already done."""
+    from kubernetes import config as k8s_config
+
+    from sandbox.components import ensure_project
+
+    kubeconfig = node_kubeconfig(node_state)
+    agent_file = sb.agent.agent_file or NODE_AGENT_FILE
+    config = agent_config(agent_file)
+    api = k8s_config.new_client_from_config(str(kubeconfig))
+    made = prepare_cluster(api, config, sb.paths.server_data)
+    echo(f"sandbox: node {kubeconfig}: {', '.join(made) if made else 'objects already there'}")
+    t0 = time.monotonic()
+    images = import_images(node_state)
+    echo(f"sandbox: images in the node: {', '.join(images)} ({time.monotonic() - t0:.0f} s)")
+    sb.paths.state.mkdir(parents=True, exist_ok=True)
+    echo(f"sandbox: server on {sb.url} (log {sb.paths.server_log})")
+    sb.start_server()
+    ensure_project(owner, project, sb.client)
+    procs = NodeProcesses(sb, kubeconfig, config)
+    procs.start()
+    echo(
+        f"sandbox: Polyaxon's agent (log {procs.log_file('plx-agent')}) and the operator "
+        f"stand-in (log {procs.log_file('operator')}) running against the node"
+    )
+    return sb
+
+
+# The bundle's objects on the node: the node's CSI driver's StorageClass and classes, the
+# hook's RBAC, and the shipped claim on that StorageClass (WaitForFirstConsumer: bound when
+# the first op that mounts it is scheduled).
+STORAGE_CLASS_FILE = REPO_ROOT / "connections" / "storageclass-hostpath.yaml"
+CLASSES_FILE = REPO_ROOT / "connections" / "vac-hostpath.yaml"
+RBAC_FILE = REPO_ROOT / "connections" / "rbac-storage-profile.yaml"
+CLAIM_FILE = REPO_ROOT / "connections" / "claim-training-checkpoints.yaml"
+FIELD_MANAGER = "checkpoint-storage-bench-sandbox"
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and "kind" in d]
+
+
+def apply_bundle(api: Any, namespace: str) -> tuple[list[str], list[str]]:
+    """Server-side apply the StorageClass, the classes, the hook's RBAC and the claim;
+    returns (applied objects, the classes in the file's order)."""
+    from kubernetes.dynamic import DynamicClient
+
+    dynamic = DynamicClient(api)
+    (storage_class,) = _docs(STORAGE_CLASS_FILE)
+    classes = _docs(CLASSES_FILE)
+    (claim_doc,) = _docs(CLAIM_FILE)
+    claim_doc["metadata"]["namespace"] = namespace
+    claim_doc["spec"]["storageClassName"] = storage_class["metadata"]["name"]
+    applied = []
+    for doc in [storage_class, *classes, *_docs(RBAC_FILE), claim_doc]:
+        resource = dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        dynamic.server_side_apply(
+            resource, body=doc, field_manager=FIELD_MANAGER, force_conflicts=True
+        )
+        applied.append(f"{doc['kind']} {doc['metadata']['name']}")
+    return applied, [c["metadata"]["name"] for c in classes]
+
+
+def project_image(echo: Any = print) -> tuple[str, Path]:
+    """Build (cached) the project's image from its Dockerfile (``scripts/image.sh``) and
+    return its name and archive."""
+    script = REPO_ROOT / "scripts" / "image.sh"
+    if not script.exists():
+        raise ConfigError(f"{script} is missing: the project's image cannot be built here")
+    name = subprocess.run(
+        ["bash", str(script), "name"], capture_output=True, text=True, check=False, timeout=60
+    )
+    t0 = time.monotonic()
+    built = subprocess.run(
+        ["bash", str(script), "build"], capture_output=True, text=True, check=False, timeout=3600
+    )
+    if name.returncode != 0 or built.returncode != 0:
+        raise ConfigError(f"scripts/image.sh failed: {(built.stderr or name.stderr)[-2000:]}")
+    archive = built.stdout.strip().splitlines()[-1]
+    echo(f"sandbox: image {name.stdout.strip()} ({archive}, {time.monotonic() - t0:.0f} s)")
+    return name.stdout.strip(), Path(archive)
+
+
+# The demo's sizes (sandbox.commands.DEMO_PARAMS) with what differs on the node: the hook
+# talks to the API server from its pod, and the node's driver has no provider to wait for.
+NODE_DEMO_OVERRIDES = {"backend": "kubernetes", "settle": "kubernetes"}
+
+
+def run_demo_on_node(
+    sb: Sandbox,
+    project: str,
+    polyaxonfile: Path,
+    overrides: dict[str, str],
+    timeout: float,
+    node_state: Path,
+    echo: Any = print,
+) -> str:
+    """The pipeline on the node, as the README's cluster command submits it: start
+    everything, apply the bundle's objects, import the project's image, submit, follow,
+    print the comparison. Returns the pipeline's uuid."""
+    from kubernetes import config as k8s_config
+
+    from sandbox import commands
+    from sandbox.config import DEFAULT_OWNER
+    from sandbox.pipeline import follow, runs_table_url
+
+    sb = start_on_node(sb, DEFAULT_OWNER, project, node_state, echo=echo)
+    config = agent_config(sb.agent.agent_file or NODE_AGENT_FILE)
+    api = k8s_config.new_client_from_config(str(node_kubeconfig(node_state)))
+    applied, classes = apply_bundle(api, config["namespace"])
+    echo(f"sandbox: applied {', '.join(applied)}")
+    name, archive = project_image(echo)
+    import_image(node_state, archive, name.rsplit(":", 1)[0])
+    declared = commands.declared_inputs(polyaxonfile)
+    values = dict(commands.DEMO_PARAMS, **NODE_DEMO_OVERRIDES)
+    values.update(
+        api_host=sb.url,
+        image=name,
+        namespace=config["namespace"],
+        claim=_docs(CLAIM_FILE)[0]["metadata"]["name"],
+        profiles=json.dumps(classes),
+    )
+    values = {k: v for k, v in values.items() if k in declared}
+    values.update(overrides)
+    uuid = commands.submit_pipeline(sb, polyaxonfile, values, project, False, echo=echo)
+    try:
+        ops = follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
+        echo("")
+        commands.print_comparison(sb, project, uuid, ops, echo=echo)
+    finally:
+        echo("")
+        echo(f"runs table: {runs_table_url(sb.url, DEFAULT_OWNER, project, uuid)}")
+        echo(f"the server keeps running; stop it with: {commands.stop_hint(sb)}")
+    return uuid

@@ -1,0 +1,84 @@
+"""The `agent_node` tier: Polyaxon's own agent and the operator stand-in on the local node.
+
+Needs what the node tier needs (tests/node: root, the node's binaries, Debian's containerd,
+runc, CNI plugins, umoci, mmdebstrap) and network for pip the first time (Polyaxon's init
+and sidecar images are built with it, then cached). It changes the machine like the node
+tier, so it runs only when asked: ``CSB_NODE_TIER=1``. Without it, or off CI without what it
+needs, the tier is one SKIPPED reason per test; with ``CI`` and ``CSB_NODE_TIER=1`` it never
+skips.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
+from sandbox.on_node import server_settings, start_on_node
+from sandbox.server import Sandbox, free_port
+from tests.kube.conftest import _binaries, _missing
+from tests.kube.node import Node, NodeError
+from tests.node.conftest import clean_stale_sessions, done_with, missing_here, state_dir
+
+PROJECT = "agent-node"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    tier = [item for item in items if here in item.path.parents]
+    if not tier:
+        return
+    reason = missing_here()
+    if reason is None and not os.environ.get("CI"):
+        reason = _missing("--node")
+    if reason is None:
+        return
+    if os.environ.get("CI") and os.environ.get("CSB_NODE_TIER"):
+        return
+    for item in tier:
+        item.add_marker(pytest.mark.skip(reason=reason.replace("node tier", "agent_node tier")))
+
+
+@pytest.fixture(scope="session")
+def node() -> Iterator[Node]:
+    reason = missing_here()
+    if reason is not None:
+        pytest.fail(reason, pytrace=False)
+    bin_dir = _binaries("--node")
+    clean_stale_sessions()
+    state = state_dir("agent")
+    node = Node(bin_dir, state, die_with_parent=True)
+    try:
+        node.start()
+    except NodeError as exc:
+        pytest.fail(f"agent_node tier: the node did not start: {exc}", pytrace=False)
+    try:
+        yield node
+    finally:
+        report = node.stop()
+        left = {k: v for k, v in report["left"].items() if v}
+        assert not left, f"the node left: {left}"
+        done_with(state)
+
+
+@pytest.fixture(scope="session")
+def sandbox_on_node(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """The sandbox's server on the bridge, Polyaxon's agent and the operator stand-in."""
+    root = tmp_path_factory.mktemp("sandbox")
+    paths = SandboxPaths(root)
+    sb = Sandbox(
+        paths=paths,
+        agent=server_settings(root),
+        host=NODE_BRIDGE_ADDRESS,
+        port=free_port(NODE_BRIDGE_ADDRESS),
+    )
+    try:
+        start_on_node(sb, "default", PROJECT, node.state_dir)
+        yield sb
+    finally:
+        stopped = sb.stop()
+        print("sandbox stopped:", stopped)
