@@ -39,6 +39,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # shellcheck source=pins.env
   . scripts/pins.env
   .venv/bin/python -m pip install -q "$TORCH_SPEC"
-  .venv/bin/python -m pip install -q -e ".[sandbox,report,test]"
+  .venv/bin/python -m pip install -q -e ".[sandbox,report,test,agent]"
   touch "$stamp"
 fi
