@@ -19,9 +19,9 @@ import pytest
 from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
 from sandbox.on_node import server_settings, start_on_node
 from sandbox.server import Sandbox, free_port
-from tests.kube.conftest import _binaries, _missing
-from tests.kube.node import Node, NodeError
-from tests.node.conftest import clean_stale_sessions, done_with, missing_here, state_dir
+from tests.kube.conftest import _missing
+from tests.kube.node import Node
+from tests.node.conftest import missing_here, started_node
 
 PROJECT = "agent-node"
 
@@ -45,24 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def node() -> Iterator[Node]:
-    reason = missing_here()
-    if reason is not None:
-        pytest.fail(reason, pytrace=False)
-    bin_dir = _binaries("--node")
-    clean_stale_sessions()
-    state = state_dir("agent")
-    node = Node(bin_dir, state, die_with_parent=True)
-    try:
-        node.start()
-    except NodeError as exc:
-        pytest.fail(f"agent_node tier: the node did not start: {exc}", pytrace=False)
-    try:
-        yield node
-    finally:
-        report = node.stop()
-        left = {k: v for k, v in report["left"].items() if v}
-        assert not left, f"the node left: {left}"
-        done_with(state)
+    yield from started_node("agent", tier="agent_node")
 
 
 @pytest.fixture(scope="session")

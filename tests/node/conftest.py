@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kube.cluster import CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, wait_for
 from tests.kube.conftest import _binaries, _missing
 from tests.kube.controlplane import stop_recorded
 from tests.kube.node import Node, NodeError, sweep
@@ -103,15 +104,19 @@ def done_with(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def node(bin_dir: Path) -> Iterator[Node]:
-    """A started node for one test module (tests that check the stop itself start their own)."""
-    state = state_dir("mod")
+def started_node(name: str, tier: str = "node") -> Iterator[Node]:
+    """Start a node for a tier's fixture, yield it, stop it and prove nothing was left."""
+    reason = missing_here()
+    if reason is not None:
+        pytest.fail(reason.replace("node tier", f"{tier} tier"), pytrace=False)
+    bin_dir = _binaries("--node")
+    clean_stale_sessions()
+    state = state_dir(name)
     node = Node(bin_dir, state, die_with_parent=True)
     try:
         node.start()
     except NodeError as exc:
-        pytest.fail(f"node tier: the node did not start: {exc}", pytrace=False)
+        pytest.fail(f"{tier} tier: the node did not start: {exc}", pytrace=False)
     try:
         yield node
     finally:
@@ -119,3 +124,31 @@ def node(bin_dir: Path) -> Iterator[Node]:
         left = {k: v for k, v in report["left"].items() if v}
         assert not left, f"the node left: {left}"
         done_with(state)
+
+
+def platform_namespace(node: Node) -> None:
+    """What a platform team applies before the bundle: ``ml-team`` with PodSecurity
+    ``baseline``, the shipped StorageClass and classes; waits for the default ServiceAccount."""
+    cluster = node.cluster
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": NAMESPACE,
+                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
+            },
+        }
+    )
+    cluster.apply_file(STORAGE_CLASS_FILE)
+    cluster.apply_file(CLASSES_FILE)
+    wait_for(
+        "the default ServiceAccount",
+        lambda: cluster.core.list_namespaced_service_account(NAMESPACE).items,
+    )
+
+
+@pytest.fixture(scope="module")
+def node(bin_dir: Path) -> Iterator[Node]:
+    """A started node for one test module (tests that check the stop itself start their own)."""
+    yield from started_node("mod")

@@ -17,9 +17,7 @@ from kubernetes.client.rest import ApiException
 from tests.kube.cluster import (
     BASELINE,
     CLAIM,
-    CLASSES_FILE,
     NAMESPACE,
-    STORAGE_CLASS_FILE,
     THROUGHPUT,
     wait_for,
 )
@@ -32,6 +30,7 @@ from tests.kube.node import (
     debian_base_image,
     volume_devices,
 )
+from tests.node.conftest import platform_namespace
 
 MIB = 2**20
 TOLERANCE = 0.15
@@ -191,24 +190,8 @@ def check_speed(runs: list[float], target: float, cls: str) -> float:
 def ready(node: Node) -> Node:
     """The node with the base image, ``ml-team`` (PodSecurity baseline), the shipped
     StorageClass and classes, and the driver registered with the kubelet."""
-    cluster = node.cluster
     node.import_image(debian_base_image(), BASE_IMAGE.rsplit(":", 1)[0])
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": NAMESPACE,
-                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
-            },
-        }
-    )
-    cluster.apply_file(STORAGE_CLASS_FILE)
-    cluster.apply_file(CLASSES_FILE)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: cluster.core.list_namespaced_service_account(NAMESPACE).items,
-    )
+    platform_namespace(node)
     registered = wait_for(
         "the driver registered with the kubelet (CSINode)", lambda: csinode_driver(node), 60
     )
