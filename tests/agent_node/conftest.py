@@ -43,12 +43,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.skip(reason=reason.replace("node tier", "agent_node tier")))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
     yield from started_node("agent", tier="agent_node")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_on_node(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     """The sandbox's server on the bridge, Polyaxon's agent and the operator stand-in."""
     root = tmp_path_factory.mktemp("sandbox")

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 PIPELINE = commands.REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-profiles.yaml"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def image_in_node(node: Node) -> str:
     """The project's image, built (cached) and imported. Session-scoped so that it is built
     with the real HOME's image cache, before the per-test HOME of tests/conftest.py."""

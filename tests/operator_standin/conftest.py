@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
     bin_dir = _binaries()
     state = STATE_ROOT / f"op{os.getpid()}"
@@ -52,7 +52,7 @@ def plane() -> Iterator[ControlPlane]:
             shutil.rmtree(state, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def api(plane: ControlPlane) -> client.ApiClient:
     api = config.new_client_from_config(str(plane.admin_kubeconfig))
     core = client.CoreV1Api(api)
