@@ -10,7 +10,6 @@ skips.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,28 +18,15 @@ import pytest
 from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
 from sandbox.on_node import server_settings, start_on_node
 from sandbox.server import Sandbox, free_port
-from tests.kube.conftest import _missing
 from tests.kube.node import Node
-from tests.node.conftest import missing_here, started_node
+from tests.node.conftest import skip_tier_unless_ready, started_node
 
 PROJECT = "agent-node"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    tier = [item for item in items if here in item.path.parents]
-    if not tier:
-        return
-    reason = missing_here()
-    if reason is None and not os.environ.get("CI"):
-        reason = _missing("--node")
-    if reason is None:
-        return
-    if os.environ.get("CI") and os.environ.get("CSB_NODE_TIER"):
-        return
-    for item in tier:
-        item.add_marker(pytest.mark.skip(reason=reason.replace("node tier", "agent_node tier")))
+    skip_tier_unless_ready(items, Path(__file__).parent, "agent_node")
 
 
 @pytest.fixture(scope="module")

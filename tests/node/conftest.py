@@ -50,9 +50,8 @@ def missing_here() -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
+def skip_tier_unless_ready(items: list[pytest.Item], here: Path, tier_name: str) -> None:
+    """Mark the items under ``here`` skipped, with one reason, when the tier cannot run."""
     tier = [item for item in items if here in item.path.parents]
     if not tier:
         return
@@ -64,7 +63,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if os.environ.get("CI") and os.environ.get("CSB_NODE_TIER"):
         return  # asked for on CI: fail in the fixture rather than skip
     for item in tier:
-        item.add_marker(pytest.mark.skip(reason=reason))
+        item.add_marker(pytest.mark.skip(reason=reason.replace("node tier", f"{tier_name} tier")))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_tier_unless_ready(items, Path(__file__).parent, "node")
 
 
 def clean_stale_sessions() -> None:
