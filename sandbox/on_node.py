@@ -462,9 +462,19 @@ def project_image(echo: Any = print) -> tuple[str, Path]:
     return name.stdout.strip(), Path(archive)
 
 
+# What the measuring pods (fio, training, data workload) ask of the local node, through the
+# pipeline's `resources` input: the components' defaults fit a GPU training node (4-8 CPUs and
+# a GPU), this node is the 2-core machine, and the trainer runs on its CPU.
+NODE_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "6Gi"}}
+
 # The demo's sizes (sandbox.commands.DEMO_PARAMS) with what differs on the node: the hook
-# talks to the API server from its pod, and the node's driver has no provider to wait for.
-NODE_DEMO_OVERRIDES = {"backend": "kubernetes", "settle": "kubernetes"}
+# talks to the API server from its pod, the node's driver has no provider to wait for, and
+# the pods are sized for the node.
+NODE_DEMO_OVERRIDES = {
+    "backend": "kubernetes",
+    "settle": "kubernetes",
+    "resources": json.dumps(NODE_RESOURCES),
+}
 
 
 def run_demo_on_node(

@@ -240,6 +240,19 @@ def test_placement_is_the_same_for_every_pod_that_mounts_the_claim() -> None:
     assert measuring == 3 * 2  # fio and training of every stage
 
 
+def test_resources_reach_every_measuring_pod_and_no_other() -> None:
+    small = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "6Gi"}}
+    for workload in ("checkpoint", "scan"):
+        dag = load_dag(
+            PROFILES_PIPELINE, {"profiles": THREE, "resources": small, "workload": workload}
+        )
+        measuring = [pod for pod in dag.jobs().values() if pod.mounts()]
+        assert len(measuring) == 3 * 2, workload  # fio and the workload of every stage
+        assert all(pod.main["resources"] == small for pod in measuring), workload
+        others = [pod for pod in dag.jobs().values() if not pod.mounts()]
+        assert others and all(pod.main["resources"] != small for pod in others)
+
+
 def test_upload_is_off_by_default_and_reaches_every_training_run() -> None:
     def uploads(params: dict) -> list[str | None]:
         dag = load_dag(PROFILES_PIPELINE, {"profiles": THREE, **params})

@@ -242,6 +242,40 @@ def test_placement_inputs_reach_the_pod(name: str) -> None:
     assert not {"nodeSelector", "tolerations", "affinity"} & set(unplaced.spec)
 
 
+SMALL_NODE = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "6Gi"}}
+DEFAULT_RESOURCES = {
+    "checkpoint-training": {
+        "requests": {"cpu": "4", "memory": "8Gi"},
+        "limits": {"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "1"},
+    },
+    "fio-sweep": {
+        "requests": {"cpu": "2", "memory": "2Gi"},
+        "limits": {"cpu": "4", "memory": "4Gi"},
+    },
+    "data-workload": {
+        "requests": {"cpu": "4", "memory": "8Gi"},
+        "limits": {"cpu": "8", "memory": "16Gi"},
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(DEFAULT_RESOURCES))
+def test_resources_default_to_a_training_node_and_are_an_input(name: str) -> None:
+    params = KIND_PARAMS.get(name, {"storage_profile": "checkpoint-baseline"})
+    assert compile_component(current(name), params).main["resources"] == DEFAULT_RESOURCES[name]
+    sized = compile_component(current(name), {**params, "resources": SMALL_NODE})
+    assert sized.main["resources"] == SMALL_NODE
+    assert kubernetes_validate.validate(sized.as_pod(), "1.34.0", strict=True)
+
+
+def test_the_gpu_limit_follows_the_ranks() -> None:
+    pod = compile_component(
+        current("checkpoint-training"),
+        {"storage_profile": "checkpoint-baseline", "nproc_per_node": 4, "parallel": "ddp"},
+    )
+    assert pod.main["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
 # ---- the command lines: Polyaxon's idioms (argFormat, isFlag, toEnv) render the same argv
 # as the hand-built "{{ '--x' if x else '' }}" strings of the first v1.1 files did.
 

@@ -33,6 +33,7 @@ NOT_SETTINGS = {
     "node_selector": "pod placement (Kubernetes nodeSelector)",
     "tolerations": "pod placement (Kubernetes tolerations)",
     "affinity": "pod placement (Kubernetes affinity)",
+    "resources": "the pod's requests and limits (Kubernetes resources)",
 }
 """Inputs that are no TrainConfig field, and why."""
 

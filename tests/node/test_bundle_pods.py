@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.on_node import NODE_RESOURCES
 from tests.bundle.bundle import compile_component, current, op_uuid
 from tests.kube.cluster import (
     CLAIM,
@@ -40,7 +41,6 @@ BASELINE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 # emulation is held to: the block throttle is exact, the measurement is not.
 THROUGHPUT_MIBS = {BASELINE: 125, FAST: 250}
 TOLERANCE = 0.15
-NODE_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "6Gi"}}
 TRAINING = {"steps": 40, "checkpoint_every": 10, "model_size": "32MiB", "device": "cpu"}
 
 
@@ -68,6 +68,10 @@ def bundle_pod(
 ) -> dict[str, Any]:
     """The component compiled by Polyaxon's converter, minus Polyaxon's own containers; the
     part's offline runs go to ``offline_root`` on the claim."""
+    # The components ask for a training node (4-8 CPUs, a GPU); this node is the 2-core
+    # machine, so the pods are sized for it through the components' `resources` input.
+    if component in ("fio-sweep", "checkpoint-training", "data-workload"):
+        params = {**params, "resources": NODE_RESOURCES}
     pod = compile_component(current(component), params, run_uuid=op_uuid(name)).as_pod()
     pod["metadata"] = {"name": name, "namespace": NAMESPACE, "labels": pod["metadata"]["labels"]}
     spec = pod["spec"]
@@ -80,9 +84,6 @@ def bundle_pod(
     (main,) = spec["containers"]
     main["env"] = [e for e in main.get("env") or [] if not e["name"].startswith("POLYAXON_")]
     main["env"].append({"name": "POLYAXON_OFFLINE_ROOT", "value": offline_root})
-    # The components ask for a training node (4-8 CPUs, a GPU); this node is the 2-core machine,
-    # so the requests are scaled to it, and the GPU dropped (the trainer runs on the CPU here).
-    main["resources"] = NODE_RESOURCES
     for container in [*spec["initContainers"], main]:
         assert container["image"] == image_name(), container["image"]
         container["imagePullPolicy"] = "Never"  # imported, never pulled
