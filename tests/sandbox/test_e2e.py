@@ -11,11 +11,9 @@ The runs-table screenshot is kept at ``artifacts/sandbox/runs-table.png`` (or un
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from sandbox.commands import submit_and_follow
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import RunFailedError
 from sandbox.pipeline import get_run, log_lines, pipeline_ops, runs_table_url, submit
+from tests.browser import chromium, render, runs_table
 
 from .conftest import polyaxon_cli, write_profiles
 
@@ -195,46 +194,22 @@ def _procs_with_home(home: str) -> list[psutil.Process]:
     return found
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(_chromium() is None, reason="Debian package chromium is not installed")
+@pytest.mark.skipif(chromium() is None, reason="Debian package chromium is not installed")
 def test_browser_renders_the_runs_table_with_profiles_and_stage_outputs(sandbox, mini_pipeline):
     uuid_, _ = mini_pipeline
     url = runs_table_url(sandbox.url, DEFAULT_OWNER, PROJECT, uuid_)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "runs-table.png"
-    dom = _render(url, "--dump-dom")
-    _render(url, f"--screenshot={shot}")
+    dom = render(url, "--dump-dom")
+    render(url, f"--screenshot={shot}")
     print(f"runs-table screenshot: {shot}")
     assert shot.stat().st_size > 10_000
-    rows: dict[str, dict[str, str]] = {}
-    cell = re.compile(
-        r'data-gridcell-column-id="([^"]+)"[^>]*data-gridcell-row-index="(\d+)"[^>]*>(.*?)</div>'
-    )
-    for column, row, content in cell.findall(dom):
-        text = re.sub(r"<[^>]+>", " ", content).strip()
-        rows.setdefault(row, {})[column] = re.sub(r"\s+", " ", text)
-    by_name = {r.get("name"): r for r in rows.values()}
+    by_name = {r.get("name"): r for r in runs_table(dom)}
     assert {"train-a", "train-b", "prepare"} <= set(by_name), by_name
     assert by_name["train-a"]["in.storage_profile"] == "baseline"
     assert by_name["train-b"]["in.storage_profile"] == "throughput"
     for name in ("train-a", "train-b"):
         assert float(by_name[name]["out.ckpt_pause_s_total"]) > 0
-
-
-def _render(url: str, mode: str) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run(
-            [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-             "--no-first-run", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", f"--user-data-dir={profile}", "--window-size=1600,1000",
-             "--virtual-time-budget=15000", mode, url],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def test_cli_stop_command_is_printed(sandbox):
