@@ -347,12 +347,20 @@ TABLE_COLUMNS = (
 
 
 def runs_table_url(
-    host: str, owner: str, project: str, pipeline: str | None = None, columns=TABLE_COLUMNS
+    host: str,
+    owner: str,
+    project: str,
+    pipeline: str | None = None,
+    columns=TABLE_COLUMNS,
+    name: str | None = None,
 ) -> str:
     """The UI's runs table with the comparison columns chosen (and the pipeline's jobs only,
-    at any depth: its ``controller`` is the pipeline, its nested DAGs and matrices left out)."""
+    at any depth: its ``controller`` is the pipeline, its nested DAGs and matrices left out;
+    only the ops called ``name`` when given: the table renders only the rows in view)."""
     search: dict[str, str] = {"columns": ",".join(columns)}
     if pipeline:
         search["query"] = f"controller:{pipeline}, kind:job"
+        if name:
+            search["query"] += f", name:{name}"
     token = base64.b64encode(json.dumps(search).encode()).decode()
     return f"{host}/ui/{owner}/{project}/runs?" + urllib.parse.urlencode({"search": token})

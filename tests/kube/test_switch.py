@@ -8,6 +8,7 @@ no provider to wait for).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -150,8 +151,15 @@ def test_what_preflight_prevents_a_claim_left_pending(
     assert pending
     status = cluster.claim()["status"]
     assert status["currentVolumeAttributesClassName"] == BASELINE
-    failed = [e for e in cluster.events() if e["reason"] == "VolumeModifyFailed"]
-    assert any(late in e["message"] for e in failed), failed
+    # The event is recorded after the status (the recorder batches): wait for it too.
+    wait_for(
+        f"a VolumeModifyFailed event naming {late}",
+        lambda: [
+            e
+            for e in cluster.events()
+            if e["reason"] == "VolumeModifyFailed" and late in e["message"]
+        ],
+    )
 
     cluster.apply(
         {
@@ -164,8 +172,6 @@ def test_what_preflight_prevents_a_claim_left_pending(
     )
     try:
         # Well past the resizer's retry interval (1 s here): still Pending, no requeue.
-        import time
-
         time.sleep(5)
         # Usually still Pending (the resizer does not re-queue a claim when its class
         # appears), but a resync of the resizer's informer can pick it up: either way the

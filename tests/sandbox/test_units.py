@@ -166,6 +166,9 @@ def test_runs_table_url_selects_columns_and_pipeline():
     search = json.loads(base64.b64decode(token))
     assert search["query"] == "controller:abc, kind:job"  # every job, however deeply nested
     assert "in.storage_profile" in search["columns"].split(",")
+    url = runs_table_url("http://h:1", "default", "p", "abc", name="train")
+    search = json.loads(base64.b64decode(url.split("search=")[1].replace("%3D", "=")))
+    assert search["query"] == "controller:abc, kind:job, name:train"
 
 
 def test_start_refuses_a_taken_port(tmp_path):
