@@ -349,8 +349,6 @@ def demo(
     if on_node:
         from sandbox.on_node import node_state_dir, run_demo_on_node
 
-        if workload != "checkpoint":
-            raise click.BadParameter("--on-node runs the checkpoint workload only for now")
         run_demo_on_node(
             _node_sandbox(root, host, port, agent_file),
             project,
@@ -359,6 +357,7 @@ def demo(
             timeout,
             node_state or node_state_dir(),
             echo=click.echo,
+            workload=workload,
         )
         return
     sb = _sandbox(root, host, port, agent_file, profiles_file)

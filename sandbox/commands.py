@@ -221,11 +221,16 @@ def declared_inputs(polyaxonfile: Path) -> set[str]:
 
 
 def demo_params(
-    sb: Sandbox, pipeline: Path, overrides: dict[str, str], workload: str = "checkpoint"
+    sb: Sandbox,
+    pipeline: Path,
+    overrides: dict[str, str],
+    workload: str = "checkpoint",
+    place: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The demo's pipeline inputs: small sizes, the local hook backend, this sandbox's API,
     and every profile of the profiles file, in its order (a pipeline that takes a list);
-    with a data ``workload``, that workload and its small sizes."""
+    with a data ``workload``, that workload and its small sizes. ``place``: what the place
+    the pods run in changes (the node's), then the user's ``overrides`` over everything."""
     declared = declared_inputs(pipeline)
     values = dict(DEMO_PARAMS, api_host=sb.url)
     if workload != "checkpoint":
@@ -236,6 +241,7 @@ def demo_params(
     if profiles:
         values.update(namespace=profiles.namespace, claim=profiles.claim)
         values["profiles"] = json.dumps(list(profiles.profiles))
+    values.update(place or {})
     values = {k: v for k, v in values.items() if k in declared}
     values.update(overrides)
     return values

@@ -485,10 +485,12 @@ def run_demo_on_node(
     timeout: float,
     node_state: Path,
     echo: Any = print,
+    workload: str = "checkpoint",
 ) -> str:
     """The pipeline on the node, as the README's cluster command submits it: start
     everything, apply the bundle's objects, import the project's image, submit, follow,
-    print the comparison. Returns the pipeline's uuid."""
+    print the comparison. ``workload``: see :func:`sandbox.commands.demo_params`. Returns
+    the pipeline's uuid."""
     from kubernetes import config as k8s_config
 
     from sandbox import commands
@@ -502,17 +504,14 @@ def run_demo_on_node(
     echo(f"sandbox: applied {', '.join(applied)}")
     name, archive = project_image(echo)
     import_image(node_state, archive, name.rsplit(":", 1)[0])
-    declared = commands.declared_inputs(polyaxonfile)
-    values = dict(commands.DEMO_PARAMS, **NODE_DEMO_OVERRIDES)
-    values.update(
-        api_host=sb.url,
+    node = dict(
+        NODE_DEMO_OVERRIDES,
         image=name,
         namespace=config["namespace"],
         claim=_docs(CLAIM_FILE)[0]["metadata"]["name"],
         profiles=json.dumps(classes),
     )
-    values = {k: v for k, v in values.items() if k in declared}
-    values.update(overrides)
+    values = commands.demo_params(sb, polyaxonfile, overrides, workload, place=node)
     uuid = commands.submit_pipeline(sb, polyaxonfile, values, project, False, echo=echo)
     try:
         ops = follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)

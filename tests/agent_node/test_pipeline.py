@@ -4,7 +4,8 @@ Polyaxon's own agent and the operator stand-in, over the node's three classes, a
 demo's sizes, with the project's image built from its Dockerfile (scripts/image.sh).
 
 Then the same command once more with a stage that fails: the pipeline stops there, no later
-stage switches the claim, and the Lease is released.
+stage switches the claim, and the Lease is released; and once with the scan workload over two
+classes, whose verdict is in that workload's terms (epoch time, accelerator utilization).
 """
 
 from __future__ import annotations
@@ -200,3 +201,51 @@ def test_a_failed_stage_stops_the_pipeline_and_releases_the_claim(
     assert pvc.spec.volume_attributes_class_name == first
     assert pvc.status.current_volume_attributes_class_name == first
     assert not lease.spec.holder_identity, lease.spec
+
+
+@pytest.fixture(scope="module")
+def scan_pipeline(node: Node, sandbox_on_node: Sandbox, image_in_node: str) -> Pipeline:
+    """The same command with the scan workload (the demo's data sizes) over the cheapest and
+    the fastest class."""
+    classes = [PRICE_ORDER[0], PRICE_ORDER[-1]]
+    data = dict(commands.DATA_DEMO_PARAMS, workload="scan")
+    uuid, params = submit(sandbox_on_node, image_in_node, classes, **data)
+    ops = follow(sandbox_on_node.client, OWNER, PROJECT, uuid, timeout=1800)
+    return Pipeline(uuid, ops, classes, params)
+
+
+def test_the_scan_workload_runs_per_class_and_the_verdict_speaks_au(
+    scan_pipeline: Pipeline, sandbox_on_node: Sandbox
+) -> None:
+    sb = sandbox_on_node
+    assert get_run(sb.client, OWNER, PROJECT, scan_pipeline.uuid).status == "succeeded"
+    jobs = [op for op in scan_pipeline.ops if op.kind == "job" and op.status != "skipped"]
+    names = [op.name for op in jobs]
+    assert "train" not in names and names.count("data") == len(scan_pipeline.classes), names
+    epoch, au = {}, {}
+    for op in jobs:
+        if op.name != "data":
+            continue
+        run = get_run(sb.client, OWNER, PROJECT, op.uuid)
+        assert run.inputs["workload"] == "scan", run.inputs
+        out = run.outputs or {}
+        # Decoded records read past the page cache: a second epoch is not served from memory.
+        assert out.get("scan_cache_kept_out") is True, out
+        epoch[run.inputs["storage_profile"]] = out["scan_epoch_s"]
+        au[run.inputs["storage_profile"]] = out["scan_au"]
+    print("scan epoch s per class:", epoch, "AU:", au)
+    cheap, fast = scan_pipeline.classes
+    # The node's volume reads at the class's rate: 4x the throughput, a shorter epoch (the
+    # loader's CPU, shared with everything else here, takes part of it) and the accelerator
+    # fed more of the time.
+    assert epoch[cheap] > 1.3 * epoch[fast], epoch
+    assert au[fast] > au[cheap], au
+    verdict = outputs(sb, commands.compare_op(scan_pipeline.ops))
+    assert verdict["workload"] == "scan", verdict
+    assert "AU" in verdict["verdict"] and "epoch time" in verdict["verdict"], verdict
+    # The cheapest class whose AU (the verdict's median over the epochs after the warm-up)
+    # meets the budget.
+    judged = {c: verdict[f"{c.replace('-', '_')}_scan_au"] for c in scan_pipeline.classes}
+    min_au = float(scan_pipeline.params["min_au"])
+    meets = [c for c in PRICE_ORDER if c in judged and judged[c] >= min_au]
+    assert verdict["recommended_profile"] == (meets[0] if meets else "none"), (verdict, judged)

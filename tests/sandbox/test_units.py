@@ -816,6 +816,12 @@ def test_demo_params_of_a_data_workload(tmp_path):
     assert values["workload"] == "scan" and values["dataset_size"] == "8MiB"
     assert values["min_au"] == DATA_DEMO_PARAMS["min_au"]
     assert "workload" not in demo_params(sb, DEFAULT_PIPELINE, {})
+    # The node's place (--on-node) overrides the defaults, undeclared keys are dropped, and
+    # the user's -P params win over both.
+    place = {"backend": "kubernetes", "profiles": '["a", "b"]', "not_an_input": "x"}
+    values = demo_params(sb, DEFAULT_PIPELINE, {"profiles": '["c"]'}, "scan", place=place)
+    assert values["backend"] == "kubernetes" and values["profiles"] == '["c"]'
+    assert "not_an_input" not in values and values["workload"] == "scan"
 
 
 def test_the_nodes_bridge_address_is_accepted_only_once_the_machine_has_it(tmp_path, monkeypatch):
