@@ -67,9 +67,9 @@ DEMO_PARAMS = {
 # ``demo --workload scan|materialize|workspace``: the same pipeline with a data workload in
 # every stage instead of the training. 32 MiB decoded (as many of shards on the claim, the
 # records stored uncompressed): a quarter of a second per epoch at the baseline class's
-# 125 MiB/s, three epochs per run (the pipeline's default: two samples after the warm-up),
-# generated once by the first stage and reused by the others; an AU budget so that the
-# verdict recommends a profile.
+# 125 MiB/s, generated once by the first stage and reused by the others; the pipeline's five
+# epochs per run (four samples after the warm-up: the verdict's 95 % interval); an AU budget
+# so that the verdict recommends a profile.
 DATA_DEMO_PARAMS = {
     "dataset_size": "32MiB",
     "num_workers": "2",

@@ -238,7 +238,7 @@ def test_the_scan_workload_runs_per_class_and_the_verdict_speaks_au(
     # The node's volume reads at the class's rate: 4x the throughput, a shorter epoch (the
     # loader's CPU, shared with everything else here, takes part of it) and the accelerator
     # fed more of the time.
-    assert epoch[cheap] > 1.3 * epoch[fast], epoch
+    assert epoch[cheap] > 1.2 * epoch[fast], epoch
     assert au[fast] > au[cheap], au
     verdict = outputs(sb, commands.compare_op(scan_pipeline.ops))
     assert verdict["workload"] == "scan", verdict

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from checkpoint_storage_bench.contract import DATA_WORKLOADS, VERDICT_WARMUP, WORKLOADS
+from checkpoint_compare.intervals import values_for_interval
+from checkpoint_storage_bench.contract import (
+    DATA_WORKLOADS,
+    VERDICT_CONFIDENCE,
+    VERDICT_WARMUP,
+    WORKLOADS,
+)
 from tests.bundle.bundle import PIPELINE_UUID, PROFILES_PIPELINE, check, load_dag
 from tests.bundle.test_polyaxonfiles import SMALL_THREE
 
@@ -64,10 +70,10 @@ def test_the_workload_budget_reaches_the_verdicts_command_line() -> None:
 
 
 def test_a_scan_run_gives_the_verdict_several_epochs_by_default() -> None:
-    """The pipeline's default epochs reach every data op: more than the verdict's warm-up,
-    so each run gives the statistics samples of its own."""
+    """The pipeline's default epochs reach every data op: after the verdict's warm-up, enough
+    samples from one run per profile for the verdict's 95 % interval."""
     (io,) = [i for i in check(PROFILES_PIPELINE).component.inputs if i.name == "epochs"]
-    assert io.value > VERDICT_WARMUP + 1
+    assert io.value - VERDICT_WARMUP >= values_for_interval(VERDICT_CONFIDENCE)
     dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "scan"})
     data = [pod for path, pod in dag.jobs().items() if path.rsplit("/", 1)[1].startswith("data")]
     assert data and all(f"--epochs={io.value}" in pod.argv for pod in data)

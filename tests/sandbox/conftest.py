@@ -137,3 +137,20 @@ def sandbox():
         shutil.rmtree(root, ignore_errors=True)
         assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
         assert stopped, "the sandbox was not running at teardown"
+
+
+def sweep_emulation(root: Path, group: Cgroup, cgroup_name: str, mounts: list[Path]) -> None:
+    """After a ``stop`` of an emulating sandbox: check it removed the claim's cgroup, its
+    loop-device volumes and mounts and every process under ``root``; sweep them anyway."""
+    left = wait_gone(root)
+    gone = not group.exists()
+    if not gone:
+        group.remove()
+    volumes = [f for f in loop_volume.loop_devices()
+               if f.name.startswith(f"{loop_volume.PREFIX}{cgroup_name}")]  # fmt: skip
+    mounted = [m for m in mounts if os.path.ismount(m)]
+    loop_volume.sweep(cgroup_name)
+    shutil.rmtree(root, ignore_errors=True)
+    assert gone, f"stop left the claim's cgroup {group.path}"
+    assert not volumes and not mounted, f"stop left {volumes} {mounted}"
+    assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"

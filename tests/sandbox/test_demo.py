@@ -17,7 +17,7 @@ Either way ``stop`` leaves nothing running.
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import shutil
 import subprocess
@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE
 from checkpoint_storage_bench.sandbox_profiles import load_sandbox_profiles
 from sandbox.commands import DEFAULT_PIPELINE
@@ -36,7 +35,7 @@ from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.pipeline import get_run, labels, list_runs, pipeline_ops
 from sandbox.server import free_port
 
-from .conftest import needs_throttle, shm_dir, wait_gone, write_profiles
+from .conftest import needs_throttle, shm_dir, sweep_emulation, wait_gone, write_profiles
 
 pytestmark = [
     pytest.mark.slow,
@@ -94,6 +93,14 @@ def _stages(client, pipeline: str) -> tuple[dict[str, dict], dict[str, object]]:
                 "train": by_label[f"{prefix}/train[0]"],
             }
     return stages, by_label
+
+
+def _stop_emulated(common: list[str], root: Path, group, profiles) -> subprocess.CompletedProcess:
+    """``sandbox stop`` of an emulating demo, then what it must have removed checked."""
+    stop = _sandbox(["stop", *common], timeout=120)
+    mounts = [Path(p.path) for p in profiles.profiles.values()]
+    sweep_emulation(root, group, profiles.cgroup_name, mounts)
+    return stop
 
 
 @pytest.mark.timeout(1800)
@@ -156,21 +163,54 @@ def test_the_demo_emulates_the_classes_and_the_verdict_names_the_faster_one():
         assert verdict["recommended_profile"] in [*profiles.profiles, "none"]
         assert "checkpoint-baseline" != verdict["recommended_profile"]  # misses 0.6 s
     finally:
-        stop = _sandbox(["stop", *common], timeout=120)
-        left = wait_gone(root)
-        gone = not group.exists()
-        if not gone:
-            group.remove()
-        volumes = [f for f in loop_volume.loop_devices() if f.name.startswith(
-            f"{loop_volume.PREFIX}{profiles.cgroup_name}")]  # fmt: skip
-        mounted = [p.path for p in profiles.profiles.values() if os.path.ismount(p.path)]
-        loop_volume.sweep(profiles.cgroup_name)
-        shutil.rmtree(root, ignore_errors=True)
+        stop = _stop_emulated(common, root, group, profiles)
     assert f"claim cgroup {group.path}" in stop.stdout, stop.stdout + stop.stderr
-    assert gone, f"stop left the claim's cgroup {group.path}"
     assert "loop device /dev/loop" in stop.stdout, stop.stdout
-    assert not volumes and not mounted, f"stop left {volumes} {mounted}"
-    assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
+
+
+@pytest.mark.timeout(1200)
+def test_the_scan_demo_over_two_emulated_classes_speaks_epoch_time_and_au():
+    """``demo --workload scan`` over the cheapest and the fastest emulated class: the data
+    workload reads the same generated dataset on each (made once, verified, reused), the
+    epoch is shorter on the faster class, and the verdict is in the scan's terms."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-scan-"))
+    port = free_port()
+    profiles = load_sandbox_profiles(REPO_ROOT / SANDBOX_PROFILES_FILE, root)
+    group, _ = needs_throttle(root, profiles.cgroup_name)
+    classes = ["checkpoint-baseline", "checkpoint-gp3-500"]
+    common = ["--root", str(root), "--port", str(port)]
+    try:
+        done = _sandbox(
+            ["demo", *common, "--project", "scan", "--workload", "scan",
+             "-P", f"profiles={json.dumps(classes)}"],
+            timeout=1100,
+        )  # fmt: skip
+        out = done.stdout + done.stderr
+        print(out[-4000:])
+        assert done.returncode == 0, f"demo failed:\n{out[-4000:]}"
+        assert "NOT AN EMULATION" not in out
+        client = api_client(f"http://127.0.0.1:{port}")
+        (pipeline,) = [r for r in list_runs(client, DEFAULT_OWNER, "scan", query="kind:dag")
+                       if not r.pipeline]  # fmt: skip
+        assert pipeline.status == "succeeded"
+        runs = [get_run(client, DEFAULT_OWNER, "scan", r.uuid)
+                for r in pipeline_ops(client, DEFAULT_OWNER, "scan", pipeline.uuid)]  # fmt: skip
+        data = {r.inputs["storage_profile"]: r.outputs for r in runs if r.name == "data"}
+        assert list(data) == classes or sorted(data) == sorted(classes), data
+        epoch = {c: o["scan_epoch_s"] for c, o in data.items()}
+        au = {c: o["scan_au"] for c, o in data.items()}
+        print("scan epoch s:", epoch, "AU:", au)
+        assert all(o["scan_cache_kept_out"] is True for o in data.values()), data
+        assert epoch["checkpoint-baseline"] > 1.2 * epoch["checkpoint-gp3-500"], epoch
+        assert au["checkpoint-gp3-500"] > au["checkpoint-baseline"], au
+        (compare,) = [r for r in runs if r.name == "compare"]
+        verdict = compare.outputs
+        assert verdict["workload"] == "scan", verdict
+        assert "AU" in verdict["verdict"] and "epoch time" in verdict["verdict"], verdict
+        assert f"recommended profile: {verdict['recommended_profile']}" in out
+    finally:
+        stop = _stop_emulated(common, root, group, profiles)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
 
 
 def test_demo_on_plain_media_runs_the_pipeline_twice_and_stop_leaves_nothing():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,14 +24,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from checkpoint_storage_bench import loop_volume
 from checkpoint_storage_bench.io_limits import MIB, block_device
 from sandbox.commands import start_all, submit_and_follow
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.pipeline import get_run, pipeline_ops, submit
 from sandbox.server import Sandbox, free_port
 
-from .conftest import emulated_profiles, needs_throttle, wait_gone
+from .conftest import emulated_profiles, needs_throttle, sweep_emulation
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -68,19 +66,8 @@ def emulated():
         yield sb, group, device, speed, claim_dir
     finally:
         stopped = sb.stop()
-        left = wait_gone(root)
-        gone = not group.exists()
-        if not gone:
-            group.remove()
-        volumes = [f for f in loop_volume.loop_devices() if f.name.startswith(
-            f"{loop_volume.PREFIX}{profiles.cgroup_name}")]  # fmt: skip
-        mounted = os.path.ismount(claim_dir)
-        loop_volume.sweep(profiles.cgroup_name)
-        shutil.rmtree(root, ignore_errors=True)
+        sweep_emulation(root, group, profiles.cgroup_name, [claim_dir])
         assert any(s.startswith("claim cgroup ") for s in stopped), stopped
-        assert gone, f"sandbox stop left the claim's cgroup {group.path}"
-        assert not volumes and not mounted, f"sandbox stop left {volumes} ({stopped})"
-        assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
 
 
 def _main_log(sb: Sandbox, uuid: str) -> str:
