@@ -169,6 +169,12 @@ def _lease_duration(command: str) -> Any:
 )  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Preflight and print the patch; change nothing.")
 @click.option("--force", is_flag=True, help="Switch even past the provider's rate limit.")
+@click.option(
+    "--stop-after-failure",
+    is_flag=True,
+    help="Refuse (exit 3, nothing changed) when an op of the holder's Polyaxon pipeline has "
+    "failed: a pipeline's later stage does not switch the claim.",
+)
 @_file("--summary-json", "Write the report here.")
 @_holder
 @_lease_duration("switch")

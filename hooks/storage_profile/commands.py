@@ -25,7 +25,7 @@ from hooks.storage_profile.config import (
 from hooks.storage_profile.errors import EXIT_OK, OUTCOMES, PlanRefused, as_hook_error
 from hooks.storage_profile.heartbeat import BeatingDeadline
 from hooks.storage_profile.kube import Kube, load_api_client
-from hooks.storage_profile.lease import ClaimLease, default_holder
+from hooks.storage_profile.lease import ClaimLease, default_holder, refuse_after_failure
 from hooks.storage_profile.local import SandboxProfiles, render_local, status_local, switch_local
 from hooks.storage_profile.report import Report
 from hooks.storage_profile.status import claim_status, render_status
@@ -68,6 +68,8 @@ def run_switch(
     failure = None
     try:
         if cfg.backend == "local":
+            if cfg.stop_after_failure:
+                refuse_after_failure(cfg.holder or default_holder())
             switch_local(cfg, SandboxProfiles.load(cfg.profiles_file), report, echo=echo)
         else:
             # The deadline starts first: finding the holder and loading the configuration
@@ -76,6 +78,8 @@ def run_switch(
             deadline = BeatingDeadline(cfg.timeout)
             if cfg.holder is None:
                 cfg.holder = default_holder(deadline=deadline)
+            if cfg.stop_after_failure:
+                refuse_after_failure(cfg.holder, deadline=deadline)
             kube = connect(cfg, deadline)
             switch_kubernetes(
                 cfg, kube, report, provider_for=provider_for, echo=echo, deadline=deadline

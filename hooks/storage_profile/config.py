@@ -122,6 +122,8 @@ class SwitchConfig(Target):
         on_infeasible: ``fail`` or ``rollback``.
         dry_run: Preflight and print the patch only.
         force: Switch even when the provider's rate limit would be exceeded.
+        stop_after_failure: Refuse (exit 3) when an op of the holder's Polyaxon pipeline has
+            failed: a pipeline's later stage does not switch the claim.
         summary_json: Where to write the report as JSON.
         holder: Who holds the claim's Lease (None: :func:`lease.default_holder`).
         lease_duration: Seconds the Lease lasts from this switch.
@@ -137,6 +139,7 @@ class SwitchConfig(Target):
     on_infeasible: str = "fail"
     dry_run: bool = False
     force: bool = False
+    stop_after_failure: bool = False
     summary_json: Path | None = None
     holder: str | None = None
     lease_duration: float = LEASE_DURATION

@@ -97,6 +97,63 @@ def pipeline_of_run(owner: str, project: str, run_uuid: str) -> str | None:
         return None
 
 
+def failed_ops_of(owner: str, project: str, pipeline: str) -> list[str] | None:
+    """The names of the failed runs below a Polyaxon pipeline (at any depth: the server sets
+    ``controller`` to the outermost run for all of them), asked from Polyaxon's API; None
+    when the API failed."""
+    try:
+        from polyaxon.client import RunClient
+
+        found = RunClient(owner=owner, project=project).list(
+            query=f"controller:{pipeline}, status:failed", limit=100
+        )
+        return [r.name or r.uuid for r in found.results or []]
+    except Exception as exc:  # noqa: BLE001 - an unreachable API does not stop the switch
+        log.warning("cannot ask Polyaxon for the failed ops of pipeline %s: %s", pipeline, exc)
+        return None
+
+
+def refuse_after_failure(
+    holder: str,
+    environ: dict[str, str] | None = None,
+    failed_of: Callable[[str, str, str], list[str] | None] = failed_ops_of,
+    deadline: Deadline | None = None,
+) -> None:
+    """Refuse the switch (``PreflightRefused``, nothing changed) when an op of the holder's
+    Polyaxon pipeline has failed (``--stop-after-failure``).
+
+    A Polyaxon mapping starts its next run after one failed, and haupt's failure early
+    stopping never fires for a mapping nested in a pipeline (it counts the runs whose
+    ``controller`` is the mapping: the outermost run is theirs). So a later stage's switch
+    is where the pipeline stops changing the claim: the claim stays on the class the last
+    good switch left. Outside a Polyaxon run there is no pipeline to ask, and an API that
+    does not answer within :data:`PIPELINE_LOOKUP_TIMEOUT` (never past ``deadline``) is
+    said in a warning: neither refuses.
+    """
+    environ = os.environ if environ is None else environ
+    parts = (environ.get("POLYAXON_RUN_INSTANCE") or "").split(".")
+    if len(parts) != 4 or parts[2] != "runs":
+        return
+    owner, project = parts[0], parts[1]
+    seconds = PIPELINE_LOOKUP_TIMEOUT
+    if deadline is not None:
+        seconds = max(0.01, min(seconds, deadline.remaining()))
+    try:
+        failed = within(
+            lambda: failed_of(owner, project, holder),
+            what=f"asking Polyaxon for the failed ops of pipeline {holder}",
+            deadline=Deadline(seconds),
+        )
+    except DeadlineExceeded as exc:
+        log.warning("%s; switching anyway", exc)
+        return
+    if failed:
+        raise PreflightRefused(
+            f"pipeline {holder} has failed op(s) ({', '.join(sorted(set(failed)))}): no later "
+            "stage switches the claim (--stop-after-failure); nothing was changed"
+        )
+
+
 def default_holder(
     environ: dict[str, str] | None = None,
     pipeline_of: Callable[[str, str, str], str | None] = pipeline_of_run,

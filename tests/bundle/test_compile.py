@@ -42,8 +42,9 @@ GENERAL = "pipeline/comparison[0]"
 HOLDER = op_uuid(GENERAL)  # the general pipeline's own uuid: the lease holder of its switches
 
 
-def switch_argv(target: str) -> list[str]:
-    return [*HOOK, "switch", *CLAIM_ARGS, "--to", target, *SWITCH_TAIL, f"--holder={HOLDER}"]
+def switch_argv(target: str, *flags: str) -> list[str]:
+    return [*HOOK, "switch", *CLAIM_ARGS, "--to", target, *SWITCH_TAIL, f"--holder={HOLDER}",
+            *flags]  # fmt: skip
 
 
 FIO = ["python", "-m", "fio_sweep", "--mount", "/checkpoints", "--size-scale", "1.0"]
@@ -68,7 +69,7 @@ def train_argv(run: str, profile: str) -> list[str]:
 def stage_argv(i: int, profile: str) -> dict[str, list[str]]:
     stage = f"{GENERAL}/stages[{i}]"
     return {
-        f"{stage}/switch": switch_argv(profile),
+        f"{stage}/switch": switch_argv(profile, "--stop-after-failure"),
         f"{stage}/fio": FIO,
         f"{stage}/renew": RENEW,
         f"{stage}/train[0]": train_argv(f"{stage}/train[0]", profile),
@@ -235,7 +236,7 @@ def test_small_pipeline_inputs_reach_the_ops() -> None:
     assert fio[-2:] == ["0.001", "--runtime=2"]
     for stage in (baseline, tmpfs):
         switch = stage.compile_op("switch").argv
-        assert switch[-4:-1] == [
+        assert switch[-5:-2] == [
             "--backend",
             "local",
             "--profiles-file=connections/sandbox-profiles.yaml",

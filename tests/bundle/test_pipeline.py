@@ -22,6 +22,7 @@ from tests.bundle.bundle import (
     PIPELINE_UUID,
     PROFILES_PIPELINE,
     check,
+    compile_component,
     current,
     load_dag,
     load_yaml_documents,
@@ -168,6 +169,18 @@ def test_one_lease_holder_for_every_switch_and_the_release(three, stages, jobs) 
     assert {pod.argv[pod.argv.index("--lease-duration") + 1] for pod in renewals} == {
         str(three.inputs["lease_duration"])
     }
+
+
+def test_after_a_failed_stage_no_later_stage_switches_but_a_restore_does(three, jobs) -> None:
+    # A mapping starts its next stage after a failed one; that stage's switch refuses
+    # (--stop-after-failure: an op of the holder's pipeline failed). The restore, asked for,
+    # still puts the claim back; a switch on its own has no pipeline to stop.
+    switches = {path: pod.argv for path, pod in jobs.items() if pod.argv[3:4] == ["switch"]}
+    staged = [argv for path, argv in switches.items() if "/stages[" in path]
+    assert len(staged) == 4 and all("--stop-after-failure" in argv for argv in staged)
+    assert "--stop-after-failure" not in switches["pipeline/restore"]
+    alone = compile_component(current("storage-profile"), {"target_class": "fast"}).argv
+    assert "--stop-after-failure" not in alone
 
 
 def _holder(argv: list[str]) -> str | None:

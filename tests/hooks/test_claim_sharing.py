@@ -4,6 +4,7 @@ the Lease that keeps one pipeline at a time on it."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,9 +19,11 @@ from checkpoint_storage_bench.contract import (
     lease_name,
     parse_ledger,
 )
+from checkpoint_storage_bench.retry import Deadline
 from hooks.storage_profile import report as report_module
 from hooks.storage_profile.config import DNS1123_SUBDOMAIN
-from hooks.storage_profile.lease import default_holder
+from hooks.storage_profile.errors import PreflightRefused
+from hooks.storage_profile.lease import default_holder, refuse_after_failure
 from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import Ec2, Stepper, load_summary, modify_from_class, run_hook
 from tests.hooks.kube_state import make_class, make_lease, make_volume
@@ -467,6 +470,42 @@ def test_the_default_holder():
     assert default_holder(alone, pipeline) == "run-2"  # a run outside a pipeline
     outside = default_holder({}, pipeline)
     assert "@" in outside and outside.split("@")[1]
+
+
+def test_a_later_stage_refuses_to_switch_after_a_failed_op_of_its_pipeline():
+    asked: list[tuple[str, str, str]] = []
+
+    def failed(owner: str, project: str, pipeline: str) -> list[str] | None:
+        asked.append((owner, project, pipeline))
+        return {"pipeline-9": ["train", "stages", "train"]}.get(pipeline, [])
+
+    inside = {"POLYAXON_RUN_INSTANCE": "acme.bench.runs.run-1"}
+    with pytest.raises(PreflightRefused, match=r"pipeline-9 has failed op\(s\) \(stages, train\)"):
+        refuse_after_failure("pipeline-9", inside, failed)
+    assert PreflightRefused.exit_code == 3
+    refuse_after_failure("pipeline-8", inside, failed)  # nothing failed: the switch goes on
+    refuse_after_failure("pipeline-9", {}, failed)  # outside a Polyaxon run: nobody to ask
+    assert asked == [("acme", "bench", "pipeline-9"), ("acme", "bench", "pipeline-8")]
+    refuse_after_failure("pipeline-9", inside, lambda *_: None)  # the API failed: warned
+
+
+def test_an_unanswered_failure_lookup_does_not_stop_the_switch(caplog):
+    def slow(*_: str) -> list[str]:
+        time.sleep(5)
+        return ["train"]
+
+    inside = {"POLYAXON_RUN_INSTANCE": "acme.bench.runs.run-1"}
+    started = time.monotonic()
+    refuse_after_failure("pipeline-9", inside, slow, deadline=Deadline(0.2))
+    assert time.monotonic() - started < 2
+    assert "switching anyway" in caplog.text
+
+
+def test_stop_after_failure_outside_a_polyaxon_run_switches(cluster: FakeKube):
+    result = switch("--stop-after-failure", "--holder", "pipeline-a")
+    assert result.exit_code == 0, result.output
+    claim = cluster.get("PersistentVolumeClaim", CLAIM, NS)
+    assert claim["spec"]["volumeAttributesClassName"] == "fast"
 
 
 @pytest.mark.parametrize("holder", ["", "   ", "a\nb"])
