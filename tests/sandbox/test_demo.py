@@ -32,7 +32,7 @@ from checkpoint_storage_bench.sandbox_profiles import load_sandbox_profiles
 from sandbox.commands import DEFAULT_PIPELINE
 from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
-from sandbox.pipeline import get_run, labels, list_runs, pipeline_ops
+from sandbox.pipeline import get_run, labels, list_runs, log_lines, pipeline_ops
 from sandbox.server import free_port
 
 from .conftest import needs_throttle, shm_dir, sweep_emulation, wait_gone, write_profiles
@@ -272,4 +272,42 @@ def test_demo_on_plain_media_runs_the_pipeline_twice_and_stop_leaves_nothing():
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
     assert "stopped agent" in stop.stdout and "server" in stop.stdout, stop.stdout + stop.stderr
+    assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
+
+
+def test_a_failed_stage_stops_the_demo_before_the_next_switch():
+    """The first stage's training fails (``device=cuda``, no GPU here); the server starts the
+    second stage anyway, whose switch asks the server, refuses (``--stop-after-failure``)
+    and leaves the sandbox's claim on the first profile; the release still runs."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-fail-"))
+    shm = shm_dir(root)
+    profiles = write_profiles(root, shm / "media")
+    port = free_port()
+    common = ["--root", str(root), "--port", str(port), "--profiles-file", str(profiles)]
+    try:
+        done = _sandbox(["demo", *common, "--project", "fail", *TINY, "-P", "device=cuda"])
+        out = done.stdout + done.stderr
+        assert done.returncode != 0, out[-3000:]
+        assert "no CUDA device is available" in out, out[-3000:]
+        client = api_client(f"http://127.0.0.1:{port}")
+        (pipeline,) = [r for r in list_runs(client, DEFAULT_OWNER, "fail", query="kind:dag")
+                       if not r.pipeline]  # fmt: skip
+        assert pipeline.status == "failed"
+        runs = pipeline_ops(client, DEFAULT_OWNER, "fail", pipeline.uuid)
+        status = sorted((r.name, r.status) for r in runs if r.kind == "job")
+        switches = [r for r in runs if r.name == "switch"]
+        assert sorted(r.status for r in switches) == ["failed", "succeeded"], status
+        (refused,) = [r for r in switches if r.status == "failed"]
+        said = "\n".join(log_lines(client, DEFAULT_OWNER, "fail", refused.uuid))
+        assert "has failed op(s)" in said and "nothing was changed" in said, said[-2000:]
+        assert ("release", "succeeded") in status and ("compare", "succeeded") not in status
+        # The claim is still on the first profile's medium.
+        state = json.loads(_sandbox(["status", *common, "--output", "json"]).stdout)
+        assert state["claim_profile"] == "checkpoint-baseline", state
+    finally:
+        stop = _sandbox(["stop", *common], timeout=120)
+        left = wait_gone(root)
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
     assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
