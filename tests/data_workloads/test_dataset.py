@@ -222,3 +222,78 @@ def test_an_incomplete_sample_is_an_error() -> None:
     buf.seek(0)
     with pytest.raises(ValueError, match="incomplete samples: 00000000"):
         list(ds.iter_tar_samples(buf))
+
+
+class CountedReads(io.BytesIO):
+    """A stream that records the size of every read asked of it."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.asked: list[int] = []
+
+    def readinto(self, buf) -> int:  # type: ignore[override]
+        self.asked.append(len(buf))
+        return super().readinto(buf)
+
+
+def test_the_stream_reads_whole_chunks_whatever_the_members() -> None:
+    big = bytes(range(256)) * (10 * 1024)  # 2.5 MiB: spans three chunks
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        ds.add_tar_member(tar, "a.json", b"{}")
+        ds.add_tar_member(tar, "a.u8", big)
+        ds.add_tar_member(tar, "b.json", b"[1]")
+        ds.add_tar_member(tar, "b.u8", b"xyz")
+    source = CountedReads(buf.getvalue())
+    stream = ds.TarStream(source.readinto)
+    got = {}
+    for name, size in stream.members():
+        if name == "a.u8":  # into a buffer of its own, in two pieces
+            into = memoryview(bytearray(size))
+            stream.take(into[:1000])
+            stream.take(into[1000:])
+            got[name] = bytes(into)
+        elif name != "b.json":  # b.json is not taken: skipped
+            got[name] = bytes(stream.read())
+    assert got == {"a.json": b"{}", "a.u8": big, "b.u8": b"xyz"}
+    # Every read asks for a whole chunk (the loader's block size is the chunk's).
+    assert source.asked == [ds.READ_CHUNK] * 3  # 2.5 MiB and some blocks
+    with pytest.raises(ValueError, match="has 0 bytes left, not 1"):
+        stream.take(bytearray(1))
+
+
+@pytest.mark.parametrize("codec", ds.CODECS)
+def test_a_files_record_is_read_and_decoded_into_its_place(data_dir: Path, codec: str) -> None:
+    data_dir.mkdir()
+    s = spec("files", codec=codec)
+    data = ds.open_dataset(data_dir, s)
+    shape = (3, s.side, s.side)
+    image = memoryview(bytearray(s.record_bytes))
+    scratch = bytearray(16)  # grown as needed
+    label = ds.read_file_record_into(
+        str(data.files[5]), data.sizes[5], image, shape, codec, scratch
+    )
+    assert (label, bytes(image)) == ds.record(s, 5)
+    with pytest.raises(ValueError, match=r"read \d+ of its \d+ bytes"):  # shorter than verified
+        ds.read_file_record_into(
+            str(data.files[5]), data.sizes[5] + 1, image, shape, codec, scratch
+        )
+
+
+def test_decoding_into_a_batch_checks_shape_codec_and_crc32() -> None:
+    header, payload = ds.encode(spec(), 3)
+    shape = (3, spec().side, spec().side)
+    image = memoryview(bytearray(payload))
+    assert ds.decode_into(header, image, shape, "none") == ds.record(spec(), 3)[0]
+    with pytest.raises(ValueError, match="shape"):
+        ds.decode_into(header, image, (3, 8, 8), "none")
+    with pytest.raises(ValueError, match="codec 'none' in a dataset of 'zlib'"):
+        ds.decode_into(header, image, shape, "zlib", payload)
+    image[7] ^= 1
+    with pytest.raises(ValueError, match="CRC32"):
+        ds.decode_into(header, image, shape, "none")
+    zheader, packed = ds.encode(spec(codec="zlib"), 3)
+    with pytest.raises(ValueError, match="payload of 10 bytes"):
+        ds.decode_into(zheader, image, shape, "zlib", zlib.compress(bytes(10)))
+    ds.decode_into(zheader, image, shape, "zlib", packed)  # inflated into the batch's bytes
+    assert bytes(image) == payload
