@@ -168,7 +168,7 @@ def encode(spec: DatasetSpec, index: int) -> tuple[bytes, bytes]:
 def _header_fields(header: bytes | bytearray | memoryview) -> tuple[tuple[int, ...], str, int, int]:
     """(shape, codec, CRC32 of the image, label) of a record's JSON header."""
     try:
-        meta = json.loads(header)
+        meta = json.loads(str(header, "utf-8"))  # a str: json.loads would detect the encoding
         shape = tuple(int(n) for n in meta["shape"])
         return shape, meta["codec"], int(meta["crc32"]), int(meta["label"])
     except (KeyError, TypeError) as exc:

@@ -196,7 +196,7 @@ class TarBatches(BatchSource):
         for shard in mine:
             path = self.paths[shard]
             key = None
-            pending: dict[str, list[Any]] = {}  # key -> [batch, row, header]
+            pending: dict[str, list[Any]] = {}  # key -> [batch, row, image, header, payload]
             try:
                 with open(path, "rb", buffering=0) as f:
                     stream = ds.TarStream(f.readinto, staging)
@@ -210,25 +210,25 @@ class TarBatches(BatchSource):
                             arrived += 1
                             if batch not in slots:
                                 slots[batch] = ring.acquire(worker)
-                            sample = pending[key] = [batch, row, None, None]
-                        image = ring.row(worker, slots[sample[0]], sample[1])
+                            image = ring.row(worker, slots[batch], row)
+                            sample = pending[key] = [batch, row, image, None, None]
                         if ext == ds.HEADER_EXT:
-                            sample[2] = bytes(stream.read())
+                            sample[3] = bytes(stream.read())
                         elif ext == self.payload_ext and self.codec == "none":
-                            if member_size != len(image):
+                            if member_size != len(sample[2]):
                                 raise ValueError(
                                     f"payload of {member_size} bytes for shape {ring.shape}"
                                 )
-                            stream.take(image)
-                            sample[3] = True
+                            stream.take(sample[2])
+                            sample[4] = True
                         elif ext == self.payload_ext:
-                            sample[3] = stream.read()
+                            sample[4] = stream.read()
                         else:
                             continue  # another member of the sample: not read
-                        if sample[2] is None or sample[3] is None:
+                        if sample[3] is None or sample[4] is None:
                             continue
                         del pending[key]
-                        batch, row, header, payload = sample
+                        batch, row, image, header, payload = sample
                         label = ds.decode_into(
                             header,
                             image,

@@ -65,6 +65,7 @@ class SlotRing:
             workers, slots, batch_size, *self.shape
         )
         self._next = [0] * workers
+        self._views: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -113,4 +114,12 @@ class SlotRing:
     def batch(self, worker: int, slot: int, records: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``records`` images and labels of a slot: views, valid until the slot
         is released."""
-        return self.images[worker, slot, :records], self.labels[worker, slot, :records]
+        if self._views is None:  # made once: indexing a tensor costs more than the rest
+            self._views = [
+                [(self.images[w, s], self.labels[w, s]) for s in range(self.slots)]
+                for w in range(self.workers)
+            ]
+        images, labels = self._views[worker][slot]
+        if records == self.batch_size:
+            return images, labels
+        return images[:records], labels[:records]
