@@ -302,7 +302,11 @@ def _octal(field: bytes) -> int:
 def _tar_member(block: bytes) -> tuple[str, int, bytes]:
     """(name, size, type) of a USTAR header block, its checksum verified."""
     # The checksum is the sum of the header's bytes with its own field read as spaces.
-    if _octal(block[148:156]) != sum(block) - sum(block[148:156]) + 8 * 32:
+    try:
+        stored = _octal(block[148:156])
+    except ValueError:
+        stored = -1
+    if stored != sum(block) - sum(block[148:156]) + 8 * 32:
         raise ValueError("a tar header fails its checksum (not a tar file, or damaged)")
     name = block[:100].split(b"\0", 1)[0].decode()
     if block[257:262] == b"ustar":
@@ -408,6 +412,119 @@ class TarStream:
         data = bytearray(self._left)
         self.take(data)
         return data
+
+
+def sample_span(record_bytes: int) -> int:
+    """Bytes of one sample in a shard of uncompressed records, as :func:`generate` writes
+    it: the JSON member's header block, its data (one block), the image's header block,
+    the image padded to whole blocks."""
+    return 3 * TAR_BLOCK + -(-record_bytes // TAR_BLOCK) * TAR_BLOCK
+
+
+class PlacedShard:
+    """A shard of ``samples`` uncompressed records of ``record_bytes`` (codec ``none``)
+    read in :data:`READ_CHUNK`-byte ``preadv`` calls, as :class:`TarStream` reads, that
+    scatter each chunk where its bytes belong: the three header blocks of a sample into a
+    small buffer, its image straight into the buffer ``place(j)`` returns for sample ``j``
+    (its row in a batch), the padding aside. Nothing is copied afterwards; every header is
+    then verified (checksum, name, type, size), so a shard laid out otherwise than the
+    generator lays it out is an error, never misread.
+
+    The layout is known before anything is read: every sample takes
+    :func:`sample_span` bytes, and the end-of-archive block follows the last one.
+    """
+
+    def __init__(self, path: str, size: int, samples: int, record_bytes: int) -> None:
+        self.path, self.size, self.samples = path, size, samples
+        self.record_bytes = record_bytes
+        self.span = sample_span(record_bytes)
+        self.end_of_samples = samples * self.span
+        if size < self.end_of_samples + 2 * TAR_BLOCK:
+            raise ValueError(
+                f"a shard of {size} bytes cannot hold {samples} samples of {record_bytes} bytes"
+            )
+
+    def _pieces(
+        self, start: int, end: int, place: Callable[[int], memoryview], heads: memoryview,
+        tail: memoryview, pad: memoryview,
+    ) -> list[memoryview]:  # fmt: skip
+        """The buffers bytes ``start`` to ``end`` of the file go into, in order."""
+        pieces = []
+        at = start
+        head, image_end = 3 * TAR_BLOCK, 3 * TAR_BLOCK + self.record_bytes
+        while at < end:
+            if at >= self.end_of_samples:
+                within = at - self.end_of_samples
+                pieces.append(tail[within : within + end - at])
+                break
+            j, within = divmod(at, self.span)
+            if within < head:
+                part = heads[j * head + within : (j + 1) * head]
+            elif within < image_end:
+                part = place(j)[within - head :]
+            else:
+                part = pad[: self.span - within]
+            part = part[: end - at]
+            pieces.append(part)
+            at += len(part)
+        return pieces
+
+    def read(self, place: Callable[[int], memoryview]) -> Iterator[tuple[int, str, bytes]]:
+        """``(j, key, JSON header)`` of each sample, in order, once its image is in
+        ``place(j)`` and its tar headers are verified. ``place`` is asked for each sample's
+        buffer once, in order, before the chunk its image starts in is read.
+
+        Raises:
+            ValueError: The file is shorter than it was, or a header is damaged or not
+                where the generator puts it.
+        """
+        head = 3 * TAR_BLOCK
+        heads = memoryview(bytearray(head * self.samples))
+        tail = memoryview(bytearray(self.size - self.end_of_samples))
+        pad = memoryview(bytearray(self.span))
+        placed: dict[int, memoryview] = {}
+
+        def placed_once(j: int) -> memoryview:
+            if j not in placed:
+                placed[j] = place(j)
+            return placed[j]
+
+        done = 0
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for start in range(0, self.size, READ_CHUNK):
+                end = min(start + READ_CHUNK, self.size)
+                pieces = self._pieces(start, end, placed_once, heads, tail, pad)
+                got = os.preadv(fd, pieces, start)
+                if got != end - start:
+                    raise ValueError(f"the shard is truncated: {start + got} of {self.size} bytes")
+                while done < self.samples and done * self.span + head + self.record_bytes <= end:
+                    key, header = self._verify(done, heads[done * head : (done + 1) * head])
+                    del placed[done]
+                    yield done, key, header
+                    done += 1
+        finally:
+            os.close(fd)
+        if bytes(tail[:TAR_BLOCK]) != _ZERO_BLOCK:
+            raise ValueError(f"more than the {self.samples} samples of the manifest, or damaged")
+
+    def _verify(self, j: int, blocks: memoryview) -> tuple[str, bytes]:
+        """The key and JSON header of sample ``j`` from its three header blocks."""
+        json_name, json_size, json_kind = _tar_member(bytes(blocks[:TAR_BLOCK]))
+        key, _, ext = json_name.partition(".")
+        if ext != HEADER_EXT or json_kind not in (b"0", b"\0") or json_size > TAR_BLOCK:
+            raise ValueError(
+                f"sample {j} is not laid out as generated: {json_name!r} of {json_size} bytes "
+                f"first (expected KEY.{HEADER_EXT} of at most {TAR_BLOCK})"
+            )
+        name, size, kind = _tar_member(bytes(blocks[2 * TAR_BLOCK :]))
+        expected = f"{key}.{PAYLOAD_EXT['none']}"
+        if name != expected or kind not in (b"0", b"\0") or size != self.record_bytes:
+            raise ValueError(
+                f"sample {j} is not laid out as generated: {name!r} of {size} bytes after "
+                f"{json_name!r} (expected {expected} of {self.record_bytes})"
+            )
+        return key, bytes(blocks[TAR_BLOCK : TAR_BLOCK + json_size])
 
 
 def iter_tar_samples(fileobj: Any) -> Iterator[tuple[str, bytes, bytearray]]:

@@ -159,15 +159,61 @@ def window_positions(samples: int, window: int, rng: random.Random) -> list[int]
     return positions
 
 
+class Assembly:
+    """A worker's epoch of samples put together into batches: where each arriving sample
+    goes (its window's place: a batch, taking the batch's slot when its first sample comes,
+    and a row), and each batch handed out once all of its samples are in, in order."""
+
+    def __init__(self, ring: SlotRing, worker: int, positions: list[int]) -> None:
+        self.ring, self.worker, self.positions = ring, worker, positions
+        size = ring.batch_size
+        self.batches = -(-len(positions) // size)
+        self.wanted = [min(size, len(positions) - b * size) for b in range(self.batches)]
+        self.filled = [0] * self.batches
+        self.slots: dict[int, int] = {}  # batch -> its slot, until handed out
+        self.arrived = self.next_out = 0
+
+    def place(self) -> tuple[int, int, memoryview]:
+        """(batch, row, the row's bytes) of the next sample to arrive.
+
+        Raises:
+            ValueError: More samples arrive than the shards should hold.
+        """
+        if self.arrived == len(self.positions):
+            raise ValueError(f"more samples than the {len(self.positions)} expected")
+        batch, row = divmod(self.positions[self.arrived], self.ring.batch_size)
+        self.arrived += 1
+        if batch not in self.slots:
+            self.slots[batch] = self.ring.acquire(self.worker)
+        return batch, row, self.ring.row(self.worker, self.slots[batch], row)
+
+    def done(self, batch: int, row: int, label: int) -> Iterator[Descriptor]:
+        """A sample is in: its label recorded, and every batch now complete handed out."""
+        self.ring.set_label(self.worker, self.slots[batch], row, label)
+        self.filled[batch] += 1
+        while self.next_out < self.batches and (
+            self.filled[self.next_out] == self.wanted[self.next_out]
+        ):
+            yield self.worker, self.slots.pop(self.next_out), self.wanted[self.next_out]
+            self.next_out += 1
+
+
 class TarBatches(BatchSource):
     """The ``webdataset`` format as WebDataset reads it: the shards shuffled and dealt to
     the workers, each shard streamed in order in 1 MiB reads, its samples shuffled within
-    windows of ``window`` samples and copied from the read buffer straight into their
-    batch's slot (a batch is handed out once all of its samples are in)."""
+    windows of ``window`` samples, each sample's image read into its batch's slot (a batch
+    is handed out once all of its samples are in).
+
+    Uncompressed records (codec ``none``) are read where they belong
+    (:class:`~data_workloads.dataset.PlacedShard`: each 1 MiB read scatters into the batch
+    rows); compressed ones (and records too small for that: more than ``IOV_MAX`` pieces a
+    read) through :class:`~data_workloads.dataset.TarStream`, copied from its read buffer
+    or inflated into their rows."""
 
     def __init__(self, data: ds.Dataset, ring: SlotRing, seed: int, window: int) -> None:
         super().__init__(ring, seed)
         self.paths = tuple(str(p) for p in data.files)
+        self.sizes = data.sizes
         per_shard = data.spec.records_per_shard
         self.counts = tuple(
             min(per_shard, data.records - i * per_shard) for i in range(len(self.paths))
@@ -175,6 +221,7 @@ class TarBatches(BatchSource):
         self.window = window
         self.codec = data.spec.codec
         self.payload_ext = ds.PAYLOAD_EXT[self.codec]
+        self.placed = self.codec == "none" and pieces_per_read(ring.record_bytes) <= IOV_MAX
 
     def shards(self, worker: int, workers: int, epoch: int) -> list[int]:
         order = list(range(len(self.paths)))
@@ -182,75 +229,93 @@ class TarBatches(BatchSource):
         return order[worker::workers]
 
     def batches(self, worker: int, workers: int, epoch: int) -> Iterator[Descriptor]:
-        ring, size = self.ring, self.ring.batch_size
         mine = self.shards(worker, workers, epoch)
         samples = sum(self.counts[i] for i in mine)
         rng = random.Random(_order_seed(self.seed, epoch) * 131 + worker)
-        positions = window_positions(samples, self.window, rng)
-        batches = -(-samples // size)
-        slots: dict[int, int] = {}  # batch -> its slot, while it is being filled
-        filled = [0] * batches
-        wanted = [min(size, samples - b * size) for b in range(batches)]
-        next_out = arrived = 0
-        staging = memoryview(bytearray(2 * ds.READ_CHUNK))
+        batches = Assembly(self.ring, worker, window_positions(samples, self.window, rng))
+        staging = None if self.placed else memoryview(bytearray(2 * ds.READ_CHUNK))
         for shard in mine:
             path = self.paths[shard]
-            key = None
-            pending: dict[str, list[Any]] = {}  # key -> [batch, row, image, header, payload]
+            at: list[str | None] = [None]  # the sample being read, named in an error
             try:
-                with open(path, "rb", buffering=0) as f:
-                    stream = ds.TarStream(f.readinto, staging)
-                    for name, member_size in stream.members():
-                        key, _, ext = name.partition(".")
-                        sample = pending.get(key)
-                        if sample is None:
-                            if arrived == samples:
-                                raise ValueError(f"more samples than the {samples} expected")
-                            batch, row = divmod(positions[arrived], size)
-                            arrived += 1
-                            if batch not in slots:
-                                slots[batch] = ring.acquire(worker)
-                            image = ring.row(worker, slots[batch], row)
-                            sample = pending[key] = [batch, row, image, None, None]
-                        if ext == ds.HEADER_EXT:
-                            sample[3] = bytes(stream.read())
-                        elif ext == self.payload_ext and self.codec == "none":
-                            if member_size != len(sample[2]):
-                                raise ValueError(
-                                    f"payload of {member_size} bytes for shape {ring.shape}"
-                                )
-                            stream.take(sample[2])
-                            sample[4] = True
-                        elif ext == self.payload_ext:
-                            sample[4] = stream.read()
-                        else:
-                            continue  # another member of the sample: not read
-                        if sample[3] is None or sample[4] is None:
-                            continue
-                        del pending[key]
-                        batch, row, image, header, payload = sample
-                        label = ds.decode_into(
-                            header,
-                            image,
-                            ring.shape,
-                            self.codec,
-                            None if payload is True else payload,
-                        )
-                        ring.set_label(worker, slots[batch], row, label)
-                        filled[batch] += 1
-                        while next_out < batches and filled[next_out] == wanted[next_out]:
-                            yield worker, slots.pop(next_out), wanted[next_out]
-                            next_out += 1
-                if pending:
-                    raise ValueError(f"incomplete samples: {', '.join(sorted(pending))}")
+                if staging is None:
+                    yield from self._placed(shard, batches, at)
+                else:
+                    yield from self._streamed(shard, batches, staging, at)
             except ValueError as exc:
-                where = f"{path} (at record {key})" if key else path
+                where = f"{path} (at record {at[0]})" if at[0] else path
                 raise DatasetCorruptError(f"{where}: {exc}") from None
-        if arrived != samples:
+        if batches.arrived != samples:
             raise DatasetCorruptError(
-                f"the shards {', '.join(self.paths[i] for i in mine)} hold {arrived} "
+                f"the shards {', '.join(self.paths[i] for i in mine)} hold {batches.arrived} "
                 f"samples, the manifest {samples}"
             )
+
+    def _placed(self, shard: int, batches: Assembly, at: list[str | None]) -> Iterator[Descriptor]:
+        shape, rows = self.ring.shape, {}
+
+        def place(j: int) -> memoryview:
+            rows[j] = batches.place()
+            return rows[j][2]
+
+        reader = ds.PlacedShard(
+            self.paths[shard], self.sizes[shard], self.counts[shard], self.ring.record_bytes
+        )
+        for j, key, header in reader.read(place):
+            at[0] = key
+            batch, row, image = rows.pop(j)
+            yield from batches.done(batch, row, ds.decode_into(header, image, shape, "none"))
+
+    def _streamed(
+        self, shard: int, batches: Assembly, staging: memoryview, at: list[str | None]
+    ) -> Iterator[Descriptor]:
+        shape = self.ring.shape
+        pending: dict[str, list[Any]] = {}  # key -> [batch, row, image, header, payload]
+        with open(self.paths[shard], "rb", buffering=0) as f:
+            stream = ds.TarStream(f.readinto, staging)
+            for name, member_size in stream.members():
+                key, _, ext = name.partition(".")
+                at[0] = key
+                sample = pending.get(key)
+                if sample is None:
+                    sample = pending[key] = [*batches.place(), None, None]
+                if ext == ds.HEADER_EXT:
+                    sample[3] = bytes(stream.read())
+                elif ext == self.payload_ext and self.codec == "none":
+                    if member_size != len(sample[2]):
+                        raise ValueError(f"payload of {member_size} bytes for shape {shape}")
+                    stream.take(sample[2])
+                    sample[4] = True
+                elif ext == self.payload_ext:
+                    sample[4] = stream.read()
+                else:
+                    continue  # another member of the sample: not read
+                if sample[3] is None or sample[4] is None:
+                    continue
+                del pending[key]
+                batch, row, image, header, payload = sample
+                compressed = None if payload is True else payload
+                label = ds.decode_into(header, image, shape, self.codec, compressed)
+                yield from batches.done(batch, row, label)
+        if pending:
+            raise ValueError(f"incomplete samples: {', '.join(sorted(pending))}")
+
+
+IOV_MAX = 1024
+"""Buffers one ``preadv`` may take (Linux)."""
+
+
+def pieces_per_read(record_bytes: int) -> int:
+    """At most how many buffers a 1 MiB read of a shard scatters into (three per sample:
+    its headers, its image, its padding)."""
+    return 3 * (ds.READ_CHUNK // ds.sample_span(record_bytes) + 2) + 1
+
+
+def samples_ahead(record_bytes: int, placed: bool) -> int:
+    """At most how many samples have their place taken before they are complete: those a
+    1 MiB read reaches into (placed), or the one being read (streamed); never more than a
+    shard holds (a shard is complete before the next is read)."""
+    return ds.READ_CHUNK // ds.sample_span(record_bytes) + 2 if placed else 1
 
 
 class ScanLoader:
@@ -262,9 +327,13 @@ class ScanLoader:
     def __init__(self, data: ds.Dataset, cfg: Any) -> None:
         workers = max(1, cfg.num_workers)
         side = data.spec.side
+        record_bytes = data.spec.record_bytes
         if data.spec.format == "webdataset":
-            # Every batch a window's samples can land in is filled at once.
-            being_filled = math.ceil(cfg.shuffle_buffer / cfg.batch_size) + 1
+            # The batches the samples being read can land in (their windows' places) and
+            # those waiting for a sample of theirs: all have a slot taken at once.
+            placed = data.spec.codec == "none" and pieces_per_read(record_bytes) <= IOV_MAX
+            ahead = min(samples_ahead(record_bytes, placed), data.spec.records_per_shard)
+            being_filled = math.ceil((ahead + 2 * cfg.shuffle_buffer) / cfg.batch_size) + 1
         else:
             being_filled = 1
         # Being filled, waiting in the queue (prefetch_factor per worker), and held by the

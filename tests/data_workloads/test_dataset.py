@@ -297,3 +297,74 @@ def test_decoding_into_a_batch_checks_shape_codec_and_crc32() -> None:
         ds.decode_into(zheader, image, shape, "zlib", zlib.compress(bytes(10)))
     ds.decode_into(zheader, image, shape, "zlib", packed)  # inflated into the batch's bytes
     assert bytes(image) == payload
+
+
+def big_spec(**kw: int | str) -> ds.DatasetSpec:
+    """One shard of 16 records of 128 KiB: three 1 MiB reads."""
+    mib2 = 2 * 1024**2
+    return spec(dataset_size=mib2, record_size=128 * 1024, shard_size=mib2, **kw)
+
+
+def test_a_placed_shard_is_read_in_whole_chunks_into_the_places_given(
+    data_dir: Path, monkeypatch
+) -> None:
+    data_dir.mkdir()
+    s = big_spec()
+    data = ds.open_dataset(data_dir, s)
+    (path,), (size,) = data.files, data.sizes
+    asked: list[tuple[int, int]] = []
+    real = ds.os.preadv
+
+    def preadv(fd: int, buffers: list, offset: int) -> int:
+        asked.append((offset, sum(len(b) for b in buffers)))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(ds.os, "preadv", preadv)
+    places: dict[int, memoryview] = {}
+    order: list[int] = []
+
+    def place(j: int) -> memoryview:
+        order.append(j)
+        return places.setdefault(j, memoryview(bytearray(s.record_bytes)))
+
+    reader = ds.PlacedShard(str(path), size, s.records, s.record_bytes)
+    shape = (3, s.side, s.side)
+    got = []
+    for j, key, header in reader.read(place):
+        assert key == f"{j:08d}"
+        label = ds.decode_into(header, places[j], shape, "none")
+        assert (label, bytes(places[j])) == ds.record(s, j)
+        got.append(j)
+    assert got == order == list(range(s.records)) == list(range(16))
+    # The reads are the stream's: 1 MiB from offset 0 on, the last one the rest.
+    chunk = ds.READ_CHUNK
+    assert asked == [(o, min(chunk, size - o)) for o in range(0, size, chunk)] and len(asked) == 3
+
+
+def test_a_placed_shard_refuses_what_the_generator_did_not_lay_out(data_dir: Path) -> None:
+    data_dir.mkdir()
+    s = big_spec()
+    data = ds.open_dataset(data_dir, s)
+    (path,), (size,) = data.files, data.sizes
+
+    def read_all(samples: int, at: Path = path, size: int = size) -> None:
+        reader = ds.PlacedShard(str(at), size, samples, s.record_bytes)
+        for _ in reader.read(lambda j: memoryview(bytearray(s.record_bytes))):
+            pass
+
+    with pytest.raises(ValueError, match="more than the 15 samples"):
+        read_all(15)
+    with pytest.raises(ValueError, match="cannot hold 17 samples"):
+        read_all(17)
+    swapped = data_dir / "swapped.tar"  # the image member before its header member
+    with tarfile.open(swapped, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(s.records):
+            header, payload = ds.encode(s, i)
+            ds.add_tar_member(tar, f"{i:08d}.u8", payload)
+            ds.add_tar_member(tar, f"{i:08d}.json", header)
+    assert swapped.stat().st_size == size  # the same bytes, otherwise laid out
+    with pytest.raises(ValueError, match="sample 0 is not laid out as generated"):
+        read_all(s.records, swapped)
+    path.write_bytes(path.read_bytes()[: size // 2])
+    with pytest.raises(ValueError, match="the shard is truncated"):
+        read_all(s.records)

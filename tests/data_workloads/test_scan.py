@@ -205,3 +205,14 @@ def test_the_workers_cost_is_counted_while_they_live() -> None:
         child.wait()
     with pytest.raises(ProcessLookupError):
         process_usage(child.pid)
+
+
+@pytest.mark.parametrize(("record_size", "placed"), [("4KiB", True), ("192", False)])
+def test_uncompressed_shards_are_read_into_place_unless_records_are_tiny(
+    data_dir: Path, record_size: str, placed: bool
+) -> None:
+    # 192-byte records: a 1 MiB read would scatter into more buffers than preadv takes.
+    data, cfg = prepared(data_dir, "webdataset", num_workers=2, record_size=record_size)
+    with scan.ScanLoader(data, cfg) as loader:
+        assert loader.source.placed is placed
+        assert sorted(epoch_records(loader, data, 0)) == list(range(data.records))
