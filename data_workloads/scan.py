@@ -496,12 +496,11 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
         ring_bytes = loader.ring.nbytes
     waits = [w for e in epochs for w in e["wait_s"]]
     med = sorted(epochs, key=lambda e: e["epoch_s"])[len(epochs) // 2]
-    counted = counted and all(e["device_read_bytes"] is not None for e in epochs)
-    coverage = [
-        e["device_read_bytes"] / data.bytes if e["device_read_bytes"] is not None else None
-        for e in epochs
-    ]
-    kept_out = all(c >= CACHE_COVERAGE for c in coverage) if counted else None  # type: ignore[operator]
+    # A worker's reads are not counted where /proc/<pid>/io is missing: then unknown, too.
+    reads = [e["device_read_bytes"] for e in epochs]
+    counted = counted and None not in reads
+    coverage = [r / data.bytes if r is not None else None for r in reads]
+    kept_out = all(r / data.bytes >= CACHE_COVERAGE for r in reads) if counted else None
     au = median([e["au"] for e in epochs]) if cfg.compute_ms else None
     figures = {
         "scan_epoch_s": median([e["epoch_s"] for e in epochs]),
