@@ -3,14 +3,15 @@ directory.
 
 The scan's MB/s (bytes of the dataset on the volume / epoch time, the page cache dropped
 before each epoch) is printed beside fio's random read at the same block size and queue
-depth: for the ``files`` format the median file, for ``webdataset`` the loader's 1 MiB
-reads; the queue depth is the number of DataLoader workers (each has one read in flight).
-The goal is a loader that is never the bottleneck: at least 0.9x fio. Beside the ratio,
-the loader's CPU per MB (main process and workers, user + system) and the cores it needs
-to keep up with fio at that cost: on a shared machine the ratio says how many cores the
-loader got, the CPU per MB what it costs on any. The materialize write (bytes / (write +
-fsync)) is printed beside fio's buffered sequential write of the same size with an fsync at
-the end. Nothing is asserted: the figures are the result.
+depth: for the ``files`` format the median file (each is read with one ``preadv``), for
+``webdataset`` the loader's 1 MiB reads of a shard; the queue depth is the number of
+DataLoader workers (each has one read in flight). The goal is a loader that is never the
+bottleneck: at least 0.9x fio. Beside the ratio, the loader's CPU per MB (main process and
+workers, user + system, and of that the system share: the kernel's read path) and the
+cores it needs to keep up with fio at that cost: on a shared machine the ratio says how
+many cores the loader got, the CPU per MB what it costs on any. The materialize write
+(bytes / (write + fsync)) is printed beside fio's buffered sequential write of the same
+size with an fsync at the end. Nothing is asserted: the figures are the result.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import click
 
 from checkpoint_storage_bench.fio import extract_json, parse_jobs, run_fio
 from checkpoint_storage_bench.units import format_bytes
+from data_workloads import dataset as ds
 from data_workloads.commands import Scratch, prepare_dataset
 from data_workloads.config import DatasetFormat, MaterializeConfig, ScanConfig
 from data_workloads.materialize import run_materialize
@@ -62,7 +64,7 @@ def bench_format(
     data = prepare_dataset(cfg)
     scan = run_scan(data, cfg)
     sizes = [p.stat().st_size for p in data.files]
-    bs = 1024**2 if fmt == "webdataset" else -(-int(median(sizes)) // BLOCK) * BLOCK
+    bs = ds.READ_CHUNK if fmt == "webdataset" else -(-int(median(sizes)) // BLOCK) * BLOCK
     with Scratch(directory, "bench-fio") as scratch:
         fio_read = fio_mbps(
             fio, scratch / "randread", "randread", bs, max(1, cfg.num_workers), data.bytes, True
@@ -71,6 +73,7 @@ def bench_format(
     cpu_ms_per_mb = median([1000 * e["cpu_s"] / (data.bytes / 1e6) for e in epochs])
     row = {
         "cpu_ms_per_mb": cpu_ms_per_mb,
+        "sys_ms_per_mb": median([1000 * e["sys_s"] / (data.bytes / 1e6) for e in epochs]),
         "cores_to_keep_up": fio_read * cpu_ms_per_mb / 1000,
         "format": fmt,
         "records": data.records,
@@ -143,8 +146,8 @@ def main(
     rows = [bench_format(directory, f, settings, fio) for f in formats or ("webdataset", "files")]
     click.echo(
         f"{'format':<11} {'dataset':>10} {'bs':>8} {'qd':>3} {'scan MB/s':>10} "
-        f"{'fio randread':>12} {'ratio':>6} {'cpu ms/MB':>9} {'cores':>5} {'cache out':>9} "
-        f"{'ep2/ep1':>7} {'mat. write':>10} {'fio write':>9} {'ratio':>6}"
+        f"{'fio randread':>12} {'ratio':>6} {'cpu ms/MB':>9} {'sys':>5} {'cores':>5} "
+        f"{'cache out':>9} {'ep2/ep1':>7} {'mat. write':>10} {'fio write':>9} {'ratio':>6}"
     )
     for r in rows:
         read_ratio = r["scan_mbps"] / r["fio_randread_mbps"]
@@ -152,7 +155,8 @@ def main(
         click.echo(
             f"{r['format']:<11} {format_bytes(r['bytes']):>10} {format_bytes(r['bs']):>8} "
             f"{r['qd']:>3} {r['scan_mbps']:>10.1f} {r['fio_randread_mbps']:>12.1f} "
-            f"{read_ratio:>6.2f} {r['cpu_ms_per_mb']:>9.2f} {r['cores_to_keep_up']:>5.1f} "
+            f"{read_ratio:>6.2f} {r['cpu_ms_per_mb']:>9.2f} {r['sys_ms_per_mb']:>5.2f} "
+            f"{r['cores_to_keep_up']:>5.1f} "
             f"{str(r['cache_kept_out']):>9} {r['second_epoch_ratio']:>7.2f} "
             f"{r['materialize_write_mbps']:>10.1f} {r['fio_write_mbps']:>9.1f} {write_ratio:>6.2f}"
         )

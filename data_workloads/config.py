@@ -150,7 +150,8 @@ class ScanConfig(DatasetConfig):
     """Batches each worker loads ahead."""
 
     shuffle_buffer: int = 64
-    """webdataset: samples each worker shuffles in a buffer (shards are shuffled too)."""
+    """webdataset: each worker shuffles its samples within windows of this many (the shards
+    are shuffled too)."""
 
     compute_ms: float = 10.0
     """Emulated accelerator time per batch, in milliseconds (the training step the batch

@@ -35,7 +35,7 @@ import random
 import struct
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -127,6 +127,7 @@ class Dataset:
         files: Every data file, in generation order, absolute.
         bytes: Their total size on the volume.
         generated: Whether this run generated it (False: reused).
+        sizes: Each file's size, as verified.
     """
 
     root: Path
@@ -134,6 +135,7 @@ class Dataset:
     files: tuple[Path, ...]
     bytes: int
     generated: bool
+    sizes: tuple[int, ...]
 
     @property
     def records(self) -> int:
@@ -163,6 +165,16 @@ def encode(spec: DatasetSpec, index: int) -> tuple[bytes, bytes]:
     return header, zlib.compress(raw, 1) if spec.codec == "zlib" else raw
 
 
+def _header_fields(header: bytes | bytearray | memoryview) -> tuple[tuple[int, ...], str, int, int]:
+    """(shape, codec, CRC32 of the image, label) of a record's JSON header."""
+    try:
+        meta = json.loads(str(header, "utf-8"))  # a str: json.loads would detect the encoding
+        shape = tuple(int(n) for n in meta["shape"])
+        return shape, meta["codec"], int(meta["crc32"]), int(meta["label"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"the record's header {bytes(header[:80])!r} lacks {exc}") from None
+
+
 def decode(header: bytes, payload: bytes | bytearray | memoryview) -> tuple[torch.Tensor, int]:
     """Decode a stored record into the uint8 image tensor (C, H, W) and its label.
 
@@ -174,12 +186,7 @@ def decode(header: bytes, payload: bytes | bytearray | memoryview) -> tuple[torc
         ValueError: The header or payload does not decode, the sizes disagree, or the
             image fails its CRC32.
     """
-    try:
-        meta = json.loads(header)
-        shape = tuple(int(n) for n in meta["shape"])
-        codec, want_crc = meta["codec"], int(meta["crc32"])
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"the record's header {header[:80]!r} lacks {exc}") from None
+    shape, codec, want_crc, label = _header_fields(header)
     if codec == "zlib":
         raw: bytes | bytearray | memoryview = bytearray(_fast_zlib.decompress(payload))
     elif codec == "none":
@@ -191,7 +198,38 @@ def decode(header: bytes, payload: bytes | bytearray | memoryview) -> tuple[torc
     if crc32(raw) != want_crc:
         raise ValueError(f"the image of shape {shape} fails its CRC32 check")
     image = torch.frombuffer(raw, dtype=torch.uint8).view(shape)
-    return image, int(meta["label"])
+    return image, label
+
+
+def decode_into(
+    header: bytes,
+    image: memoryview,
+    shape: tuple[int, ...],
+    codec: str,
+    payload: bytes | bytearray | memoryview | None = None,
+) -> int:
+    """Decode a stored record into ``image``, the bytes of its place in a batch; returns
+    its label. For codec ``none`` the payload was read into ``image`` already (nothing to
+    copy): decoding is the header, the shape and the CRC32 of those bytes; for ``zlib``
+    ``payload`` is inflated into it.
+
+    Raises:
+        ValueError: The header does not decode, the record is not of the dataset's shape
+            or codec, the payload's size disagrees, or the image fails its CRC32.
+    """
+    got, stored, want_crc, label = _header_fields(header)
+    if stored != codec:
+        raise ValueError(f"a record stored with codec {stored!r} in a dataset of {codec!r}")
+    if got != shape:
+        raise ValueError(f"a record of shape {got} in a dataset of shape {shape}")
+    if codec == "zlib":
+        raw = _fast_zlib.decompress(payload)
+        if len(raw) != len(image):
+            raise ValueError(f"payload of {len(raw)} bytes for shape {shape}")
+        image[:] = raw
+    if crc32(image) != want_crc:
+        raise ValueError(f"the image of shape {shape} fails its CRC32 check")
+    return label
 
 
 def pack_file_record(header: bytes, payload: bytes) -> bytes:
@@ -222,6 +260,39 @@ def read_file(path: Path) -> bytearray:
     return data
 
 
+def read_file_record_into(
+    path: str, size: int, image: memoryview, shape: tuple[int, ...], codec: str, scratch: bytearray
+) -> int:
+    """Read and decode the ``files`` record at ``path`` (``size`` bytes, as verified) into
+    ``image``; returns its label. Codec ``none``: one ``preadv`` puts the record's header
+    into ``scratch`` and its image straight into ``image`` (its size fixes the header's);
+    ``zlib``: the file into ``scratch``, inflated into ``image``.
+
+    Raises:
+        ValueError: The file is shorter than it was, or its record does not decode.
+    """
+    head = size - len(image) if codec == "none" else size
+    if head < _HEADER_LEN.size:
+        raise ValueError(f"record of {size} bytes, too short for an image of {len(image)}")
+    if len(scratch) < head:
+        scratch.extend(bytes(head - len(scratch)))
+    buf = memoryview(scratch)[:head]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = os.preadv(fd, [buf, image] if codec == "none" else [buf], 0)
+    finally:
+        os.close(fd)
+    if got != size:
+        raise ValueError(f"read {got} of its {size} bytes")
+    if codec == "none":
+        (n,) = _HEADER_LEN.unpack_from(buf)
+        if _HEADER_LEN.size + n != head:
+            raise ValueError(f"record of {size} bytes with a header of {n}")
+        return decode_into(bytes(buf[_HEADER_LEN.size :]), image, shape, codec)
+    header, payload = unpack_file_record(buf)
+    return decode_into(header, image, shape, codec, payload)
+
+
 def _octal(field: bytes) -> int:
     if field[:1] == b"\x80":  # GNU base-256 for sizes of 8 GiB and more
         return int.from_bytes(field[1:], "big")
@@ -231,7 +302,11 @@ def _octal(field: bytes) -> int:
 def _tar_member(block: bytes) -> tuple[str, int, bytes]:
     """(name, size, type) of a USTAR header block, its checksum verified."""
     # The checksum is the sum of the header's bytes with its own field read as spaces.
-    if _octal(block[148:156]) != sum(block) - sum(block[148:156]) + 8 * 32:
+    try:
+        stored = _octal(block[148:156])
+    except ValueError:
+        stored = -1
+    if stored != sum(block) - sum(block[148:156]) + 8 * 32:
         raise ValueError("a tar header fails its checksum (not a tar file, or damaged)")
     name = block[:100].split(b"\0", 1)[0].decode()
     if block[257:262] == b"ustar":
@@ -241,43 +316,237 @@ def _tar_member(block: bytes) -> tuple[str, int, bytes]:
     return name, _octal(block[124:136]), block[156:157]
 
 
+class TarStream:
+    """A tar file read front to back in reads of :data:`READ_CHUNK` bytes into one staging
+    buffer (reused), its regular members copied from there into the caller's buffers: the
+    reads stay large and sequential, as a streaming WebDataset reader's, whatever the size
+    of the members.
+
+    ``readinto`` reads into the buffer it is given and returns the bytes read (0 at the
+    end): a raw file's ``readinto`` is one ``read`` system call.
+    """
+
+    def __init__(self, readinto: Callable[[memoryview], int], staging: memoryview | None = None):
+        self._readinto = readinto
+        self._buf = staging if staging is not None else memoryview(bytearray(2 * READ_CHUNK))
+        if len(self._buf) < READ_CHUNK + TAR_BLOCK:
+            raise ValueError(f"a staging buffer of {len(self._buf)} bytes is too small")
+        self._pos = self._end = 0
+        self._left = 0  # bytes of the current member not taken yet
+        self._padding = 0
+        self._name = ""
+
+    def _fill(self) -> int:
+        """Read the next chunk behind what is buffered; returns the bytes read."""
+        if self._pos == self._end:
+            self._pos = self._end = 0
+        elif self._end + READ_CHUNK > len(self._buf):  # keep the unread tail, move it first
+            tail = self._end - self._pos
+            self._buf[:tail] = self._buf[self._pos : self._end]
+            self._pos, self._end = 0, tail
+        got = self._readinto(self._buf[self._end : self._end + READ_CHUNK])
+        self._end += got
+        return got
+
+    def _skip(self, n: int) -> bool:
+        while n:
+            if self._pos == self._end and not self._fill():
+                return False
+            step = min(n, self._end - self._pos)
+            self._pos += step
+            n -= step
+        return True
+
+    def members(self) -> Iterator[tuple[str, int]]:
+        """(name, size) of each regular member, in order; what the caller does not take
+        of a member before the next is skipped. Directories and other non-file members are
+        skipped; pax and GNU extended headers are refused (the shards are USTAR).
+
+        Raises:
+            ValueError: A header is damaged, the file ends inside a header or a member or
+                without its end-of-archive block, or a member is an extended header.
+        """
+        while True:
+            if not self._skip(self._left + self._padding):
+                raise ValueError(f"tar member {self._name!r} is truncated")
+            self._left = self._padding = 0
+            while self._end - self._pos < TAR_BLOCK and self._fill():
+                pass
+            avail = self._end - self._pos
+            if avail == 0:
+                raise ValueError("the tar file ends without its end-of-archive block (truncated)")
+            if avail < TAR_BLOCK:
+                raise ValueError("the tar file ends inside a header (truncated)")
+            block = bytes(self._buf[self._pos : self._pos + TAR_BLOCK])
+            self._pos += TAR_BLOCK
+            if block == _ZERO_BLOCK:
+                return
+            name, size, kind = _tar_member(block)
+            if kind in (b"x", b"g", b"L", b"K"):
+                raise ValueError(f"tar member {name!r} is a pax or GNU extended header: not read")
+            self._name, self._left, self._padding = name, size, -size % TAR_BLOCK
+            if kind in (b"0", b"\0"):
+                yield name, size
+
+    def take(self, dst: memoryview | bytearray) -> None:
+        """Copy the next ``len(dst)`` bytes of the current member into ``dst``.
+
+        Raises:
+            ValueError: The member is shorter, or the file ends inside it.
+        """
+        n = len(dst)
+        if n > self._left:
+            raise ValueError(f"tar member {self._name!r} has {self._left} bytes left, not {n}")
+        done = 0
+        while done < n:
+            if self._pos == self._end and not self._fill():
+                raise ValueError(f"tar member {self._name!r} is truncated")
+            step = min(n - done, self._end - self._pos)
+            dst[done : done + step] = self._buf[self._pos : self._pos + step]
+            self._pos += step
+            done += step
+        self._left -= n
+
+    def read(self) -> bytearray:
+        """The rest of the current member, in a new buffer."""
+        data = bytearray(self._left)
+        self.take(data)
+        return data
+
+
+def sample_span(record_bytes: int) -> int:
+    """Bytes of one sample in a shard of uncompressed records, as :func:`generate` writes
+    it: the JSON member's header block, its data (one block), the image's header block,
+    the image padded to whole blocks."""
+    return 3 * TAR_BLOCK + -(-record_bytes // TAR_BLOCK) * TAR_BLOCK
+
+
+class PlacedShard:
+    """A shard of ``samples`` uncompressed records of ``record_bytes`` (codec ``none``)
+    read in :data:`READ_CHUNK`-byte ``preadv`` calls, as :class:`TarStream` reads, that
+    scatter each chunk where its bytes belong: the three header blocks of a sample into a
+    small buffer, its image straight into the buffer ``place(j)`` returns for sample ``j``
+    (its row in a batch), the padding aside. Nothing is copied afterwards; every header is
+    then verified (checksum, name, type, size), so a shard laid out otherwise than the
+    generator lays it out is an error, never misread.
+
+    The layout is known before anything is read: every sample takes
+    :func:`sample_span` bytes, and the end-of-archive block follows the last one.
+    """
+
+    def __init__(self, path: str, size: int, samples: int, record_bytes: int) -> None:
+        self.path, self.size, self.samples = path, size, samples
+        self.record_bytes = record_bytes
+        self.span = sample_span(record_bytes)
+        self.end_of_samples = samples * self.span
+        if size < self.end_of_samples + 2 * TAR_BLOCK:
+            raise ValueError(
+                f"a shard of {size} bytes cannot hold {samples} samples of {record_bytes} bytes"
+            )
+
+    def _pieces(
+        self, start: int, end: int, place: Callable[[int], memoryview], heads: memoryview,
+        tail: memoryview, pad: memoryview,
+    ) -> list[memoryview]:  # fmt: skip
+        """The buffers bytes ``start`` to ``end`` of the file go into, in order."""
+        pieces = []
+        at = start
+        head, image_end = 3 * TAR_BLOCK, 3 * TAR_BLOCK + self.record_bytes
+        while at < end:
+            if at >= self.end_of_samples:
+                within = at - self.end_of_samples
+                pieces.append(tail[within : within + end - at])
+                break
+            j, within = divmod(at, self.span)
+            if within < head:
+                part = heads[j * head + within : (j + 1) * head]
+            elif within < image_end:
+                part = place(j)[within - head :]
+            else:
+                part = pad[: self.span - within]
+            part = part[: end - at]
+            pieces.append(part)
+            at += len(part)
+        return pieces
+
+    def read(self, place: Callable[[int], memoryview]) -> Iterator[tuple[int, str, bytes]]:
+        """``(j, key, JSON header)`` of each sample, in order, once its image is in
+        ``place(j)`` and its tar headers are verified. ``place`` is asked for each sample's
+        buffer once, in order, before the chunk its image starts in is read.
+
+        Raises:
+            ValueError: The file is shorter than it was, or a header is damaged or not
+                where the generator puts it.
+        """
+        head = 3 * TAR_BLOCK
+        heads = memoryview(bytearray(head * self.samples))
+        tail = memoryview(bytearray(self.size - self.end_of_samples))
+        pad = memoryview(bytearray(self.span))
+        placed: dict[int, memoryview] = {}
+
+        def placed_once(j: int) -> memoryview:
+            if j not in placed:
+                placed[j] = place(j)
+            return placed[j]
+
+        done = 0
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for start in range(0, self.size, READ_CHUNK):
+                end = min(start + READ_CHUNK, self.size)
+                pieces = self._pieces(start, end, placed_once, heads, tail, pad)
+                got = os.preadv(fd, pieces, start)
+                if got != end - start:
+                    raise ValueError(f"the shard is truncated: {start + got} of {self.size} bytes")
+                while done < self.samples and done * self.span + head + self.record_bytes <= end:
+                    key, header = self._verify(done, heads[done * head : (done + 1) * head])
+                    del placed[done]
+                    yield done, key, header
+                    done += 1
+        finally:
+            os.close(fd)
+        if bytes(tail[:TAR_BLOCK]) != _ZERO_BLOCK:
+            raise ValueError(f"more than the {self.samples} samples of the manifest, or damaged")
+
+    def _verify(self, j: int, blocks: memoryview) -> tuple[str, bytes]:
+        """The key and JSON header of sample ``j`` from its three header blocks."""
+        json_name, json_size, json_kind = _tar_member(bytes(blocks[:TAR_BLOCK]))
+        key, _, ext = json_name.partition(".")
+        if ext != HEADER_EXT or json_kind not in (b"0", b"\0") or json_size > TAR_BLOCK:
+            raise ValueError(
+                f"sample {j} is not laid out as generated: {json_name!r} of {json_size} bytes "
+                f"first (expected KEY.{HEADER_EXT} of at most {TAR_BLOCK})"
+            )
+        name, size, kind = _tar_member(bytes(blocks[2 * TAR_BLOCK :]))
+        expected = f"{key}.{PAYLOAD_EXT['none']}"
+        if name != expected or kind not in (b"0", b"\0") or size != self.record_bytes:
+            raise ValueError(
+                f"sample {j} is not laid out as generated: {name!r} of {size} bytes after "
+                f"{json_name!r} (expected {expected} of {self.record_bytes})"
+            )
+        return key, bytes(blocks[TAR_BLOCK : TAR_BLOCK + json_size])
+
+
 def iter_tar_samples(fileobj: Any) -> Iterator[tuple[str, bytes, bytearray]]:
     """The samples of a tar shard read as a stream, in order: (key, header, payload).
 
-    Each member is read straight into its own buffer (``readinto``); the payload is that
-    buffer, which :func:`decode` makes the tensor's memory. Directories and other non-file
-    members are skipped; the extended headers of pax and GNU archives (long names) are not
-    read (the shards are USTAR, written by :func:`generate`).
+    Each member is copied from the stream's staging buffer into its own buffer; the
+    payload is that buffer, which :func:`decode` makes the tensor's memory.
 
     Raises:
         ValueError: A header is damaged, a member is truncated, a member is of an
             extended-header type, or a sample misses one of its two members.
     """
-    pending: dict[str, dict[str, bytes | bytearray]] = {}
-    while True:
-        block = fileobj.read(TAR_BLOCK)
-        if block == _ZERO_BLOCK:
-            break
-        if not block:
-            raise ValueError("the tar file ends without its end-of-archive block (truncated)")
-        if len(block) < TAR_BLOCK:
-            raise ValueError("the tar file ends inside a header (truncated)")
-        name, size, kind = _tar_member(block)
-        if kind in (b"x", b"g", b"L", b"K"):
-            raise ValueError(f"tar member {name!r} is a pax or GNU extended header: not read")
-        data = bytearray(size)
-        padding = -size % TAR_BLOCK
-        if fileobj.readinto(data) != size or len(fileobj.read(padding)) != padding:
-            raise ValueError(f"tar member {name!r} is truncated")
-        if kind not in (b"0", b"\0"):
-            continue
+    pending: dict[str, dict[str, bytearray]] = {}
+    stream = TarStream(fileobj.readinto)
+    for name, _size in stream.members():
         key, _, ext = name.partition(".")
         fields = pending.setdefault(key, {})
-        fields[ext] = data
+        fields[ext] = stream.read()
         if HEADER_EXT in fields and len(fields) == 2:
             del pending[key]
             payload = next(v for k, v in fields.items() if k != HEADER_EXT)
-            yield key, bytes(fields[HEADER_EXT]), payload  # type: ignore[misc]
+            yield key, bytes(fields[HEADER_EXT]), payload
     if pending:
         raise ValueError(f"incomplete samples: {', '.join(sorted(pending))}")
 
@@ -451,7 +720,7 @@ def open_dataset(data_dir: Path, spec: DatasetSpec, allow_generate: bool = True)
             f"the dataset in {root} is another one: {found}; use another --data-dir or the "
             "settings it was generated with"
         )
-    files, total = [], 0
+    files, sizes = [], []
     for rel, size, crc in entries:
         path = root / rel
         if not path.resolve().is_relative_to(root.resolve()):
@@ -467,7 +736,7 @@ def open_dataset(data_dir: Path, spec: DatasetSpec, allow_generate: bool = True)
         if crc32_file(path) != crc:
             raise DatasetCorruptError(f"dataset file {path} fails its CRC32 check")
         files.append(path)
-        total += size
+        sizes.append(size)
     if not files:
         raise DatasetCorruptError(f"{manifest_path} lists no files")
-    return Dataset(root, spec, tuple(files), total, generated)
+    return Dataset(root, spec, tuple(files), sum(sizes), generated, tuple(sizes))

@@ -1,139 +1,449 @@
 """The scan workload: read the dataset the way a training input pipeline does.
 
-A real ``torch.utils.data.DataLoader`` with worker processes, a fresh shuffle order each
-epoch, every record decoded into a tensor, batches collated. The main process plays the
+A real ``torch.utils.data.DataLoader`` with persistent worker processes, a fresh shuffle
+order each epoch, every record decoded into a tensor. The main process plays the
 accelerator: it takes a batch, then "computes" for ``compute_ms`` (a sleep: an accelerator
 step costs the host no CPU), as MLPerf Storage emulates training. Accelerator utilization
 (AU) is compute time / wall time of the epoch; MLPerf counts a storage system as enough
 when AU ≥ 90 %.
 
+The batches are made inside the dataset (an ``IterableDataset`` that yields whole batches,
+``batch_size=None`` in the DataLoader): each worker reads its records straight into a batch
+slot of a :class:`~data_workloads.slots.SlotRing` in shared memory and only the slot's
+number goes through the DataLoader's queue, so a batch is neither collated into a fresh
+segment nor pickled (what cost most of the loader's CPU before).
+
 The page cache is kept out with ``posix_fadvise(DONTNEED)`` on every file before each
 epoch, and that it worked is measured, not assumed: the bytes the epoch read from the block
-device (``ru_inblock`` of this process and its waited-for workers) must cover the dataset.
+device (this process's ``ru_inblock`` and each worker's ``read_bytes`` in
+``/proc/<pid>/io``, read while the persistent workers live) must cover the dataset.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
+import os
 import random
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torch.utils.data import Dataset as MapDataset
 
 from data_workloads import dataset as ds
 from data_workloads.errors import DatasetCorruptError
+from data_workloads.slots import SlotRing
 from data_workloads.stats import (
+    NOTHING,
+    Usage,
     block_reads_counted,
-    cpu_seconds,
-    device_read_bytes,
     median,
+    own_usage,
     percentile,
+    process_usage,
 )
 
 CACHE_COVERAGE = 0.9
 """An epoch whose device reads cover this share of the dataset read it from the volume."""
 
-
-class RecordFiles(MapDataset):
-    """The ``files`` format: one record per file, read in the sampler's random order."""
-
-    def __init__(self, files: tuple[Path, ...]) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path = self.files[index]
-        try:
-            return ds.decode(*ds.unpack_file_record(ds.read_file(path)))
-        except ValueError as exc:
-            raise DatasetCorruptError(f"record {path}: {exc}") from None
+Descriptor = tuple[int, int, int]
+"""What a worker yields for a batch: (worker, slot, records)."""
 
 
-class TarShards(IterableDataset):
-    """The ``webdataset`` format as WebDataset reads it: the shards shuffled and dealt to
-    the workers, each shard streamed in order, samples shuffled in a per-worker buffer."""
+def _as_is(batch: Descriptor) -> Descriptor:
+    """The DataLoader's collate_fn: a descriptor travels as it is (a module-level function,
+    so that it pickles)."""
+    return batch
 
-    def __init__(self, shards: tuple[Path, ...], seed: int, buffer: int) -> None:
-        self.shards = shards
+
+def _order_seed(seed: int, epoch: int) -> int:
+    return seed * 7919 + epoch
+
+
+class BatchSource(IterableDataset):
+    """Batches made inside the dataset, into the slots of ``ring``: each worker yields
+    ``(worker, slot, records)`` for every batch it has filled, in its order.
+
+    The epoch and the workers' pids live in shared memory (``mmap(-1, n)``: shared with the
+    workers forked after it was made), so that persistent workers see the main process set
+    the epoch, and the main process can read their CPU and I/O counters while they live.
+    """
+
+    def __init__(self, ring: SlotRing, seed: int) -> None:
+        self.ring = ring
         self.seed = seed
-        self.buffer = buffer
-        self.epoch = 0
+        self._control = mmap.mmap(-1, 8 * (1 + ring.workers))
+        self._shared = memoryview(self._control).cast("q")  # [epoch, pid of each worker]
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+    @property
+    def epoch(self) -> int:
+        return self._shared[0]
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._shared[0] = value
+
+    def pids(self) -> list[int]:
+        """The workers that have started an epoch (their pids; none without workers)."""
+        return [pid for pid in self._shared[1:] if pid]
+
+    def __iter__(self) -> Iterator[Descriptor]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        order = list(self.shards)
-        random.Random(self.seed * 7919 + self.epoch).shuffle(order)
-        rng = random.Random((self.seed * 7919 + self.epoch) * 131 + worker)
-        pending: list[tuple[torch.Tensor, int]] = []
-        for shard in order[worker::workers]:
-            key = None
-            with open(shard, "rb", buffering=ds.READ_CHUNK) as f:
+        if info is not None:
+            self._shared[1 + worker] = os.getpid()
+        # Whatever this worker produced before has been consumed, or discarded by the
+        # DataLoader (an interrupted epoch): every slot of the worker is free again.
+        self.ring.reset(worker)
+        return self.batches(worker, workers, self.epoch)
+
+    def batches(self, worker: int, workers: int, epoch: int) -> Iterator[Descriptor]:
+        raise NotImplementedError
+
+
+class FileBatches(BatchSource):
+    """The ``files`` format: one record per file, in a random order fixed by the seed and
+    the epoch (the permutation a shuffling sampler draws), cut into batches; batch ``k``
+    is read by worker ``k mod workers``, so that the DataLoader, taking the workers' batches
+    in turn, hands them out in that order."""
+
+    def __init__(self, data: ds.Dataset, ring: SlotRing, seed: int) -> None:
+        super().__init__(ring, seed)
+        self.paths = tuple(str(p) for p in data.files)
+        self.sizes = data.sizes
+        self.codec = data.spec.codec
+
+    def order(self, epoch: int) -> list[int]:
+        generator = torch.Generator().manual_seed(_order_seed(self.seed, epoch))
+        return torch.randperm(len(self.paths), generator=generator).tolist()
+
+    def batches(self, worker: int, workers: int, epoch: int) -> Iterator[Descriptor]:
+        ring, size = self.ring, self.ring.batch_size
+        order = self.order(epoch)
+        scratch = bytearray(64 * 1024)
+        for first in range(worker * size, len(order), workers * size):
+            slot = ring.acquire(worker)
+            chosen = order[first : first + size]
+            for row, index in enumerate(chosen):
+                path = self.paths[index]
                 try:
-                    for sample in ds.iter_tar_samples(f):
-                        key = sample[0]  # named in the error, should the record not decode
-                        pending.append(ds.decode(*sample[1:]))
-                        if len(pending) >= self.buffer:
-                            yield pending.pop(rng.randrange(len(pending)))
+                    label = ds.read_file_record_into(
+                        path,
+                        self.sizes[index],
+                        ring.row(worker, slot, row),
+                        ring.shape,
+                        self.codec,
+                        scratch,
+                    )
                 except ValueError as exc:
-                    where = f"{shard} (at record {key})" if key else str(shard)
-                    raise DatasetCorruptError(f"{where}: {exc}") from None
-        rng.shuffle(pending)
-        yield from pending
+                    raise DatasetCorruptError(f"record {path}: {exc}") from None
+                ring.set_label(worker, slot, row, label)
+            yield worker, slot, len(chosen)
 
 
-def make_loader(data: ds.Dataset, cfg: Any, epoch: int) -> DataLoader:
-    """The epoch's DataLoader (workers start afresh each epoch, as without
-    ``persistent_workers``; their block reads are then counted when they are joined)."""
-    extra: dict[str, Any] = {}
-    if cfg.num_workers:
-        extra["prefetch_factor"] = cfg.prefetch_factor
-    if data.spec.format == "webdataset":
-        shards = TarShards(data.files, cfg.seed, cfg.shuffle_buffer)
-        shards.epoch = epoch
-        return DataLoader(shards, batch_size=cfg.batch_size, num_workers=cfg.num_workers, **extra)
-    generator = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
-    return DataLoader(
-        RecordFiles(data.files),
-        batch_size=cfg.batch_size,
-        shuffle=True,
-        generator=generator,
-        num_workers=cfg.num_workers,
-        **extra,
-    )
+def window_positions(samples: int, window: int, rng: random.Random) -> list[int]:
+    """Where each of ``samples`` arriving samples goes in the output: a random permutation
+    within each window of ``window`` consecutive samples (so each sample's place is known
+    when it arrives, and it is read straight into its batch).
+
+    >>> sorted(window_positions(10, 4, random.Random(0)))
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+    positions: list[int] = []
+    for start in range(0, samples, window):
+        block = list(range(start, min(start + window, samples)))
+        rng.shuffle(block)
+        positions += block
+    return positions
 
 
-def _batches(loader: DataLoader) -> Iterator[Any]:
-    """The loader's batches; a record that fails to decode in a worker is the dataset's
+class Assembly:
+    """A worker's epoch of samples put together into batches: where each arriving sample
+    goes (its window's place: a batch, taking the batch's slot when its first sample comes,
+    and a row), and each batch handed out once all of its samples are in, in order."""
+
+    def __init__(self, ring: SlotRing, worker: int, positions: list[int]) -> None:
+        self.ring, self.worker, self.positions = ring, worker, positions
+        size = ring.batch_size
+        self.batches = -(-len(positions) // size)
+        self.wanted = [min(size, len(positions) - b * size) for b in range(self.batches)]
+        self.filled = [0] * self.batches
+        self.slots: dict[int, int] = {}  # batch -> its slot, until handed out
+        self.arrived = self.next_out = 0
+
+    def place(self) -> tuple[int, int, memoryview]:
+        """(batch, row, the row's bytes) of the next sample to arrive.
+
+        Raises:
+            ValueError: More samples arrive than the shards should hold.
+        """
+        if self.arrived == len(self.positions):
+            raise ValueError(f"more samples than the {len(self.positions)} expected")
+        batch, row = divmod(self.positions[self.arrived], self.ring.batch_size)
+        self.arrived += 1
+        if batch not in self.slots:
+            self.slots[batch] = self.ring.acquire(self.worker)
+        return batch, row, self.ring.row(self.worker, self.slots[batch], row)
+
+    def done(self, batch: int, row: int, label: int) -> Iterator[Descriptor]:
+        """A sample is in: its label recorded, and every batch now complete handed out."""
+        self.ring.set_label(self.worker, self.slots[batch], row, label)
+        self.filled[batch] += 1
+        while self.next_out < self.batches and (
+            self.filled[self.next_out] == self.wanted[self.next_out]
+        ):
+            yield self.worker, self.slots.pop(self.next_out), self.wanted[self.next_out]
+            self.next_out += 1
+
+
+class TarBatches(BatchSource):
+    """The ``webdataset`` format as WebDataset reads it: the shards shuffled and dealt to
+    the workers, each shard streamed in order in 1 MiB reads, its samples shuffled within
+    windows of ``window`` samples, each sample's image read into its batch's slot (a batch
+    is handed out once all of its samples are in).
+
+    Uncompressed records (codec ``none``) are read where they belong
+    (:class:`~data_workloads.dataset.PlacedShard`: each 1 MiB read scatters into the batch
+    rows); compressed ones (and records too small for that: more than ``IOV_MAX`` pieces a
+    read) through :class:`~data_workloads.dataset.TarStream`, copied from its read buffer
+    or inflated into their rows."""
+
+    def __init__(self, data: ds.Dataset, ring: SlotRing, seed: int, window: int) -> None:
+        super().__init__(ring, seed)
+        self.paths = tuple(str(p) for p in data.files)
+        self.sizes = data.sizes
+        per_shard = data.spec.records_per_shard
+        self.counts = tuple(
+            min(per_shard, data.records - i * per_shard) for i in range(len(self.paths))
+        )
+        self.window = window
+        self.codec = data.spec.codec
+        self.payload_ext = ds.PAYLOAD_EXT[self.codec]
+        self.placed = self.codec == "none" and pieces_per_read(ring.record_bytes) <= IOV_MAX
+
+    def shards(self, worker: int, workers: int, epoch: int) -> list[int]:
+        order = list(range(len(self.paths)))
+        random.Random(_order_seed(self.seed, epoch)).shuffle(order)
+        return order[worker::workers]
+
+    def batches(self, worker: int, workers: int, epoch: int) -> Iterator[Descriptor]:
+        mine = self.shards(worker, workers, epoch)
+        samples = sum(self.counts[i] for i in mine)
+        rng = random.Random(_order_seed(self.seed, epoch) * 131 + worker)
+        batches = Assembly(self.ring, worker, window_positions(samples, self.window, rng))
+        staging = None if self.placed else memoryview(bytearray(2 * ds.READ_CHUNK))
+        for shard in mine:
+            path = self.paths[shard]
+            at: list[str | None] = [None]  # the sample being read, named in an error
+            try:
+                if staging is None:
+                    yield from self._placed(shard, batches, at)
+                else:
+                    yield from self._streamed(shard, batches, staging, at)
+            except ValueError as exc:
+                where = f"{path} (at record {at[0]})" if at[0] else path
+                raise DatasetCorruptError(f"{where}: {exc}") from None
+        if batches.arrived != samples:
+            raise DatasetCorruptError(
+                f"the shards {', '.join(self.paths[i] for i in mine)} hold {batches.arrived} "
+                f"samples, the manifest {samples}"
+            )
+
+    def _placed(self, shard: int, batches: Assembly, at: list[str | None]) -> Iterator[Descriptor]:
+        shape, rows = self.ring.shape, {}
+
+        def place(j: int) -> memoryview:
+            rows[j] = batches.place()
+            return rows[j][2]
+
+        reader = ds.PlacedShard(
+            self.paths[shard], self.sizes[shard], self.counts[shard], self.ring.record_bytes
+        )
+        for j, key, header in reader.read(place):
+            at[0] = key
+            batch, row, image = rows.pop(j)
+            yield from batches.done(batch, row, ds.decode_into(header, image, shape, "none"))
+
+    def _streamed(
+        self, shard: int, batches: Assembly, staging: memoryview, at: list[str | None]
+    ) -> Iterator[Descriptor]:
+        shape = self.ring.shape
+        pending: dict[str, list[Any]] = {}  # key -> [batch, row, image, header, payload]
+        with open(self.paths[shard], "rb", buffering=0) as f:
+            stream = ds.TarStream(f.readinto, staging)
+            for name, member_size in stream.members():
+                key, _, ext = name.partition(".")
+                at[0] = key
+                sample = pending.get(key)
+                if sample is None:
+                    sample = pending[key] = [*batches.place(), None, None]
+                if ext == ds.HEADER_EXT:
+                    sample[3] = bytes(stream.read())
+                elif ext == self.payload_ext and self.codec == "none":
+                    if member_size != len(sample[2]):
+                        raise ValueError(f"payload of {member_size} bytes for shape {shape}")
+                    stream.take(sample[2])
+                    sample[4] = True
+                elif ext == self.payload_ext:
+                    sample[4] = stream.read()
+                else:
+                    continue  # another member of the sample: not read
+                if sample[3] is None or sample[4] is None:
+                    continue
+                del pending[key]
+                batch, row, image, header, payload = sample
+                compressed = None if payload is True else payload
+                label = ds.decode_into(header, image, shape, self.codec, compressed)
+                yield from batches.done(batch, row, label)
+        if pending:
+            raise ValueError(f"incomplete samples: {', '.join(sorted(pending))}")
+
+
+IOV_MAX = 1024
+"""Buffers one ``preadv`` may take (Linux)."""
+
+
+def pieces_per_read(record_bytes: int) -> int:
+    """At most how many buffers a 1 MiB read of a shard scatters into (three per sample:
+    its headers, its image, its padding)."""
+    return 3 * (ds.READ_CHUNK // ds.sample_span(record_bytes) + 2) + 1
+
+
+def samples_ahead(record_bytes: int, placed: bool) -> int:
+    """At most how many samples have their place taken before they are complete: those a
+    1 MiB read reaches into (placed), or the one being read (streamed); never more than a
+    shard holds (a shard is complete before the next is read)."""
+    return ds.READ_CHUNK // ds.sample_span(record_bytes) + 2 if placed else 1
+
+
+class ScanLoader:
+    """The scan's DataLoader: batches made in the dataset into a slot ring, persistent
+    workers (started by the first epoch, kept for the others), one epoch per
+    :meth:`epoch`; :meth:`usage` is what the main process and the workers have cost so far.
+    Close it (or use it as a context manager) to stop the workers."""
+
+    def __init__(self, data: ds.Dataset, cfg: Any) -> None:
+        workers = max(1, cfg.num_workers)
+        side = data.spec.side
+        record_bytes = data.spec.record_bytes
+        if data.spec.format == "webdataset":
+            # The batches the samples being read can land in (their windows' places) and
+            # those waiting for a sample of theirs: all have a slot taken at once.
+            placed = data.spec.codec == "none" and pieces_per_read(record_bytes) <= IOV_MAX
+            ahead = min(samples_ahead(record_bytes, placed), data.spec.records_per_shard)
+            being_filled = math.ceil((ahead + 2 * cfg.shuffle_buffer) / cfg.batch_size) + 1
+        else:
+            being_filled = 1
+        # Being filled, waiting in the queue (prefetch_factor per worker), and held by the
+        # consumer: a worker then never waits for a slot while the queue has room.
+        queued = cfg.prefetch_factor if cfg.num_workers else 0
+        self.ring = SlotRing(workers, being_filled + queued + 1, cfg.batch_size, (3, side, side))
+        self.source: BatchSource
+        if data.spec.format == "webdataset":
+            self.source = TarBatches(data, self.ring, cfg.seed, cfg.shuffle_buffer)
+        else:
+            self.source = FileBatches(data, self.ring, cfg.seed)
+        extra: dict[str, Any] = {}
+        if cfg.num_workers:
+            # fork: the workers inherit the ring's anonymous shared mapping (nothing of it
+            # is pickled); persistent: the ring and the workers are set up once.
+            extra = dict(
+                prefetch_factor=cfg.prefetch_factor,
+                persistent_workers=True,
+                multiprocessing_context="fork",
+            )
+        self.loader: DataLoader | None = DataLoader(
+            self.source, batch_size=None, collate_fn=_as_is, num_workers=cfg.num_workers, **extra
+        )
+        self._active: Iterator[Any] | None = None
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's batches, ``(images, labels)``: views of a slot, valid until the next
+        batch is asked for (a consumer that keeps one copies it)."""
+        if self.loader is None:
+            raise RuntimeError("the loader is closed")
+        if self._active is not None:
+            self._active.close()  # releases the slot the consumer held
+        self.source.epoch = epoch
+        self._active = self._batches(self.loader)
+        return self._active
+
+    def _batches(self, loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ring = self.ring
+        held: tuple[int, int] | None = None
+        descriptors = _translated(iter(loader))
+        try:
+            while True:
+                if held is not None:  # the consumer asks for the next: done with this one
+                    ring.release(*held)
+                    held = None
+                descriptor = next(descriptors, None)
+                if descriptor is None:
+                    return
+                worker, slot, records = descriptor
+                held = worker, slot
+                yield ring.batch(worker, slot, records)
+        finally:
+            if held is not None:
+                ring.release(*held)
+
+    def usage(self) -> dict[int, Usage]:
+        """CPU and block reads so far, per process: 0 for this one, each worker by pid."""
+        return {0: own_usage(), **{pid: process_usage(pid) for pid in self.source.pids()}}
+
+    def close(self) -> None:
+        """Stop the workers (joined: nothing is left running)."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        loader, self.loader = self.loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None:
+            # Persistent workers stop when their iterator is shut down; torch has no
+            # public call for it (its __del__ does the same).
+            iterator._shutdown_workers()
+
+    def __enter__(self) -> ScanLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _translated(batches: Iterator[Descriptor]) -> Iterator[Descriptor]:
+    """The loader's descriptors; a record that fails to decode in a worker is the dataset's
     error with its own message (the DataLoader wraps it in the worker's traceback)."""
     try:
-        yield from loader
+        yield from batches
     except DatasetCorruptError as exc:
         last = str(exc.message).strip().splitlines()[-1]
         raise DatasetCorruptError(last.split("DatasetCorruptError: ", 1)[-1]) from None
 
 
-def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
+def spent(before: dict[int, Usage], after: dict[int, Usage]) -> Usage:
+    """What the processes cost between two :meth:`ScanLoader.usage` readings (a worker
+    started in between counts from zero: its counters start at its fork)."""
+    total = NOTHING
+    for pid, usage in after.items():
+        total = total + (usage - before.get(pid, NOTHING))
+    return total
+
+
+def run_epoch(data: ds.Dataset, cfg: Any, epoch: int, loader: ScanLoader) -> dict[str, Any]:
     """One epoch: every record once, batch by batch, with the emulated compute."""
     if cfg.drop_cache:
         ds.drop_cache(data.files)
     compute_s = cfg.compute_ms / 1000
-    reads_before = device_read_bytes()
-    cpu_before = cpu_seconds()
+    before = loader.usage()
     waits: list[float] = []
     samples = batches = 0
     computed = 0.0
     start = time.monotonic()
     first_batch_s = None
-    loader = make_loader(data, cfg, epoch)
     asked = time.monotonic()
-    for images, _labels in _batches(loader):
+    for images, _labels in loader.epoch(epoch):
         got = time.monotonic()
         waits.append(got - asked)
         if first_batch_s is None:
@@ -144,10 +454,8 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
             time.sleep(compute_s)
             computed += time.monotonic() - got
         asked = time.monotonic()
-    del loader  # joins the workers, so their block reads are counted
     wall = time.monotonic() - start
-    read = device_read_bytes() - reads_before
-    cpu = cpu_seconds() - cpu_before
+    cost = spent(before, loader.usage())
     return {
         "epoch": epoch,
         "epoch_s": wall,
@@ -159,30 +467,40 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int) -> dict[str, Any]:
         "mbps": data.bytes / wall / 1e6,
         "first_batch_s": first_batch_s,
         "wait_s": waits,
-        "device_read_bytes": read,
-        # Main process and workers (joined above); the emulated compute is a sleep.
-        "cpu_s": cpu,
+        "device_read_bytes": cost.read_bytes,
+        # Main process and workers (the emulated compute is a sleep), and of that the
+        # kernel's share (system time).
+        "cpu_s": cost.cpu_s,
+        "sys_s": cost.sys_s,
     }
 
 
 def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     """Every epoch, then the figures: the median epoch's, batch waits over all epochs, and
-    the cache check.
+    the cache check. The workers start in the first epoch (its time to the first batch
+    includes their start) and serve every epoch.
 
     Raises:
         ValueError: An epoch did not see every record once (a loader defect, not a figure).
     """
     counted = block_reads_counted(data.files[0])
     epochs = []
-    for epoch in range(cfg.epochs):
-        result = run_epoch(data, cfg, epoch)
-        if result["samples"] != data.records:
-            raise ValueError(f"epoch {epoch} loaded {result['samples']} records of {data.records}")
-        epochs.append(result)
+    with ScanLoader(data, cfg) as loader:
+        for epoch in range(cfg.epochs):
+            result = run_epoch(data, cfg, epoch, loader)
+            if result["samples"] != data.records:
+                raise ValueError(
+                    f"epoch {epoch} loaded {result['samples']} records of {data.records}"
+                )
+            epochs.append(result)
+        ring_bytes = loader.ring.nbytes
     waits = [w for e in epochs for w in e["wait_s"]]
     med = sorted(epochs, key=lambda e: e["epoch_s"])[len(epochs) // 2]
-    coverage = [e["device_read_bytes"] / data.bytes for e in epochs]
-    kept_out = all(c >= CACHE_COVERAGE for c in coverage) if counted else None
+    # A worker's reads are not counted where /proc/<pid>/io is missing: then unknown, too.
+    reads = [e["device_read_bytes"] for e in epochs]
+    counted = counted and None not in reads
+    coverage = [r / data.bytes if r is not None else None for r in reads]
+    kept_out = all(r / data.bytes >= CACHE_COVERAGE for r in reads) if counted else None
     au = median([e["au"] for e in epochs]) if cfg.compute_ms else None
     figures = {
         "scan_epoch_s": median([e["epoch_s"] for e in epochs]),
@@ -207,4 +525,9 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     }
     for e in epochs:
         e["wait_p99_ms"] = 1000 * (percentile(e.pop("wait_s"), 99) or 0.0)
-    return {"figures": figures, "epochs": epochs, "cache": cache}
+    loader_details = {
+        "batches_in_dataset": True,
+        "persistent_workers": bool(cfg.num_workers),
+        "slot_ring_bytes": ring_bytes,
+    }
+    return {"figures": figures, "epochs": epochs, "cache": cache, "loader": loader_details}

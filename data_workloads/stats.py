@@ -1,10 +1,13 @@
-"""Small statistics shared by the workloads: percentiles and block-read accounting."""
+"""Small statistics shared by the workloads: percentiles, and the CPU and block-read
+accounting of this process and of the DataLoader's workers."""
 
 from __future__ import annotations
 
 import math
 import os
 import resource
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 BLOCK = 512
@@ -31,22 +34,6 @@ def median(values: list[float]) -> float | None:
     return percentile(values, 50)
 
 
-def device_read_bytes() -> int:
-    """Bytes this process and its waited-for children (DataLoader workers) have read from a
-    block device so far: what the page cache did not serve."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_inblock
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock
-    return (own + children) * BLOCK
-
-
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its waited-for children so far: what
-    the loader costs, whatever share of the cores it got on a shared machine."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
 def block_reads_counted(path: Path) -> bool:
     """Whether reads of ``path`` after dropping its cache show up as block reads (not on
     tmpfs, nor on some network or FUSE file systems): else the cache check cannot tell."""
@@ -59,3 +46,68 @@ def block_reads_counted(path: Path) -> bool:
         return resource.getrusage(resource.RUSAGE_SELF).ru_inblock > before
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a set of processes has cost so far: CPU seconds (user + system, and of that
+    system) and bytes read from a block device (None: not counted here)."""
+
+    cpu_s: float
+    sys_s: float
+    read_bytes: int | None
+
+    def __sub__(self, other: Usage) -> Usage:
+        read = (
+            None
+            if self.read_bytes is None or other.read_bytes is None
+            else self.read_bytes - other.read_bytes
+        )
+        return Usage(self.cpu_s - other.cpu_s, self.sys_s - other.sys_s, read)
+
+    def __add__(self, other: Usage) -> Usage:
+        read = (
+            None
+            if self.read_bytes is None or other.read_bytes is None
+            else self.read_bytes + other.read_bytes
+        )
+        return Usage(self.cpu_s + other.cpu_s, self.sys_s + other.sys_s, read)
+
+
+NOTHING = Usage(0.0, 0.0, 0)
+
+
+def own_usage() -> Usage:
+    """This process (all its threads), from ``getrusage``; not its children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return Usage(own.ru_utime + own.ru_stime, own.ru_stime, own.ru_inblock * BLOCK)
+
+
+def process_usage(pid: int) -> Usage:
+    """Another live process of ours (a persistent DataLoader worker), read while it runs:
+    its CPU clock (``clock_gettime`` of the process's CPU-time clock: user + system of all
+    its threads, to the nanosecond, where ``/proc/<pid>/stat`` counts 10 ms ticks), the
+    system share from ``/proc/<pid>/stat``, and ``read_bytes`` of ``/proc/<pid>/io`` (bytes
+    it had read from a block device; None where the kernel does not count them).
+
+    Raises:
+        ProcessLookupError: The process is gone.
+    """
+    # The process's CPU clock id, as glibc's clock_getcpuclockid builds it (CPUCLOCK_SCHED).
+    clock = (~pid << 3) | 2
+    try:
+        cpu = time.clock_gettime(clock)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError as exc:
+        raise ProcessLookupError(f"process {pid} is gone: {exc}") from None
+    sys_s = int(fields[12]) / os.sysconf("SC_CLK_TCK")  # stime: the 15th field
+    read: int | None = None
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"read_bytes:"):
+                    read = int(line.split()[1])
+    except OSError:  # no task I/O accounting in this kernel, or not ours to read
+        read = None
+    return Usage(cpu, min(sys_s, cpu), read)

@@ -222,3 +222,149 @@ def test_an_incomplete_sample_is_an_error() -> None:
     buf.seek(0)
     with pytest.raises(ValueError, match="incomplete samples: 00000000"):
         list(ds.iter_tar_samples(buf))
+
+
+class CountedReads(io.BytesIO):
+    """A stream that records the size of every read asked of it."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.asked: list[int] = []
+
+    def readinto(self, buf) -> int:  # type: ignore[override]
+        self.asked.append(len(buf))
+        return super().readinto(buf)
+
+
+def test_the_stream_reads_whole_chunks_whatever_the_members() -> None:
+    big = bytes(range(256)) * (10 * 1024)  # 2.5 MiB: spans three chunks
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        ds.add_tar_member(tar, "a.json", b"{}")
+        ds.add_tar_member(tar, "a.u8", big)
+        ds.add_tar_member(tar, "b.json", b"[1]")
+        ds.add_tar_member(tar, "b.u8", b"xyz")
+    source = CountedReads(buf.getvalue())
+    stream = ds.TarStream(source.readinto)
+    got = {}
+    for name, size in stream.members():
+        if name == "a.u8":  # into a buffer of its own, in two pieces
+            into = memoryview(bytearray(size))
+            stream.take(into[:1000])
+            stream.take(into[1000:])
+            got[name] = bytes(into)
+        elif name != "b.json":  # b.json is not taken: skipped
+            got[name] = bytes(stream.read())
+    assert got == {"a.json": b"{}", "a.u8": big, "b.u8": b"xyz"}
+    # Every read asks for a whole chunk (the loader's block size is the chunk's).
+    assert source.asked == [ds.READ_CHUNK] * 3  # 2.5 MiB and some blocks
+    with pytest.raises(ValueError, match="has 0 bytes left, not 1"):
+        stream.take(bytearray(1))
+
+
+@pytest.mark.parametrize("codec", ds.CODECS)
+def test_a_files_record_is_read_and_decoded_into_its_place(data_dir: Path, codec: str) -> None:
+    data_dir.mkdir()
+    s = spec("files", codec=codec)
+    data = ds.open_dataset(data_dir, s)
+    shape = (3, s.side, s.side)
+    image = memoryview(bytearray(s.record_bytes))
+    scratch = bytearray(16)  # grown as needed
+    label = ds.read_file_record_into(
+        str(data.files[5]), data.sizes[5], image, shape, codec, scratch
+    )
+    assert (label, bytes(image)) == ds.record(s, 5)
+    with pytest.raises(ValueError, match=r"read \d+ of its \d+ bytes"):  # shorter than verified
+        ds.read_file_record_into(
+            str(data.files[5]), data.sizes[5] + 1, image, shape, codec, scratch
+        )
+
+
+def test_decoding_into_a_batch_checks_shape_codec_and_crc32() -> None:
+    header, payload = ds.encode(spec(), 3)
+    shape = (3, spec().side, spec().side)
+    image = memoryview(bytearray(payload))
+    assert ds.decode_into(header, image, shape, "none") == ds.record(spec(), 3)[0]
+    with pytest.raises(ValueError, match="shape"):
+        ds.decode_into(header, image, (3, 8, 8), "none")
+    with pytest.raises(ValueError, match="codec 'none' in a dataset of 'zlib'"):
+        ds.decode_into(header, image, shape, "zlib", payload)
+    image[7] ^= 1
+    with pytest.raises(ValueError, match="CRC32"):
+        ds.decode_into(header, image, shape, "none")
+    zheader, packed = ds.encode(spec(codec="zlib"), 3)
+    with pytest.raises(ValueError, match="payload of 10 bytes"):
+        ds.decode_into(zheader, image, shape, "zlib", zlib.compress(bytes(10)))
+    ds.decode_into(zheader, image, shape, "zlib", packed)  # inflated into the batch's bytes
+    assert bytes(image) == payload
+
+
+def big_spec(**kw: int | str) -> ds.DatasetSpec:
+    """One shard of 16 records of 128 KiB: three 1 MiB reads."""
+    mib2 = 2 * 1024**2
+    return spec(dataset_size=mib2, record_size=128 * 1024, shard_size=mib2, **kw)
+
+
+def test_a_placed_shard_is_read_in_whole_chunks_into_the_places_given(
+    data_dir: Path, monkeypatch
+) -> None:
+    data_dir.mkdir()
+    s = big_spec()
+    data = ds.open_dataset(data_dir, s)
+    (path,), (size,) = data.files, data.sizes
+    asked: list[tuple[int, int]] = []
+    real = ds.os.preadv
+
+    def preadv(fd: int, buffers: list, offset: int) -> int:
+        asked.append((offset, sum(len(b) for b in buffers)))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(ds.os, "preadv", preadv)
+    places: dict[int, memoryview] = {}
+    order: list[int] = []
+
+    def place(j: int) -> memoryview:
+        order.append(j)
+        return places.setdefault(j, memoryview(bytearray(s.record_bytes)))
+
+    reader = ds.PlacedShard(str(path), size, s.records, s.record_bytes)
+    shape = (3, s.side, s.side)
+    got = []
+    for j, key, header in reader.read(place):
+        assert key == f"{j:08d}"
+        label = ds.decode_into(header, places[j], shape, "none")
+        assert (label, bytes(places[j])) == ds.record(s, j)
+        got.append(j)
+    assert got == order == list(range(s.records)) == list(range(16))
+    # The reads are the stream's: 1 MiB from offset 0 on, the last one the rest.
+    chunk = ds.READ_CHUNK
+    assert asked == [(o, min(chunk, size - o)) for o in range(0, size, chunk)] and len(asked) == 3
+
+
+def test_a_placed_shard_refuses_what_the_generator_did_not_lay_out(data_dir: Path) -> None:
+    data_dir.mkdir()
+    s = big_spec()
+    data = ds.open_dataset(data_dir, s)
+    (path,), (size,) = data.files, data.sizes
+
+    def read_all(samples: int, at: Path = path, size: int = size) -> None:
+        reader = ds.PlacedShard(str(at), size, samples, s.record_bytes)
+        for _ in reader.read(lambda j: memoryview(bytearray(s.record_bytes))):
+            pass
+
+    with pytest.raises(ValueError, match="more than the 15 samples"):
+        read_all(15)
+    with pytest.raises(ValueError, match="cannot hold 17 samples"):
+        read_all(17)
+    swapped = data_dir / "swapped.tar"  # the image member before its header member
+    with tarfile.open(swapped, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(s.records):
+            header, payload = ds.encode(s, i)
+            ds.add_tar_member(tar, f"{i:08d}.u8", payload)
+            ds.add_tar_member(tar, f"{i:08d}.json", header)
+    assert swapped.stat().st_size == size  # the same bytes, otherwise laid out
+    with pytest.raises(ValueError, match="sample 0 is not laid out as generated"):
+        read_all(s.records, swapped)
+    path.write_bytes(path.read_bytes()[: size // 2])
+    with pytest.raises(ValueError, match="the shard is truncated"):
+        read_all(s.records)

@@ -3,68 +3,117 @@ epoch in a new order, the page cache kept out and that checked, AU from the emul
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from data_workloads import dataset as ds
 from data_workloads import scan
-from data_workloads.config import ScanConfig
 from data_workloads.errors import DatasetCorruptError
 from data_workloads.stats import block_reads_counted
 
-
-def prepared(data_dir: Path, fmt: str, **kw) -> tuple[ds.Dataset, ScanConfig]:
-    cfg = ScanConfig(
-        data_dir=data_dir,
-        dataset_format=fmt,
-        dataset_size="256KiB",
-        record_size="4KiB",
-        shard_size="64KiB",
-        batch_size=8,
-        shuffle_buffer=8,
-        track=False,
-        **kw,
-    )
-    cfg.check_data_dir()
-    spec = ds.DatasetSpec(fmt, cfg.seed, cfg.dataset_size, cfg.record_size, cfg.shard_size)
-    return ds.open_dataset(data_dir, spec), cfg
-
-
-def labels_of_epoch(data: ds.Dataset, cfg: ScanConfig, epoch: int) -> list[int]:
-    out: list[int] = []
-    for images, labels in scan.make_loader(data, cfg, epoch):
-        assert images.dtype == torch.uint8 and images.shape[1:] == (
-            3,
-            data.spec.side,
-            data.spec.side,
-        )
-        out += labels.tolist()
-    return out
+from .helpers import epoch_records, prepared
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "files"])
-def test_every_record_once_per_epoch_in_a_new_order_with_workers(data_dir: Path, fmt) -> None:
-    data, cfg = prepared(data_dir, fmt, num_workers=2)
-    want = sorted(ds.record(data.spec, i)[0] for i in range(data.records))
-    first, second = labels_of_epoch(data, cfg, 0), labels_of_epoch(data, cfg, 1)
-    assert sorted(first) == sorted(second) == want
+@pytest.mark.parametrize("codec", ds.CODECS)
+def test_every_record_once_per_epoch_decoded_in_a_new_order_with_workers(
+    data_dir: Path, fmt: str, codec: str
+) -> None:
+    data, cfg = prepared(data_dir, fmt, num_workers=2, codec=codec)
+    with scan.ScanLoader(data, cfg) as loader:
+        first, second = epoch_records(loader, data, 0), epoch_records(loader, data, 1)
+        again = epoch_records(loader, data, 0)
+    assert sorted(first) == sorted(second) == list(range(data.records))
     assert first != second  # shuffled each epoch
-    assert labels_of_epoch(data, cfg, 0) == first  # the seed fixes the order
+    assert again == first  # the seed fixes the order
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+def test_without_workers_the_same_records_in_the_same_order(data_dir: Path, fmt: str) -> None:
+    data, cfg = prepared(data_dir, fmt, num_workers=0)
+    with scan.ScanLoader(data, cfg) as loader:
+        alone = epoch_records(loader, data, 0)
+    assert sorted(alone) == list(range(data.records))
+    if fmt == "files":  # one permutation of the records, whoever reads them
+        _, cfg = prepared(data_dir, fmt, num_workers=3)
+        with scan.ScanLoader(data, cfg) as loader:
+            assert epoch_records(loader, data, 0) == alone
+
+
+def test_files_follow_the_permutation_a_shuffling_sampler_draws(data_dir: Path) -> None:
+    data, cfg = prepared(data_dir, "files", num_workers=2)
+    generator = torch.Generator().manual_seed(cfg.seed * 7919 + 1)
+    sampler = list(torch.utils.data.RandomSampler(range(data.records), generator=generator))
+    with scan.ScanLoader(data, cfg) as loader:
+        got = epoch_records(loader, data, 1)
+    by_name = {int(p.stem): i for i, p in enumerate(data.files)}
+    assert got == [by_name[i] for i in sampler] == sampler
 
 
 def test_workers_split_the_shards_without_overlap(data_dir: Path) -> None:
-    data, _ = prepared(data_dir, "webdataset")
-    shards = scan.TarShards(data.files, seed=0, buffer=4)
-    seen = []
-    for worker in range(3):
-        info = SimpleNamespace(id=worker, num_workers=3)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(scan, "get_worker_info", lambda info=info: info)
-            seen += [label for _, label in shards]
-    assert sorted(seen) == sorted(ds.record(data.spec, i)[0] for i in range(data.records))
+    data, cfg = prepared(data_dir, "webdataset", num_workers=3)
+    with scan.ScanLoader(data, cfg) as loader:
+        source = loader.source
+        assert isinstance(source, scan.TarBatches)
+        for epoch in range(2):
+            dealt = [source.shards(w, 3, epoch) for w in range(3)]
+            assert sorted(i for shards in dealt for i in shards) == list(range(len(data.files)))
+        assert source.shards(0, 3, 0) != source.shards(0, 3, 1)  # shuffled each epoch
+
+
+def test_samples_are_shuffled_within_windows() -> None:
+    import random
+
+    positions = scan.window_positions(50, 8, random.Random(1))
+    assert sorted(positions) == list(range(50))
+    for start in range(0, 50, 8):  # each window's samples stay in that window
+        assert sorted(positions[start : start + 8]) == list(range(start, min(start + 8, 50)))
+    assert positions != list(range(50))
+
+
+def test_the_same_workers_serve_every_epoch_and_are_gone_after(data_dir: Path) -> None:
+    data, cfg = prepared(data_dir, "webdataset", num_workers=2)
+    loader = scan.ScanLoader(data, cfg)
+    epoch_records(loader, data, 0)
+    pids = loader.source.pids()
+    assert len(pids) == 2 and os.getpid() not in pids
+    epoch_records(loader, data, 1)
+    assert loader.source.pids() == pids  # persistent: not forked again
+    usage = loader.usage()
+    assert set(usage) == {0, *pids} and all(u.cpu_s > 0 for u in usage.values())
+    loader.close()
+    for pid in pids:  # joined: not even a zombie left
+        assert not Path(f"/proc/{pid}").exists()
+    with pytest.raises(RuntimeError, match="closed"):
+        loader.epoch(2)
+
+
+@pytest.mark.timeout(60)  # a slot left busy would stall the workers for good
+@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+def test_interrupted_epochs_leave_the_next_one_whole(data_dir: Path, fmt: str) -> None:
+    data, cfg = prepared(data_dir, fmt, num_workers=2)
+    with scan.ScanLoader(data, cfg) as loader:
+        for epoch in range(3):
+            batches = loader.epoch(epoch)
+            next(batches)
+            next(batches)  # the workers have filled and queued more than these two
+        # Abandoned three times (what the DataLoader had queued is dropped, slots and
+        # all): each worker frees its slots when the next epoch starts, which is complete.
+        assert sorted(epoch_records(loader, data, 3)) == list(range(data.records))
+
+
+def test_a_worker_frees_its_slots_when_its_epoch_starts(data_dir: Path) -> None:
+    data, cfg = prepared(data_dir, "files", num_workers=0)
+    with scan.ScanLoader(data, cfg) as loader:
+        ring = loader.ring
+        for _ in range(ring.slots):
+            ring.acquire(0)
+        assert all(ring.busy(0, s) for s in range(ring.slots))
+        iter(loader.source)  # in the main process: worker 0 of 1
+        assert not any(ring.busy(0, s) for s in range(ring.slots))
 
 
 def test_the_cache_is_kept_out_and_that_is_measured(data_dir: Path) -> None:
@@ -103,17 +152,67 @@ def test_no_compute_no_au(data_dir: Path) -> None:
     assert figures["scan_samples_per_s"] > 0
 
 
-@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+@pytest.mark.parametrize(
+    ("fmt", "damage", "message"),
+    [
+        ("webdataset", "flip", "CRC32"),
+        ("files", "flip", "CRC32"),
+        ("webdataset", "truncate", "truncated"),
+        ("files", "truncate", r"read \d+ of its \d+ bytes"),
+        ("files", "header", "with a header of"),
+    ],
+)
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_record_damaged_after_verification_stops_the_scan_with_its_exit_code(
-    data_dir: Path, fmt: str
+    data_dir: Path, fmt: str, damage: str, message: str, workers: int
 ) -> None:
-    data, cfg = prepared(data_dir, fmt, num_workers=2, epochs=1)
+    data, cfg = prepared(data_dir, fmt, num_workers=workers, epochs=1)
     victim = data.files[-1]
     blob = bytearray(victim.read_bytes())
-    # Inside a record's image: the first of the shard (three 512-byte blocks in), or the file's last.
-    blob[1636 if fmt == "webdataset" else -1] ^= 0xFF
+    if damage == "flip":  # in an image: the shard's first (3 blocks in), or the file's last byte
+        blob[1636 if fmt == "webdataset" else -1] ^= 0xFF
+    elif damage == "truncate":
+        del blob[len(blob) // 2 :]
+    else:  # the header's length field: the image would start elsewhere
+        blob[0] += 1
     victim.write_bytes(bytes(blob))
-    with pytest.raises(DatasetCorruptError, match=r"CRC32") as caught:
+    with pytest.raises(DatasetCorruptError, match=message) as caught:
         scan.run_scan(data, cfg)
     assert caught.value.exit_code == 6
     assert str(victim) in caught.value.message and "Traceback" not in caught.value.message
+
+
+def test_the_workers_cost_is_counted_while_they_live() -> None:
+    import subprocess
+    import sys
+
+    from data_workloads.stats import NOTHING, process_usage
+
+    burn = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        "print(1, flush=True)\ntime.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        usage = process_usage(child.pid)
+        assert 0.3 <= usage.cpu_s < 5 and 0 <= usage.sys_s <= usage.cpu_s
+        assert usage.read_bytes is None or usage.read_bytes >= 0
+        # A worker that started between two readings counts from zero.
+        assert scan.spent({0: NOTHING}, {0: NOTHING, child.pid: usage}) == usage
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(ProcessLookupError):
+        process_usage(child.pid)
+
+
+@pytest.mark.parametrize(("record_size", "placed"), [("4KiB", True), ("192", False)])
+def test_uncompressed_shards_are_read_into_place_unless_records_are_tiny(
+    data_dir: Path, record_size: str, placed: bool
+) -> None:
+    # 192-byte records: a 1 MiB read would scatter into more buffers than preadv takes.
+    data, cfg = prepared(data_dir, "webdataset", num_workers=2, record_size=record_size)
+    with scan.ScanLoader(data, cfg) as loader:
+        assert loader.source.placed is placed
+        assert sorted(epoch_records(loader, data, 0)) == list(range(data.records))
