@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from checkpoint_storage_bench.contract import lease_name
 from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded, within
@@ -36,6 +37,7 @@ from hooks.storage_profile.errors import (
 from hooks.storage_profile.kube import Kube
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 PIPELINE_LOOKUP_TIMEOUT = 10.0
@@ -97,6 +99,32 @@ def pipeline_of_run(owner: str, project: str, run_uuid: str) -> str | None:
         return None
 
 
+def polyaxon_run(environ: dict[str, str] | None = None) -> tuple[str, str, str] | None:
+    """``(owner, project, run uuid)`` inside a Polyaxon run (``POLYAXON_RUN_INSTANCE`` =
+    ``owner.project.runs.uuid``), else None."""
+    environ = os.environ if environ is None else environ
+    parts = (environ.get("POLYAXON_RUN_INSTANCE") or "").split(".")
+    if len(parts) == 4 and parts[2] == "runs" and parts[3]:
+        return parts[0], parts[1], parts[3]
+    return None
+
+
+def ask_polyaxon(
+    fn: Callable[[], T], what: str, deadline: Deadline | None, otherwise: str
+) -> T | None:
+    """``fn``'s answer from Polyaxon's API (which may be unreachable from the pod), waited
+    for at most :data:`PIPELINE_LOOKUP_TIMEOUT` and never past the command's ``deadline``;
+    None without an answer by then, said in a warning with what happens ``otherwise``."""
+    seconds = PIPELINE_LOOKUP_TIMEOUT
+    if deadline is not None:
+        seconds = max(0.01, min(seconds, deadline.remaining()))
+    try:
+        return within(fn, what=what, deadline=Deadline(seconds))
+    except DeadlineExceeded as exc:
+        log.warning("%s; %s", exc, otherwise)
+        return None
+
+
 def failed_ops_of(owner: str, project: str, pipeline: str) -> list[str] | None:
     """The names of the failed runs below a Polyaxon pipeline (at any depth: the server sets
     ``controller`` to the outermost run for all of them), asked from Polyaxon's API; None
@@ -130,23 +158,16 @@ def refuse_after_failure(
     does not answer within :data:`PIPELINE_LOOKUP_TIMEOUT` (never past ``deadline``) is
     said in a warning: neither refuses.
     """
-    environ = os.environ if environ is None else environ
-    parts = (environ.get("POLYAXON_RUN_INSTANCE") or "").split(".")
-    if len(parts) != 4 or parts[2] != "runs":
+    run = polyaxon_run(environ)
+    if run is None:
         return
-    owner, project = parts[0], parts[1]
-    seconds = PIPELINE_LOOKUP_TIMEOUT
-    if deadline is not None:
-        seconds = max(0.01, min(seconds, deadline.remaining()))
-    try:
-        failed = within(
-            lambda: failed_of(owner, project, holder),
-            what=f"asking Polyaxon for the failed ops of pipeline {holder}",
-            deadline=Deadline(seconds),
-        )
-    except DeadlineExceeded as exc:
-        log.warning("%s; switching anyway", exc)
-        return
+    owner, project, _ = run
+    failed = ask_polyaxon(
+        lambda: failed_of(owner, project, holder),
+        f"asking Polyaxon for the failed ops of pipeline {holder}",
+        deadline,
+        otherwise="switching anyway",
+    )
     if failed:
         raise PreflightRefused(
             f"pipeline {holder} has failed op(s) ({', '.join(sorted(set(failed)))}): no later "
@@ -167,23 +188,15 @@ def default_holder(
     :data:`PIPELINE_LOOKUP_TIMEOUT`, and never past the command's ``deadline``: it is
     part of the command's ``--timeout``.
     """
-    environ = os.environ if environ is None else environ
-    instance = environ.get("POLYAXON_RUN_INSTANCE") or ""
-    parts = instance.split(".")
-    if len(parts) == 4 and parts[2] == "runs" and parts[3]:
-        owner, project, _, run_uuid = parts
-        seconds = PIPELINE_LOOKUP_TIMEOUT
-        if deadline is not None:
-            seconds = max(0.01, min(seconds, deadline.remaining()))
-        try:
-            pipeline = within(
-                lambda: pipeline_of(owner, project, run_uuid),
-                what=f"asking Polyaxon for the pipeline of run {run_uuid}",
-                deadline=Deadline(seconds),
-            )
-        except DeadlineExceeded as exc:
-            log.warning("%s; the holder is the run itself", exc)
-            pipeline = None
+    run = polyaxon_run(environ)
+    if run is not None:
+        owner, project, run_uuid = run
+        pipeline = ask_polyaxon(
+            lambda: pipeline_of(owner, project, run_uuid),
+            f"asking Polyaxon for the pipeline of run {run_uuid}",
+            deadline,
+            otherwise="the holder is the run itself",
+        )
         return pipeline or run_uuid
     try:
         user = getpass.getuser()
