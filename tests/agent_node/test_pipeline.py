@@ -65,9 +65,16 @@ def submit(sb: Sandbox, image: str, profiles: list[str], **extra: str) -> tuple[
 
 
 @pytest.fixture(scope="module")
-def pipeline(node: Node, sandbox_on_node: Sandbox, image_in_node: str) -> Pipeline:
-    _, classes = apply_bundle(node.cluster.api, NAMESPACE)
-    assert sorted(classes) == sorted(PRICE_ORDER)
+def classes(node: Node) -> list[str]:
+    """The bundle's objects applied to the node (the claim, the classes, the hook's account
+    and role); the node's classes."""
+    _, applied = apply_bundle(node.cluster.api, NAMESPACE)
+    assert sorted(applied) == sorted(PRICE_ORDER)
+    return applied
+
+
+@pytest.fixture(scope="module")
+def pipeline(sandbox_on_node: Sandbox, image_in_node: str, classes: list[str]) -> Pipeline:
     uuid, params = submit(sandbox_on_node, image_in_node, classes)
     ops = follow(sandbox_on_node.client, OWNER, PROJECT, uuid, timeout=3000)
     return Pipeline(uuid, ops, classes, params)
@@ -154,7 +161,7 @@ def test_the_lease_is_released_and_the_claim_is_on_the_last_class(
 
 
 @pytest.mark.skipif(chromium() is None, reason="Debian package chromium is not installed")
-def test_the_ui_shows_every_run_with_its_profile_and_outputs(
+def test_the_ui_shows_every_run_with_its_profile_outputs_and_logs(
     pipeline: Pipeline, sandbox_on_node: Sandbox
 ) -> None:
     def rows(name: str) -> list[dict[str, str]]:
@@ -172,6 +179,11 @@ def test_the_ui_shows_every_run_with_its_profile_and_outputs(
     assert len(fios) == 3 and all(float(r["out.fio_seqwrite_1m_bw_mbps"]) > 0 for r in fios)
     (compare,) = rows("compare")
     assert compare["out.recommended_profile"] in pipeline.classes, compare
+    # A training run's logs tab: the lines Polyaxon's sidecar synced from the pod.
+    (train,) = [op for op in pipeline.ops if op.name == "train"][:1]
+    url = f"{sandbox_on_node.url}/ui/{OWNER}/{PROJECT}/runs/{train.uuid}/logs"
+    logs = render(url, "--dump-dom")
+    assert "final loss" in logs, logs[-3000:]
 
 
 def test_a_failed_stage_stops_the_pipeline_and_releases_the_claim(
@@ -208,14 +220,14 @@ def test_a_failed_stage_stops_the_pipeline_and_releases_the_claim(
 
 
 @pytest.fixture(scope="module")
-def scan_pipeline(node: Node, sandbox_on_node: Sandbox, image_in_node: str) -> Pipeline:
+def scan_pipeline(sandbox_on_node: Sandbox, image_in_node: str, classes: list[str]) -> Pipeline:
     """The same command with the scan workload (the demo's data sizes) over the cheapest and
     the fastest class."""
-    classes = [PRICE_ORDER[0], PRICE_ORDER[-1]]
+    pair = [PRICE_ORDER[0], PRICE_ORDER[-1]]
     data = dict(commands.DATA_DEMO_PARAMS, workload="scan")
-    uuid, params = submit(sandbox_on_node, image_in_node, classes, **data)
+    uuid, params = submit(sandbox_on_node, image_in_node, pair, **data)
     ops = follow(sandbox_on_node.client, OWNER, PROJECT, uuid, timeout=1800)
-    return Pipeline(uuid, ops, classes, params)
+    return Pipeline(uuid, ops, pair, params)
 
 
 def test_the_scan_workload_runs_per_class_and_the_verdict_speaks_au(
@@ -239,10 +251,11 @@ def test_the_scan_workload_runs_per_class_and_the_verdict_speaks_au(
         au[run.inputs["storage_profile"]] = out["scan_au"]
     print("scan epoch s per class:", epoch, "AU:", au)
     cheap, fast = scan_pipeline.classes
-    # The node's volume reads at the class's rate: 4x the throughput, a shorter epoch (the
-    # loader's CPU, shared with everything else here, takes part of it) and the accelerator
-    # fed more of the time.
-    assert epoch[cheap] > 1.2 * epoch[fast], epoch
+    # The node's volume reads at the class's rate: a shorter epoch and the accelerator fed
+    # more of the time. At most 1.4x shorter: 32 MiB take 0.26 s at 125 MiB/s, and the
+    # emulated compute (5 ms a batch, 0.18 s an epoch) bounds the faster class (measured
+    # here: 0.283 and 0.228 s, 61 and 81 % AU).
+    assert epoch[cheap] > 1.1 * epoch[fast], epoch
     assert au[fast] > au[cheap], au
     verdict = outputs(sb, commands.compare_op(scan_pipeline.ops))
     assert verdict["workload"] == "scan", verdict

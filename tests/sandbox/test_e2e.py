@@ -210,6 +210,12 @@ def test_browser_renders_the_runs_table_with_profiles_and_stage_outputs(sandbox,
     assert by_name["train-b"]["in.storage_profile"] == "throughput"
     for name in ("train-a", "train-b"):
         assert float(by_name[name]["out.ckpt_pause_s_total"]) > 0
+    # A run's page, logs tab: the log lines the agent uploaded, as the UI streams them.
+    (train_a,) = [op for op in pipeline_ops(sandbox.client, DEFAULT_OWNER, PROJECT, uuid_)
+                  if op.name == "train-a"]  # fmt: skip
+    logs = render(f"{sandbox.url}/ui/{DEFAULT_OWNER}/{PROJECT}/runs/{train_a.uuid}/logs",
+                  "--dump-dom")  # fmt: skip
+    assert "final loss" in logs, logs[-3000:]
 
 
 def test_cli_stop_command_is_printed(sandbox):
