@@ -180,7 +180,7 @@ def test_the_ui_shows_every_run_with_its_profile_outputs_and_logs(
     (compare,) = rows("compare")
     assert compare["out.recommended_profile"] in pipeline.classes, compare
     # A training run's logs tab: the lines Polyaxon's sidecar synced from the pod.
-    (train,) = [op for op in pipeline.ops if op.name == "train"][:1]
+    train = next(op for op in pipeline.ops if op.name == "train" and op.kind == "job")
     url = f"{sandbox_on_node.url}/ui/{OWNER}/{PROJECT}/runs/{train.uuid}/logs"
     logs = render(url, "--dump-dom")
     assert "final loss" in logs, logs[-3000:]
