@@ -17,7 +17,8 @@ What it does (:mod:`operator_standin.controller`):
   top-level fields and status subresource of the charts' CRDs (:mod:`operator_standin.crd`);
 - for each ``Job`` object in one namespace: records the start time, adds mloperator's two
   finalizers, creates the batch Job (same name, labels, annotations, pod template,
-  ``termination.backoffLimit`` / ``activeDeadlineSeconds``, owned by the object);
+  ``termination.backoffLimit`` / ``podFailurePolicy`` / ``activeDeadlineSeconds``, owned by
+  the object);
 - maps the Job and its pods to mloperator's conditions (Starting on create, Running once a
   pod runs, Warning for an unschedulable pod or a container stuck waiting, Succeeded /
   Failed from the Job's conditions, Stopped when the Job vanished after running), writes

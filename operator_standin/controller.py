@@ -162,7 +162,8 @@ def job_manifest(obj: dict[str, Any]) -> dict[str, Any]:
     """The batch Job for a ``polyaxon.com/v1`` Job (mloperator's ``GenerateJob``): same name,
     namespace, labels and annotations; its pod template (the template's own metadata kept,
     the object's labels and annotations added, as the operator copies them to the pod);
-    ``termination`` mapped to the Job's backoff limit, deadline and TTL; owned by the object,
+    ``termination`` mapped to the Job's backoff limit, pod failure policy, deadline and TTL;
+    owned by the object,
     so that deleting it deletes the Job and its pods."""
     meta = obj["metadata"]
     spec = obj["batchJobSpec"]
@@ -182,6 +183,10 @@ def job_manifest(obj: dict[str, Any]) -> dict[str, Any]:
     }
     if termination.get("activeDeadlineSeconds") is not None:
         job_spec["activeDeadlineSeconds"] = termination["activeDeadlineSeconds"]
+    if termination.get("podFailurePolicy"):
+        # Which failures another pod can fix (the training's: a lost node, an upload that
+        # failed); without it every failure is retried up to the backoff limit.
+        job_spec["podFailurePolicy"] = termination["podFailurePolicy"]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -231,6 +231,28 @@ def test_the_batch_job_takes_the_objects_template_and_termination() -> None:
     )
 
 
+FINAL_UNLESS_5 = """
+termination:
+  maxRetries: 2
+  podFailurePolicy:
+    rules:
+      - action: FailJob
+        onExitCodes: {containerName: polyaxon-main, operator: NotIn, values: [5]}
+"""
+"""The training component's policy, shortened: retried only on exit code 5."""
+
+
+def test_the_batch_job_keeps_the_pod_failure_policy() -> None:
+    obj = polyaxon_object(COMPONENT + FINAL_UNLESS_5)
+    obj["metadata"]["uid"] = "u-1"
+    job = job_manifest(obj)
+    assert job["spec"]["backoffLimit"] == 2
+    (rule,) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob"
+    assert rule["onExitCodes"] == {
+        "containerName": "polyaxon-main", "operator": "NotIn", "values": [5]}  # fmt: skip
+
+
 # -- against the API server ------------------------------------------------------------------
 
 
@@ -368,3 +390,22 @@ def test_a_ttl_keeps_the_done_object_until_it_passes(
     wait_for("Succeeded", lambda: conditions(api, name)[-1:] == ["Succeeded"], timeout=30)
     assert read(api, name) is not None
     wait_for("the object deleted after its TTL", lambda: read(api, name) is None, timeout=30)
+
+
+@pytest.mark.kube
+def test_a_final_exit_code_fails_the_run_without_another_pod(
+    api: client.ApiClient, controller: Controller, sink: RecordingSink
+) -> None:
+    obj = polyaxon_object(COMPONENT + FINAL_UNLESS_5)
+    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
+    name = create(api, obj)
+    job = wait_for("the batch Job", lambda: batch_job(api, name))
+    assert job.spec.pod_failure_policy.rules[0].action == "FailJob"  # the API server took it
+    pod = wait_for("the pod", lambda: the_pod(api, name))
+    kubelet_reports(api, pod, "Failed", exit_code=3)
+    wait_for("the object deleted", lambda: read(api, name) is None, timeout=30)
+    assert sink.types(run_uuid)[-1] == "Failed"
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        NAMESPACE, label_selector=f"batch.kubernetes.io/job-name={name}"
+    )
+    assert len(pods.items) <= 1, [p.metadata.name for p in pods.items]  # no retry
