@@ -50,13 +50,14 @@ def image_in_node(node: Node) -> str:
     return image
 
 
-def submit(sb: Sandbox, image: str, profiles: list[str], **extra: str) -> tuple[str, dict]:
-    """The README's cluster command, as written, with the demo's sizes as ``-P`` params."""
-    params = dict(commands.DEMO_PARAMS, **NODE_DEMO_OVERRIDES, image=image, api_host=sb.url)
-    params.update(extra)
-    params = {k: v for k, v in params.items() if k in commands.declared_inputs(PIPELINE)}
+def submit(
+    sb: Sandbox, image: str, profiles: list[str], workload: str = "checkpoint", **extra: str
+) -> tuple[str, dict]:
+    """The README's cluster command, as written, with the inputs ``demo --on-node`` gives
+    (the demo's sizes, the node's place, ``extra`` over them) as ``-P`` params."""
+    place = dict(NODE_DEMO_OVERRIDES, image=image, profiles=json.dumps(profiles))
+    params = commands.demo_params(sb, PIPELINE, extra, workload, place=place)
     args = ["run", "-p", f"{OWNER}/{PROJECT}", "-f", str(PIPELINE), "--queue", "agent/queue"]
-    args += ["-P", f"profiles={json.dumps(profiles)}"]
     for key, value in params.items():
         args += ["-P", f"{key}={value}"]
     done = polyaxon(sb, *args)
@@ -224,8 +225,7 @@ def scan_pipeline(sandbox_on_node: Sandbox, image_in_node: str, classes: list[st
     """The same command with the scan workload (the demo's data sizes) over the cheapest and
     the fastest class."""
     pair = [PRICE_ORDER[0], PRICE_ORDER[-1]]
-    data = dict(commands.DATA_DEMO_PARAMS, workload="scan")
-    uuid, params = submit(sandbox_on_node, image_in_node, pair, **data)
+    uuid, params = submit(sandbox_on_node, image_in_node, pair, workload="scan")
     ops = follow(sandbox_on_node.client, OWNER, PROJECT, uuid, timeout=1800)
     return Pipeline(uuid, ops, pair, params)
 
