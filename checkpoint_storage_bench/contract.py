@@ -525,3 +525,22 @@ DATA_WORKLOAD_OUTPUTS = {
     "workspace": WORKSPACE_OUTPUTS,
 }
 """Every output each data workload logs (the component declares their union)."""
+
+# The data figures the verdict reads by name (it names them only through these).
+WORKLOAD_INPUT = "workload"
+"""The run input (and summary key) naming the workload, one of :data:`WORKLOADS`."""
+
+SCAN_EPOCH_S, SCAN_AU, SCAN_CACHE_KEPT_OUT = SCAN_OUTPUTS[0], SCAN_OUTPUTS[1], SCAN_OUTPUTS[-1]
+"""A scan's epoch time and accelerator utilization (per-epoch metrics and the median
+epoch's outputs), and whether every epoch read the whole dataset from the device."""
+
+MATERIALIZE_TOTAL_S = MATERIALIZE_OUTPUTS[0]
+"""Materialize's total time: one figure per run."""
+
+WORKSPACE_SAVE_P99_MS = "workspace_save_p99_ms"
+"""A workspace's p99 save latency: a metric per round and an output."""
+
+DATA_SUMMARY_EPOCHS, DATA_SUMMARY_ROUNDS = "epochs", "rounds"
+"""The data summary's ``details`` lists: a scan's epochs (objects with ``epoch`` and the
+figures without the ``scan_`` prefix, ``epoch_s`` and ``au``) and a workspace's rounds (each
+round's p99 save latency, ms)."""
