@@ -1,0 +1,30 @@
+"""The pages people read state the pipeline's data-workload defaults as the bundle has them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _input_default(path: Path, name: str) -> object:
+    doc = yaml.safe_load(path.read_text())
+    (value,) = [i.get("value") for i in doc["inputs"] if i["name"] == name]
+    return value
+
+
+def test_the_docs_state_the_pipelines_epochs_default() -> None:
+    pipelines = [
+        REPO / "polyaxonfiles" / "checkpoint-storage-pipeline.yaml",
+        REPO / "components" / "checkpoint-storage-profiles" / "latest.yaml",
+        REPO / "components" / "checkpoint-stage" / "latest.yaml",
+    ]
+    (default,) = {_input_default(p, "epochs") for p in pipelines}
+    contracts = " ".join((REPO / "docs" / "contracts.md").read_text().split())
+    stated = re.findall(r"`epochs` \(default (\d+)\)", contracts)
+    page = " ".join((REPO / "docs" / "data-workloads.md").read_text().split())
+    stated += re.findall(r"`epochs` \(default (\d+)\)", page)
+    assert len(stated) == 2 and set(stated) == {str(default)}, stated
