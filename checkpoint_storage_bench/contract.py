@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -206,6 +207,24 @@ def output_key(name: str) -> str:
     'seqwrite_1m_direct'
     """
     return name.replace(".", "_").replace("-", "_")
+
+
+def output_key_clashes(names: Iterable[str]) -> list[tuple[str, str]]:
+    """Pairs of distinct names with one :func:`output_key` (``gp3-fast`` and ``gp3.fast``):
+    their outputs would overwrite each other, so a plan or a verdict refuses them.
+
+    >>> output_key_clashes(["gp3-fast", "gp3.fast", "io2"])
+    [('gp3-fast', 'gp3.fast')]
+    """
+    seen: dict[str, str] = {}
+    clashes = []
+    for name in dict.fromkeys(names):
+        key = output_key(name)
+        if key in seen:
+            clashes.append((seen[key], name))
+        else:
+            seen[key] = name
+    return clashes
 
 
 def fio_output(case: str, measure: str) -> str:
