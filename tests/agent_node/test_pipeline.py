@@ -16,20 +16,36 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from checkpoint_storage_bench.contract import lease_name
 from sandbox import commands
-from sandbox.errors import RunFailedError
+from sandbox.errors import RunFailedError, SandboxError
 from sandbox.on_node import NODE_DEMO_OVERRIDES, apply_bundle, import_image, project_image
-from sandbox.pipeline import follow, get_run, log_lines, pipeline_ops, runs_table_url
+from sandbox.pipeline import (
+    follow,
+    get_run,
+    log_lines,
+    pipeline_ops,
+    runs_table_url,
+    stop_run,
+)
 from sandbox.server import Sandbox
 from tests.agent_node.conftest import PROJECT
-from tests.agent_node.test_polyaxon_agent import OWNER, RUN_CREATED, polyaxon
+from tests.agent_node.test_polyaxon_agent import OWNER, RUN_CREATED, pods_of, polyaxon
 from tests.browser import chromium, render, runs_table
-from tests.kube.cluster import CLAIM, NAMESPACE
+from tests.kube.cluster import CLAIM, NAMESPACE, wait_for
 from tests.kube.node import Node
 
 PIPELINE = commands.REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-profiles.yaml"
+# A whole pipeline runs inside one module fixture, so the first test of each pipeline pays
+# for it: its time limit is the pipeline's (three stages of fio and training on the 2-core
+# node take 6-9 min when the machine is quiet, up to twice that beside other work), and each
+# `follow` gives up a few minutes before it, so a pipeline that overruns is stopped and its
+# claim freed by `run_to_end`, not killed mid-wait by pytest-timeout.
+pytestmark = pytest.mark.timeout(2100)
+PIPELINE_S = 1800
+"""The most one pipeline of this module may take; `follow`'s deadline."""
 PRICE_ORDER = ["checkpoint-baseline", "checkpoint-throughput", "checkpoint-gp3-500"]
 """The node's classes, cheapest first (connections/pricing.yaml: gp3 at 125, 250, 500 MiB/s)."""
 
@@ -65,6 +81,54 @@ def submit(
     return RUN_CREATED.search(done.stdout).group(1), params
 
 
+def run_to_end(sb: Sandbox, node: Node, uuid: str, timeout: float = PIPELINE_S) -> list[Any]:
+    """Follow the pipeline until it is done (``follow``); when anything cuts the wait short
+    (its own deadline, pytest's, an interrupt), stop the pipeline, wait for its pods to go and
+    free the claim's Lease if one of its runs holds it: a pipeline that did not finish would
+    otherwise keep the claim for the next pipeline of the module, which then fails on a held
+    Lease instead of on its own merits."""
+    try:
+        return follow(sb.client, OWNER, PROJECT, uuid, timeout=timeout)
+    except RunFailedError:
+        raise  # done, by its own ops' failure: its release op ran
+    except BaseException:
+        stop_and_release(sb, node, uuid)
+        raise
+
+
+def stop_and_release(sb: Sandbox, node: Node, uuid: str) -> None:
+    """Stop the pipeline ``uuid``, wait (bounded) for every pod of its runs to be gone, then
+    clear the claim's Lease when its holder is the pipeline or one of its runs."""
+    try:
+        stop_run(sb.client, OWNER, PROJECT, uuid)
+    except SandboxError as exc:
+        print(f"could not stop pipeline {uuid}: {exc}")
+    try:
+        runs = {uuid} | {op.uuid for op in pipeline_ops(sb.client, OWNER, PROJECT, uuid)}
+    except SandboxError as exc:
+        print(f"could not list the ops of pipeline {uuid}: {exc}")
+        runs = {uuid}
+    try:
+        wait_for(
+            "the stopped pipeline's pods gone",
+            lambda: not any(pods_of(node, run) for run in runs),
+            timeout=180,
+        )
+    except AssertionError as exc:
+        print(exc)
+    leases = client.CoordinationV1Api(node.cluster.api)
+    try:
+        lease = leases.read_namespaced_lease(lease_name(CLAIM), NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return
+        raise
+    if lease.spec.holder_identity in runs:
+        lease.spec.holder_identity = None
+        leases.replace_namespaced_lease(lease_name(CLAIM), NAMESPACE, lease)
+        print(f"released the Lease pipeline {uuid} held")
+
+
 @pytest.fixture(scope="module")
 def classes(node: Node) -> list[str]:
     """The bundle's objects applied to the node (the claim, the classes, the hook's account
@@ -75,9 +139,11 @@ def classes(node: Node) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pipeline(sandbox_on_node: Sandbox, image_in_node: str, classes: list[str]) -> Pipeline:
+def pipeline(
+    sandbox_on_node: Sandbox, node: Node, image_in_node: str, classes: list[str]
+) -> Pipeline:
     uuid, params = submit(sandbox_on_node, image_in_node, classes)
-    ops = follow(sandbox_on_node.client, OWNER, PROJECT, uuid, timeout=3000)
+    ops = run_to_end(sandbox_on_node, node, uuid)
     return Pipeline(uuid, ops, classes, params)
 
 
@@ -196,7 +262,7 @@ def test_a_failed_stage_stops_the_pipeline_and_releases_the_claim(
     first, never = PRICE_ORDER[0], PRICE_ORDER[1]
     uuid, _ = submit(sb, image_in_node, [first, never], device="cuda")
     with pytest.raises(RunFailedError) as failed:
-        follow(sb.client, OWNER, PROJECT, uuid, timeout=1200)
+        run_to_end(sb, node, uuid)
     print(failed.value)
 
     jobs = [op for op in pipeline_ops(sb.client, OWNER, PROJECT, uuid) if op.kind == "job"]
@@ -221,12 +287,14 @@ def test_a_failed_stage_stops_the_pipeline_and_releases_the_claim(
 
 
 @pytest.fixture(scope="module")
-def scan_pipeline(sandbox_on_node: Sandbox, image_in_node: str, classes: list[str]) -> Pipeline:
+def scan_pipeline(
+    sandbox_on_node: Sandbox, node: Node, image_in_node: str, classes: list[str]
+) -> Pipeline:
     """The same command with the scan workload (the demo's data sizes) over the cheapest and
     the fastest class."""
     pair = [PRICE_ORDER[0], PRICE_ORDER[-1]]
     uuid, params = submit(sandbox_on_node, image_in_node, pair, workload="scan")
-    ops = follow(sandbox_on_node.client, OWNER, PROJECT, uuid, timeout=1800)
+    ops = run_to_end(sandbox_on_node, node, uuid)
     return Pipeline(uuid, ops, pair, params)
 
 
