@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from checkpoint_storage_bench.contract import lease_name
 from sandbox import commands
-from sandbox.errors import RunFailedError, SandboxError
+from sandbox.errors import FollowTimeoutError, RunFailedError, SandboxError
 from sandbox.on_node import NODE_DEMO_OVERRIDES, apply_bundle, import_image, project_image
 from sandbox.pipeline import (
     follow,
@@ -116,17 +116,25 @@ def stop_and_release(sb: Sandbox, node: Node, uuid: str) -> None:
         )
     except AssertionError as exc:
         print(exc)
-    leases = client.CoordinationV1Api(node.cluster.api)
-    try:
+    if lease_holder(node) in runs:
+        leases = client.CoordinationV1Api(node.cluster.api)
         lease = leases.read_namespaced_lease(lease_name(CLAIM), NAMESPACE)
-    except ApiException as exc:
-        if exc.status == 404:
-            return
-        raise
-    if lease.spec.holder_identity in runs:
         lease.spec.holder_identity = None
         leases.replace_namespaced_lease(lease_name(CLAIM), NAMESPACE, lease)
         print(f"released the Lease pipeline {uuid} held")
+
+
+def lease_holder(node: Node) -> str | None:
+    """Who holds the claim's Lease; None when nobody does or there is no Lease yet."""
+    try:
+        lease = client.CoordinationV1Api(node.cluster.api).read_namespaced_lease(
+            lease_name(CLAIM), NAMESPACE
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return lease.spec.holder_identity or None
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +292,23 @@ def test_a_failed_stage_stops_the_pipeline_and_releases_the_claim(
     assert pvc.spec.volume_attributes_class_name == first
     assert pvc.status.current_volume_attributes_class_name == first
     assert not lease.spec.holder_identity, lease.spec
+
+
+def test_a_pipeline_cut_short_is_stopped_and_frees_the_claim(
+    node: Node, sandbox_on_node: Sandbox, image_in_node: str, classes: list[str]
+) -> None:
+    # What a module fixture does when its pipeline overruns: the wait ends while a stage
+    # holds the claim; the pipeline is stopped, its pods go, and the next pipeline finds the
+    # claim free.
+    sb = sandbox_on_node
+    uuid, _ = submit(sb, image_in_node, PRICE_ORDER[:2])
+    wait_for("a stage holding the claim", lambda: lease_holder(node), timeout=600, interval=2.0)
+    with pytest.raises(FollowTimeoutError):
+        run_to_end(sb, node, uuid, timeout=0)
+    assert get_run(sb.client, OWNER, PROJECT, uuid).status in ("stopping", "stopped")
+    ops = pipeline_ops(sb.client, OWNER, PROJECT, uuid)
+    assert not any(pods_of(node, op.uuid) for op in ops), [op.name for op in ops]
+    assert lease_holder(node) is None
 
 
 @pytest.fixture(scope="module")
