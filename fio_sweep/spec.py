@@ -36,7 +36,14 @@ SYNC_ENGINES = ("psync", "sync", "pvsync", "pvsync2", "mmap")
 FALLOCATE = ("none", "native", "posix", "keep")
 MAX_BLOCK = 256 * 1024**2
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SPEC_KEYS = {"description", "defaults", "overhead_case", "cases"}
+# Each top-level key and the YAML type it must have (a list where a name is expected
+# would otherwise surface later as a TypeError, far from the spec).
+_SPEC_TYPES: dict[str, tuple[type, str]] = {
+    "description": (str, "a string"),
+    "defaults": (dict, "a mapping"),
+    "overhead_case": (str, "a case name"),
+    "cases": (list, "a non-empty list"),
+}
 SHIPPED_DIR = "specs"
 DEFAULT_SPEC = "default"
 
@@ -82,6 +89,8 @@ class Case:
         for key in ("direct", "time_based", "end_fsync"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"{where}: {key} must be true or false")
+        if not isinstance(self.description, str):
+            raise SpecError(f"{where}: description must be a string, got {self.description!r}")
         if self.size < self.bs:
             raise SpecError(
                 f"{where}: size {format_bytes(self.size)} is smaller than bs "
@@ -235,13 +244,15 @@ def parse_spec(raw: Any, source: str = "<spec>") -> Spec:
     """Validate a spec's parsed YAML and expand its matrix cases."""
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a spec is a mapping with a 'cases' list")
-    _no_unknown(source, raw, _SPEC_KEYS)
+    _no_unknown(source, raw, set(_SPEC_TYPES))
+    for key, (kind, what) in _SPEC_TYPES.items():
+        value = raw.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise SpecError(f"{source}: {key!r} must be {what}, got {value!r}")
     defaults = raw.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise SpecError(f"{source}: 'defaults' must be a mapping")
     _no_unknown(f"{source}: defaults", defaults, CASE_KEYS - {"name"})
     cases_raw = raw.get("cases")
-    if not isinstance(cases_raw, list) or not cases_raw:
+    if not cases_raw:
         raise SpecError(f"{source}: 'cases' must be a non-empty list")
     cases: list[Case] = []
     for i, item in enumerate(cases_raw):
@@ -278,7 +289,8 @@ def expand_matrix(item: dict[str, Any], where: str = "case") -> list[dict[str, A
         labels = {k: str(v).lower() for k, v in values.items()}
         try:
             case_name = name.format_map(labels)
-        except (KeyError, ValueError, IndexError) as exc:
+        except (KeyError, ValueError, IndexError, AttributeError, TypeError) as exc:
+            # Only plain {key} placeholders fit; {bs.x} or {bs[x]} fail on the value itself.
             raise SpecError(f"{where}: name template {name!r} does not fit the matrix") from exc
         expanded.append({**base, **values, "name": case_name})
     return expanded

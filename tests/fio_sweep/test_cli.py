@@ -280,3 +280,21 @@ def test_fio_that_does_not_run_exits_4(tmp_path: Path, mount: Path, monkeypatch)
 def test_click_usage_errors_exit_2(mount: Path):
     assert run_cli().exit_code == 2
     assert run_cli("--mount", mount, "--runtime", "soon").exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("top", "message"),
+    [
+        ({"overhead_case": ["a"]}, "'overhead_case' must be a case name"),
+        ({"description": {"x": 1}}, "'description' must be a string"),
+    ],
+)
+def test_a_spec_key_of_the_wrong_type_is_exit_2_in_one_line(
+    tmp_path: Path, mount: Path, top, message
+):
+    spec = write_spec(tmp_path, [{"name": "a", "rw": "read"}], **top)
+    result = run_cli("--mount", mount, "--spec", spec, "--no-track")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("fio-sweep: error: ") and message in line
+    assert tree(mount) == []

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fio_sweep.errors import SpecError
-from fio_sweep.spec import Case, expand_matrix, load_spec, parse_spec, shipped_specs
+from fio_sweep.spec import CASE_KEYS, Case, expand_matrix, load_spec, parse_spec, shipped_specs
 
 MiB = 1024**2
 
@@ -139,3 +140,61 @@ def test_user_spec_file_is_accepted(tmp_path: Path):
     path.write_text(yaml.safe_dump({"cases": [{"name": "r", "rw": "randread", "bs": "4k"}]}))
     spec = load_spec(path)
     assert spec.source == str(path) and spec.cases[0].bs == 4096
+
+
+# Every YAML type in every place of a spec: a wrong one is a SpecError naming the place
+# (exit 2 on the command line), never a TypeError or AttributeError from deeper down.
+ANY_YAML = [["a"], {"a": 1}, 1, 1.5, True, None, "x", "", [[1]], [{"a": 1}], -1]
+
+
+def _placed(raw_of, values=ANY_YAML):
+    return [raw_of(v) for v in values]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        *[
+            raw
+            for key in ("description", "defaults", "overhead_case", "cases")
+            for raw in _placed(lambda v, k=key: {"cases": [{"name": "a", "rw": "read"}], k: v})
+        ],
+        *[
+            raw
+            for key in sorted(CASE_KEYS | {"matrix"})
+            for raw in _placed(lambda v, k=key: {"cases": [{"name": "a", "rw": "read", k: v}]})
+        ],
+        *[
+            raw
+            for key in sorted(CASE_KEYS - {"name", "description"})
+            for raw in _placed(
+                lambda v, k=key: {"cases": [{"name": "a", "rw": "read", "matrix": {k: [v]}}]}
+            )
+        ],
+        *[
+            {"cases": [{"name": name, "rw": "read", "matrix": {"bs": ["4k"]}}]}
+            for name in ("a_{bs.x}", "a_{bs[x]}", "a_{bs!z}", "a_{}", "a_{0}")
+        ],
+    ],
+)
+def test_a_value_of_any_yaml_type_anywhere_is_accepted_or_a_spec_error(raw):
+    try:
+        parse_spec(raw)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("overhead_case", ["a"], "'overhead_case' must be a case name, got ['a']"),
+        ("overhead_case", {"a": 1}, "'overhead_case' must be a case name"),
+        ("description", ["x"], "'description' must be a string"),
+        ("defaults", ["x"], "'defaults' must be a mapping"),
+        ("cases", "a", "'cases' must be a non-empty list"),
+    ],
+)
+def test_a_top_level_key_of_the_wrong_type_is_named(key, value, message):
+    raw = {"cases": [{"name": "a", "rw": "read"}], key: value}
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_spec(raw)
