@@ -476,8 +476,8 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int, loader: ScanLoader) -> dic
 
 
 def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
-    """Every epoch, then the figures: the median epoch's, batch waits over all epochs, and
-    the cache check. The workers start in the first epoch (its time to the first batch
+    """Every epoch, then the figures: the median epoch time and the rates over it (AU: the
+    median compute time over it), batch waits over all epochs, and the cache check. The workers start in the first epoch (its time to the first batch
     includes their start) and serve every epoch.
 
     Raises:
@@ -495,19 +495,21 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
             epochs.append(result)
         ring_bytes = loader.ring.nbytes
     waits = [w for e in epochs for w in e["wait_s"]]
-    med = sorted(epochs, key=lambda e: e["epoch_s"])[len(epochs) // 2]
+    # One epoch time, and every rate from it: with an even number of epochs the median is
+    # between two epochs, and no single epoch's rates would match it.
+    epoch_s = median([e["epoch_s"] for e in epochs])
     # A worker's reads are not counted where /proc/<pid>/io is missing: then unknown, too.
     reads = [e["device_read_bytes"] for e in epochs]
     counted = counted and None not in reads
     coverage = [r / data.bytes if r is not None else None for r in reads]
     kept_out = all(r / data.bytes >= CACHE_COVERAGE for r in reads) if counted else None
-    au = median([e["au"] for e in epochs]) if cfg.compute_ms else None
+    au = median([e["compute_s"] for e in epochs]) / epoch_s if cfg.compute_ms else None
     figures = {
-        "scan_epoch_s": median([e["epoch_s"] for e in epochs]),
+        "scan_epoch_s": epoch_s,
         "scan_au": au,
         "scan_au_ok": None if au is None else au >= cfg.min_au,
-        "scan_samples_per_s": med["samples_per_s"],
-        "scan_mbps": med["mbps"],
+        "scan_samples_per_s": data.records / epoch_s,
+        "scan_mbps": data.bytes / epoch_s / 1e6,
         "scan_first_batch_s": median([e["first_batch_s"] for e in epochs]),
         "scan_wait_p50_ms": 1000 * (percentile(waits, 50) or 0.0),
         "scan_wait_p99_ms": 1000 * (percentile(waits, 99) or 0.0),

@@ -4,6 +4,7 @@ epoch in a new order, the page cache kept out and that checked, AU from the emul
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,27 @@ def test_uncompressed_shards_are_read_into_place_unless_records_are_tiny(
     with scan.ScanLoader(data, cfg) as loader:
         assert loader.source.placed is placed
         assert sorted(epoch_records(loader, data, 0)) == list(range(data.records))
+
+
+@pytest.mark.parametrize("epoch_times", [[1.0, 3.0], [4.0, 1.0, 2.0, 3.0]])
+def test_the_headline_figures_come_from_the_same_epoch_time(
+    data_dir: Path, monkeypatch, epoch_times: list[float]
+) -> None:
+    # An even number of epochs has no middle one: MB/s and samples/s must still be the
+    # dataset over the headline epoch time, not the figures of another epoch.
+    data, cfg = prepared(data_dir, "files", num_workers=0, epochs=len(epoch_times))
+    real = scan.run_epoch
+
+    def timed(data, cfg, epoch, loader):
+        result = real(data, cfg, epoch, loader)
+        wall = epoch_times[epoch]
+        result.update(epoch_s=wall, samples_per_s=result["samples"] / wall)
+        result.update(mbps=data.bytes / wall / 1e6)
+        return result
+
+    monkeypatch.setattr(scan, "run_epoch", timed)
+    figures = scan.run_scan(data, cfg)["figures"]
+    epoch_s = figures["scan_epoch_s"]
+    assert epoch_s == pytest.approx(statistics.median(epoch_times))
+    assert figures["scan_mbps"] == pytest.approx(data.bytes / epoch_s / 1e6)
+    assert figures["scan_samples_per_s"] == pytest.approx(data.records / epoch_s)
