@@ -103,6 +103,26 @@ def _dataset(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k in keys}
 
 
+def _shown(value: float | None, width: int, digits: int) -> str:
+    """A figure in its column; "-" where there is none (one epoch has no second)."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def table_row(r: dict[str, Any]) -> str:
+    """One format's line of the table."""
+    read_ratio = r["scan_mbps"] / r["fio_randread_mbps"]
+    mat_mbps = r["materialize_write_mbps"]
+    write_ratio = None if mat_mbps is None else mat_mbps / r["fio_write_mbps"]
+    return (
+        f"{r['format']:<11} {format_bytes(r['bytes']):>10} {format_bytes(r['bs']):>8} "
+        f"{r['qd']:>3} {r['scan_mbps']:>10.1f} {r['fio_randread_mbps']:>12.1f} "
+        f"{read_ratio:>6.2f} {r['cpu_ms_per_mb']:>9.2f} {r['sys_ms_per_mb']:>5.2f} "
+        f"{r['cores_to_keep_up']:>5.1f} "
+        f"{str(r['cache_kept_out']):>9} {_shown(r['second_epoch_ratio'], 7, 2)} "
+        f"{_shown(mat_mbps, 10, 1)} {r['fio_write_mbps']:>9.1f} {_shown(write_ratio, 6, 2)}"
+    )
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--dir", "directory", required=True, type=click.Path(path_type=Path),
               help="Directory on the volume to measure (its parent must exist).")  # fmt: skip
@@ -150,16 +170,7 @@ def main(
         f"{'cache out':>9} {'ep2/ep1':>7} {'mat. write':>10} {'fio write':>9} {'ratio':>6}"
     )
     for r in rows:
-        read_ratio = r["scan_mbps"] / r["fio_randread_mbps"]
-        write_ratio = r["materialize_write_mbps"] / r["fio_write_mbps"]
-        click.echo(
-            f"{r['format']:<11} {format_bytes(r['bytes']):>10} {format_bytes(r['bs']):>8} "
-            f"{r['qd']:>3} {r['scan_mbps']:>10.1f} {r['fio_randread_mbps']:>12.1f} "
-            f"{read_ratio:>6.2f} {r['cpu_ms_per_mb']:>9.2f} {r['sys_ms_per_mb']:>5.2f} "
-            f"{r['cores_to_keep_up']:>5.1f} "
-            f"{str(r['cache_kept_out']):>9} {r['second_epoch_ratio']:>7.2f} "
-            f"{r['materialize_write_mbps']:>10.1f} {r['fio_write_mbps']:>9.1f} {write_ratio:>6.2f}"
-        )
+        click.echo(table_row(r))
     click.echo(
         f"{os.cpu_count()} CPUs, load average {load_before:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end"
