@@ -245,6 +245,12 @@ def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> li
     is_flag=True,
     help="The run ends with a switch back to the first profile (A…B…A, measures drift).",
 )
+@click.option(
+    "--restore-to",
+    metavar="CLASS",
+    help="The run ends by switching the claim to CLASS (the pipeline's restore): counted "
+    "as one more modification when the claim is not already on it by then.",
+)
 @_file("--summary-json", "Write the plan here.")
 @_read_timeout
 def plan(**options: Any) -> None:

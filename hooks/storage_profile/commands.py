@@ -167,14 +167,16 @@ def run_plan(cfg: PlanConfig) -> planning.ModificationPlan:
     if cfg.backend == "local":
         sandbox = SandboxProfiles.load(cfg.profiles_file)
         plan = planning.plan_local(
-            sandbox, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now
-        )
+            sandbox, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now,
+            cfg.restore_to,
+        )  # fmt: skip
     else:
         deadline = Deadline(cfg.timeout)
         kube = connect(cfg, deadline)
         plan = planning.plan_kubernetes(
-            kube, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now, deadline
-        )
+            kube, cfg.namespace, cfg.claim, cfg.profiles, cfg.return_to_first, now, deadline,
+            cfg.restore_to,
+        )  # fmt: skip
     click.echo(plan.render())
     if cfg.summary_json is not None:
         cfg.summary_json.parent.mkdir(parents=True, exist_ok=True)

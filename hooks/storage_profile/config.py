@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkpoint_storage_bench.contract import output_key, output_key_clashes
 from checkpoint_storage_bench.retry import Backoff
 
 SETTLE_MODES = ("kubernetes", "provider")
@@ -253,6 +254,7 @@ class PlanConfig(Target):
 
     profiles: list[str]
     return_to_first: bool = False
+    restore_to: str | None = None
     summary_json: Path | None = None
     timeout: float = 60.0
     backoff: Backoff = field(default_factory=Backoff)
@@ -261,8 +263,34 @@ class PlanConfig(Target):
         super().__post_init__()
         if not self.profiles or any(not p for p in self.profiles):
             raise ValueError(f"--profiles must name at least one class, got {self.profiles!r}")
+        check_comparable(self.profiles)
+        if self.restore_to is not None and not self.restore_to:
+            raise ValueError("--restore-to must not be empty")
         if self.backend == "kubernetes":
             # Class names become URL paths, as --to does for switch.
             for name in self.profiles:
                 check_subdomain("--profiles", name)
+            if self.restore_to is not None:
+                check_subdomain("--restore-to", self.restore_to)
         check_seconds("--timeout", self.timeout)
+
+
+def check_comparable(profiles: list[str]) -> None:
+    """Refuse profiles that cannot make a comparison (``ValueError``), before any switch.
+
+    One distinct class has nothing to compare with (the verdict would refuse it only after
+    every stage ran); two names that differ only in ``-`` and ``.`` share their output
+    names (``gp3-fast`` and ``gp3.fast``), so one's figures would overwrite the other's.
+    """
+    if len(set(profiles)) < 2:
+        raise ValueError(
+            f"--profiles must name at least two different classes to compare, got "
+            f"{','.join(profiles)!r}"
+        )
+    clashes = output_key_clashes(profiles)
+    if clashes:
+        a, b = clashes[0]
+        raise ValueError(
+            f"--profiles {a} and {b} have the same output name {output_key(a)!r} ('-' and "
+            "'.' both become '_'): their figures would overwrite each other; rename one class"
+        )

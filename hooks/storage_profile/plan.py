@@ -8,8 +8,8 @@ parses into ``config.PlanConfig`` and ``commands.run_plan`` calls this module; a
 :class:`~hooks.storage_profile.errors.PlanRefused` (exit 3).
 
 Counting: the run visits the profiles in order (then the first again with
-``--return-to-first``), starting from the claim's class; a step to the class the claim is
-already on is no modification. Judging: the provider allows ``count`` modifications per
+``--return-to-first``, then the restore class with ``--restore-to``), starting from the
+claim's class; a step to the class the claim is already on is no modification. Judging: the provider allows ``count`` modifications per
 rolling ``window`` (``contract.MODIFICATION_WINDOWS``). The plan does not know how long the
 run takes, so it assumes the worst case, that every switch of the run falls inside one
 window: it fits now when the ledger's switches inside the last window plus the run's
@@ -47,15 +47,31 @@ def utcnow() -> datetime:
 NOW = utcnow
 
 
+def visits(profiles: list[str], return_to_first: bool, restore_to: str | None = None) -> list[str]:
+    """The classes a run puts the claim on, in order: the profiles, the first again with
+    ``return_to_first``, and the restore class last.
+
+    >>> visits(["a", "b"], return_to_first=True, restore_to="c")
+    ['a', 'b', 'a', 'c']
+    """
+    order = [*profiles, profiles[0]] if return_to_first else list(profiles)
+    return [*order, restore_to] if restore_to is not None else order
+
+
 def switches_of(
-    current: str | None, profiles: list[str], return_to_first: bool
+    current: str | None,
+    profiles: list[str],
+    return_to_first: bool,
+    restore_to: str | None = None,
 ) -> list[tuple[str | None, str]]:
     """The (from, to) modifications a run makes: each change of class along the order.
 
     >>> switches_of("a", ["a", "b", "b", "c"], return_to_first=True)
     [('a', 'b'), ('b', 'c'), ('c', 'a')]
+    >>> switches_of("a", ["a", "b"], return_to_first=False, restore_to="a")
+    [('a', 'b'), ('b', 'a')]
     """
-    order = [*profiles, profiles[0]] if return_to_first else list(profiles)
+    order = visits(profiles, return_to_first, restore_to)
     switches: list[tuple[str | None, str]] = []
     previous = current
     for name in order:
@@ -100,6 +116,7 @@ class ModificationPlan:
     profiles: list[str]
     return_to_first: bool
     now: datetime
+    restore_to: str | None = None
     bound: bool = True
     window: tuple[int, float] | None = None
     ledger: list[LedgerEntry] = field(default_factory=list)
@@ -107,7 +124,7 @@ class ModificationPlan:
 
     @property
     def switches(self) -> list[tuple[str | None, str]]:
-        return switches_of(self.current_class, self.profiles, self.return_to_first)
+        return switches_of(self.current_class, self.profiles, self.return_to_first, self.restore_to)
 
     @property
     def modifications_needed(self) -> int:
@@ -143,6 +160,7 @@ class ModificationPlan:
         what = (
             f"the run over {', '.join(self.profiles)}"
             + (" and back to the first" if self.return_to_first else "")
+            + (f", then restored to {self.restore_to}," if self.restore_to else "")
             + f" needs {needed} modification{'s' if needed != 1 else ''} of claim "
             f"{self.namespace}/{self.claim}, and {self.driver} allows {allowed} per "
             f"{_hours(seconds)}"
@@ -152,7 +170,7 @@ class ModificationPlan:
             return (
                 f"{what}: it cannot fit in one window, whenever it starts; compare at most "
                 f"{allowed} change{'s' if allowed != 1 else ''} per run (fewer profiles, the "
-                "claim already on the first one, or no --return-to-first)"
+                "claim already on the first one, no --return-to-first, or no restore)"
             )
         return (
             f"{what}; its ledger ({LEDGER_ANNOTATION}) has {self.in_window} in the last "
@@ -172,6 +190,7 @@ class ModificationPlan:
             "current_class": self.current_class,
             "profiles": self.profiles,
             "return_to_first": self.return_to_first,
+            "restore_to": self.restore_to,
             "switches": [{"from": a, "to": b} for a, b in self.switches],
             "modifications_needed": self.modifications_needed,
             "modifications_allowed": self.window[0] if self.window else None,
@@ -185,7 +204,7 @@ class ModificationPlan:
         }
 
     def render(self) -> str:
-        order = [*self.profiles, self.profiles[0]] if self.return_to_first else self.profiles
+        order = visits(self.profiles, self.return_to_first, self.restore_to)
         switches = ", ".join(f"{a or '(none)'} -> {b}" for a, b in self.switches) or "none"
         if self.window is None:
             window = "none known (no provider limit)"
@@ -225,6 +244,7 @@ class ModificationPlan:
                     namespace=self.namespace,
                     profiles=",".join(self.profiles),
                     return_to_first=self.return_to_first,
+                    restore_to=self.restore_to,
                     driver=self.driver,
                     current_class=self.current_class,
                 )
@@ -276,6 +296,7 @@ def plan_kubernetes(
     return_to_first: bool,
     now: datetime,
     deadline: Deadline | None = None,
+    restore_to: str | None = None,
 ) -> ModificationPlan:
     """Read the claim, its volume, the classes and the ledger; judge nothing yet.
 
@@ -289,7 +310,8 @@ def plan_kubernetes(
     claim = kube.read_claim(namespace, claim_name, deadline)
     if claim is None:
         raise PlanRefused(f"claim {ref} not found")
-    classes = {name: kube.read_class(name, deadline) for name in dict.fromkeys(profiles)}
+    named = visits(profiles, return_to_first, restore_to)
+    classes = {name: kube.read_class(name, deadline) for name in dict.fromkeys(named)}
     missing = [name for name, vac in classes.items() if vac is None]
     if missing:
         raise PlanRefused(f"VolumeAttributesClass not found: {', '.join(missing)}")
@@ -356,6 +378,7 @@ def plan_kubernetes(
         profiles=profiles,
         return_to_first=return_to_first,
         now=now,
+        restore_to=restore_to,
         bound=bound,
         window=window,
         ledger=ledger,
@@ -370,6 +393,7 @@ def plan_local(
     profiles: list[str],
     return_to_first: bool,
     now: datetime,
+    restore_to: str | None = None,
 ) -> ModificationPlan:
     """The sandbox: profiles are directories, and nothing limits how often they change.
 
@@ -380,7 +404,8 @@ def plan_local(
         raise PlanRefused(
             f"the sandbox has claim {sandbox.namespace}/{sandbox.claim}, not {namespace}/{claim}"
         )
-    unknown = [p for p in dict.fromkeys(profiles) if p not in sandbox.profiles]
+    named = visits(profiles, return_to_first, restore_to)
+    unknown = [p for p in dict.fromkeys(named) if p not in sandbox.profiles]
     if unknown:
         raise PlanRefused(
             f"unknown sandbox profile {', '.join(unknown)} "
@@ -396,5 +421,6 @@ def plan_local(
         profiles=profiles,
         return_to_first=return_to_first,
         now=now,
+        restore_to=restore_to,
         notes=["local backend: switches are symlink changes, no provider window"],
     )

@@ -94,6 +94,16 @@ def test_a_refused_plan_stops_the_comparison_before_any_switch(three) -> None:
     assert "--return-to-first" in plan
 
 
+@pytest.mark.parametrize("path", [PROFILES_PIPELINE, PIPELINE], ids=["general", "two-profile"])
+def test_the_plan_counts_the_restore_switch_when_one_is_asked_for(path) -> None:
+    # The restore is one more modification in the same window: the plan must count it.
+    params = {"profiles": THREE} if path == PROFILES_PIPELINE else {}
+    for restore, expected in ((False, []), (True, ["--restore-to=gp3-old"])):
+        asked = {**params, "restore_after": restore, "restore_class": "gp3-old"}
+        (plan,) = [p for p in pipeline_jobs(path, asked).values() if p.run_name == "plan"]
+        assert [a for a in plan.argv if a.startswith("--restore")] == expected, restore
+
+
 def test_each_stage_switches_measures_then_trains_repeats_times(stages) -> None:
     assert len(stages) == 4
     for stage in stages:

@@ -71,6 +71,9 @@ def test_counting_rules() -> None:
     assert switches_of("a", ["a", "b", "c"], True) == [("a", "b"), ("b", "c"), ("c", "a")]
     assert switches_of("a", ["a", "b", "a"], True) == [("a", "b"), ("b", "a")]
     assert switches_of("a", ["a"], True) == []
+    # The restore class comes last: one more, unless the run already ends on it.
+    assert switches_of("a", ["b", "c"], False, "a") == [("a", "b"), ("b", "c"), ("c", "a")]
+    assert switches_of("a", ["a", "b"], True, "a") == [("a", "b"), ("b", "a")]
 
 
 def test_earliest_start_in_a_rolling_window() -> None:
@@ -147,6 +150,57 @@ def test_more_than_the_window_allows_never_fits(fake: FakeKube, tmp_path: Path):
     assert "earliest start   never, in one run" in result.stdout
 
 
+def test_the_restore_switch_is_counted_with_the_stages(fake: FakeKube, tmp_path: Path):
+    cluster(fake)
+    set_ledger(fake, 20, 10)  # two inside the last 24 h
+    stages = "checkpoint-throughput,checkpoint-io2"
+    assert plan(stages).exit_code == 0  # 2 + 2 switches: fits
+    out = tmp_path / "plan.json"
+    result = plan(stages, "--restore-to", "checkpoint-baseline", summary=out)
+    assert result.exit_code == 3, result.output
+    assert ", then restored to checkpoint-baseline, needs 3 modifications" in result.stderr
+    data = load(out)
+    assert data["restore_to"] == "checkpoint-baseline" and data["modifications_needed"] == 3
+    assert data["switches"][-1] == {"from": "checkpoint-io2", "to": "checkpoint-baseline"}
+    assert "order            checkpoint-throughput -> checkpoint-io2 -> checkpoint-baseline" in (
+        result.stdout
+    )
+    # A restore to the class the run ends on is no modification.
+    result = plan(stages, "--restore-to", "checkpoint-io2", summary=out)
+    assert result.exit_code == 0 and load(out)["modifications_needed"] == 2
+    assert fake.requested == []
+
+
+def test_a_restore_class_that_is_missing_or_of_another_driver_is_refused(fake: FakeKube):
+    cluster(fake)
+    make_class(fake, "hyperdisk-fast", driver=GKE, iops="6000", throughput="290Mi")
+    stages = "checkpoint-baseline,checkpoint-throughput"
+    result = plan(stages, "--restore-to", "checkpoint-gold")
+    assert result.exit_code == 3 and "not found: checkpoint-gold" in result.stderr
+    result = plan(stages, "--restore-to", "hyperdisk-fast")
+    assert result.exit_code == 3 and f"hyperdisk-fast is for {GKE}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "profiles", ["checkpoint-baseline", "checkpoint-baseline,checkpoint-baseline"]
+)
+def test_a_comparison_of_one_class_is_refused_before_anything(fake: FakeKube, profiles: str):
+    cluster(fake)
+    for extra in ((), ("--return-to-first",)):
+        result = plan(profiles, *extra)
+        assert result.exit_code == 2, result.output
+        assert "at least two different classes" in result.stderr
+    assert fake.calls == []  # refused before the API server was asked anything
+
+
+def test_classes_with_one_output_name_are_refused_before_anything(fake: FakeKube):
+    cluster(fake)
+    result = plan("checkpoint-baseline,gp3-fast,gp3.fast")
+    assert result.exit_code == 2, result.output
+    assert "gp3-fast and gp3.fast have the same output name 'gp3_fast'" in result.stderr
+    assert fake.calls == []
+
+
 def test_a_missing_class_is_refused(fake: FakeKube):
     cluster(fake)
     result = plan("checkpoint-baseline,checkpoint-nvme,checkpoint-gold")
@@ -175,7 +229,7 @@ def test_a_malformed_ledger_is_refused(fake: FakeKube):
 
 def test_a_missing_claim_is_refused(fake: FakeKube):
     cluster(fake, claim="other-claim")
-    result = plan("checkpoint-baseline")
+    result = plan("checkpoint-baseline,checkpoint-throughput")
     assert result.exit_code == 3 and f"claim {NS}/{CLAIM} not found" in result.stderr
 
 
@@ -314,7 +368,7 @@ def test_local_backend_refuses_unknown_profiles(sandbox: Path, monkeypatch: pyte
     assert result.exit_code == 3
     assert "unknown sandbox profile nvme (known: disk, memory)" in result.stderr
     result = run_hook(
-        "plan", "-n", "other", "--claim", "training-checkpoints", "--profiles", "disk",
+        "plan", "-n", "other", "--claim", "training-checkpoints", "--profiles", "disk,memory",
         "--backend", "local", "--profiles-file", str(sandbox),
     )  # fmt: skip
     assert result.exit_code == 3 and "the sandbox has claim sandbox/" in result.stderr
