@@ -100,12 +100,22 @@ class SandboxProfiles:
             return None
         return name if name in self.profiles else None
 
-    def record(self, name: str) -> None:
-        """Record ``name`` as the claim's current profile (atomically: write, then rename)."""
+    def recorded_holder(self) -> str | None:
+        """Who made the switch the state file records (None: unknown, or unreadable)."""
+        try:
+            holder = json.loads(self.state_file.read_text()).get("holder")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return holder if isinstance(holder, str) else None
+
+    def record(self, name: str, holder: str | None = None) -> None:
+        """Record ``name`` as the claim's current profile, switched by ``holder`` when known
+        (atomically: write, then rename)."""
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
         at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        tmp.write_text(json.dumps({"profile": name, "at": at}) + "\n")
+        state = {"profile": name, "at": at, **({"holder": holder} if holder else {})}
+        tmp.write_text(json.dumps(state) + "\n")
         os.replace(tmp, self.state_file)
 
     def current(self) -> SandboxProfile | None:
