@@ -16,31 +16,38 @@ from checkpoint_compare.grouping import group_by_profile
 from checkpoint_compare.records import RunKind
 from checkpoint_compare.sources import Loaded, load_runs
 from checkpoint_compare.verdict import Verdict, build_verdict, op_outputs
-from checkpoint_compare.workloads import (
-    WorkloadVerdict,
-    is_data_comparison,
-    judge_workloads,
-    outputs,
-    terminal,
-    to_json,
-)
+from checkpoint_compare.workloads import WorkloadVerdict, is_data_comparison, judge_workloads
+from checkpoint_storage_bench.contract import WORKLOAD_INPUT
 from checkpoint_storage_bench.tracking import tracked_run
 
 log = logging.getLogger("checkpoint_compare")
 
 
-def judge(config: CompareConfig, loaded: Loaded | None = None) -> tuple[Verdict, Loaded]:
-    """Load (unless given), group, compare, price and recommend.
+def judge(
+    config: CompareConfig, loaded: Loaded | None = None
+) -> tuple[Verdict | WorkloadVerdict, Loaded]:
+    """Load (unless given), group, compare, price and recommend: the one verdict, with the
+    row of the workload the runs measured.
 
     Raises:
         CompareError: A subclass carrying the exit code (bad input, runs missing, ...).
     """
     pricing = load_pricing(config.pricing_path, config.gpu_hourly, config.volume_gib)
     loaded = loaded or load_runs(config.sources)
+    if is_data_comparison(loaded.records):
+        verdict = judge_workloads(
+            loaded.records,
+            pricing,
+            config.thresholds,
+            baseline=config.baseline,
+            budget=config.workload_budget,
+            expected=config.expected,
+        )
+        return verdict, loaded
     groups, failed = group_by_profile(loaded.records, expected=config.expected)
     for run in failed:
         log.warning("run %s %s and is not used: %s", run.label, run.status, run.message)
-    verdict = build_verdict(
+    return build_verdict(
         groups,
         pricing,
         config.thresholds,
@@ -49,97 +56,60 @@ def judge(config: CompareConfig, loaded: Loaded | None = None) -> tuple[Verdict,
         budget=config.budget,
         hook_runs=[r for r in loaded.records if r.kind is RunKind.HOOK],
         allow_resumed=config.allow_resumed,
-    )
-    return verdict, loaded
+    ), loaded
 
 
 def _write(path: Path, text: str) -> Path:
+    """Write-then-rename: a reader never sees half a report, an old one is never lost to a
+    failed write."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    part.replace(path)
     return path
 
 
-def run(config: CompareConfig) -> Verdict:
-    """Judge, then print the verdict, write the reports and log it as a Polyaxon run (its
-    outputs, the reports as artifacts, the markdown as the run's readme and, for the runs
-    of a pipeline on a server, as the pipeline's readme too)."""
-    loaded = load_runs(config.sources)
-    if is_data_comparison(loaded.records):
-        return run_workloads(config, loaded)
-    verdict, loaded = judge(config, loaded)
-    from checkpoint_compare.report_json import dumps
-    from checkpoint_compare.report_markdown import to_markdown
-    from checkpoint_compare.report_text import terminal
+def _record_inputs(verdict: Verdict | WorkloadVerdict) -> tuple[list[str], dict[str, Any]]:
+    """The compare run's tags and inputs."""
+    if isinstance(verdict, WorkloadVerdict):
+        return ["compare", f"{WORKLOAD_INPUT}:{verdict.workload}"], {
+            "baseline": verdict.baseline,
+            "profiles": ",".join(p.profile for p in verdict.profiles),
+            "compared_runs": ",".join(u for p in verdict.profiles for u in p.runs),
+            WORKLOAD_INPUT: verdict.workload,
+        }
+    return ["compare"], {
+        "baseline": verdict.baseline,
+        "profiles": ",".join(f.profile for f in verdict.profiles),
+        "compared_runs": ",".join(r.run.uuid for f in verdict.profiles for r in f.per_run),
+    }
 
-    click.echo(terminal(verdict), nl=False)
-    markdown = to_markdown(verdict)
+
+def run(config: CompareConfig) -> Verdict | WorkloadVerdict:
+    """Judge, then print the verdict, write the reports and log it as a Polyaxon run (its
+    outputs, the reports as artifacts, the markdown as the run's readme and as the readme
+    of the outermost pipeline the user started)."""
+    from checkpoint_compare.report_html import NO_PLOTS, plots_available, render_html
+    from checkpoint_compare.report_json import dumps
+    from checkpoint_compare.report_markdown import render_markdown
+    from checkpoint_compare.report_text import render_text
+    from checkpoint_compare.workloads import outputs
+
+    verdict, loaded = judge(config)
+    click.echo(render_text(verdict), nl=False)
+    markdown = render_markdown(verdict)
     written: list[Path] = []
     if config.json_path:
         written.append(_write(config.json_path, dumps(verdict)))
     if config.markdown_path:
         written.append(_write(config.markdown_path, markdown))
     if config.html_path:
-        from checkpoint_compare.report_html import NO_PLOTS, plots_available, to_html
-
         if not plots_available():
             click.echo(f"warning: {config.html_path}: {NO_PLOTS}", err=True)
-        written.append(_write(config.html_path, to_html(verdict)))
-    _record(
-        config,
-        loaded,
-        ["compare"],
-        {
-            "baseline": verdict.baseline,
-            "profiles": ",".join(f.profile for f in verdict.profiles),
-            "compared_runs": ",".join(r.run.uuid for f in verdict.profiles for r in f.per_run),
-        },
-        op_outputs(verdict),
-        written,
-        markdown,
-    )
-    return verdict
-
-
-def run_workloads(config: CompareConfig, loaded: Loaded) -> WorkloadVerdict:
-    """The verdict of a data workload's runs (scan, materialize, workspace), in its terms."""
-    pricing = load_pricing(config.pricing_path, config.gpu_hourly, config.volume_gib)
-    verdict = judge_workloads(
-        loaded.records,
-        pricing,
-        config.thresholds,
-        baseline=config.baseline,
-        budget=config.workload_budget,
-        expected=config.expected,
-    )
-    text = terminal(verdict)
-    click.echo(text, nl=False)
-    markdown = "\n".join(f"- {s}" for s in verdict.sentences) + "\n"
-    written: list[Path] = []
-    if config.json_path:
-        written.append(_write(config.json_path, to_json(verdict)))
-    if config.markdown_path:
-        written.append(_write(config.markdown_path, markdown))
-    if config.html_path:
-        from checkpoint_compare.report_html import NO_PLOTS, plots_available
-        from checkpoint_compare.report_workloads import to_html as workload_html
-
-        if not plots_available():
-            click.echo(f"warning: {config.html_path}: {NO_PLOTS}", err=True)
-        written.append(_write(config.html_path, workload_html(verdict)))
-    _record(
-        config,
-        loaded,
-        ["compare", f"workload:{verdict.workload}"],
-        {
-            "baseline": verdict.baseline,
-            "profiles": ",".join(p.profile for p in verdict.profiles),
-            "compared_runs": ",".join(u for p in verdict.profiles for u in p.runs),
-            "workload": verdict.workload,
-        },
-        outputs(verdict),
-        written,
-        markdown,
-    )
+        written.append(_write(config.html_path, render_html(verdict)))
+    tags, inputs = _record_inputs(verdict)
+    results = outputs(verdict) if isinstance(verdict, WorkloadVerdict) else op_outputs(verdict)
+    _record(config, loaded, tags, inputs, results, written, markdown)
     return verdict
 
 

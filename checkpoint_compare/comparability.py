@@ -82,6 +82,20 @@ def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> 
     ]
     if missing:
         raise NotComparable("runs are not comparable: " + "; ".join(missing))
+    differences = provenance_differences(runs) + claim_differences(groups)
+    for key in COMPARABLE_INPUTS:
+        values = {label: run.inputs.get(key) for label, run in runs}
+        if len({repr(v) for v in values.values()}) > 1:
+            shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
+            differences.append(f"{key} differs ({shown})")
+    if differences:
+        raise NotComparable("runs are not comparable: " + "; ".join(differences))
+    return _resumed(runs, allow_resumed)
+
+
+def provenance_differences(runs: list[tuple[str, RunRecord]]) -> list[str]:
+    """What ran the measurement, among the runs that recorded it: the build, the GPU, the
+    image and the number of writers. Every workload's runs are held to it."""
     differences = []
     for key in COMPARABLE_META:
         if shown := _differs(runs, lambda r, k=key: r.meta.get(k)):
@@ -92,14 +106,24 @@ def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> 
         differences.append(f"{IMAGE_INPUT} differs ({shown}): a different image")
     if shown := _differs(runs, lambda r: r.outputs.get(WORLD_SIZE)):
         differences.append(f"{WORLD_SIZE} differs ({shown}): a different number of writers")
-    for key in COMPARABLE_INPUTS:
-        values = {label: run.inputs.get(key) for label, run in runs}
-        if len({repr(v) for v in values.values()}) > 1:
-            shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
-            differences.append(f"{key} differs ({shown})")
-    if differences:
-        raise NotComparable("runs are not comparable: " + "; ".join(differences))
-    return _resumed(runs, allow_resumed)
+    return differences
+
+
+def claim_differences(groups: list[ProfileRuns]) -> list[str]:
+    """The volume measured, as the profiles' hook runs recorded it: a profile measured on
+    another claim (namespace/claim) or another volume (its handle) says nothing about a
+    class change of this one. Among the profiles whose hook recorded it."""
+    differences = []
+    for what, keys in (("claim", ("namespace", "claim")), ("volume", ("volume_handle",))):
+        seen = {
+            g.profile: "/".join(str(g.hook.inputs.get(k)) for k in keys)
+            for g in groups
+            if g.hook is not None and all(_recorded(g.hook.inputs.get(k)) for k in keys)
+        }
+        if len(set(seen.values())) > 1:
+            shown = ", ".join(f"{p}={v}" for p, v in seen.items())
+            differences.append(f"the {what} differs ({shown}): not one volume measured")
+    return differences
 
 
 def _resumed(runs: list[tuple[str, RunRecord]], allow: bool) -> list[str]:

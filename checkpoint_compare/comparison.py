@@ -99,13 +99,15 @@ class Difference:
         return self.shift.estimate
 
     @classmethod
-    def judge(cls, shift: Shift, floor: float, what: str) -> Difference:
+    def judge(cls, shift: Shift, floor: float, what: str, unit: str = "s") -> Difference:
         if not shift.has_interval:
             return cls(shift, floor, False, f"{what}: {shift.method}")
         if not shift.excludes_zero:
             return cls(shift, floor, False, f"{what}: its interval includes zero")
         if abs(shift.estimate) <= floor:
-            return cls(shift, floor, False, f"{what}: below the practical floor of {floor:.3g} s")
+            return cls(
+                shift, floor, False, f"{what}: below the practical floor of {floor:.3g} {unit}"
+            )
         return cls(shift, floor, True)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
-from checkpoint_compare.errors import RunsMissing
+from checkpoint_compare.errors import BadInput, RunsMissing
 from checkpoint_compare.records import RunKind, RunRecord
+from checkpoint_storage_bench.contract import output_key_clashes
 
 
 @dataclass
@@ -43,10 +45,11 @@ def run_time(record: RunRecord) -> datetime | None:
     return record.started_at or record.created_at
 
 
-def _time_key(record: RunRecord) -> tuple[bool, datetime | None]:
-    """Sort key: by time; unknown times sort last (in the order given)."""
+def _time_key(record: RunRecord) -> tuple[bool, datetime | None, str]:
+    """Sort key: by time; unknown times (summary files of a writer that recorded none) sort
+    last, by file name: never by the order of the arguments nor by a uuid."""
     when = run_time(record)
-    return when is None, when
+    return when is None, when, "" if when else Path(record.source).name
 
 
 def _newest_first(records: Iterable[RunRecord]) -> list[RunRecord]:
@@ -58,6 +61,8 @@ def _profile_of(record: RunRecord, hooks: list[RunRecord]) -> str | None:
     if record.profile_hint:
         return record.profile_hint
     if record.kind is RunKind.TRAINING:
+        return str(record.inputs["storage_profile"])
+    if record.kind is RunKind.DATA and record.inputs.get("storage_profile"):
         return str(record.inputs["storage_profile"])
     if record.kind is RunKind.HOOK:
         return str(record.outputs.get("applied_class") or record.inputs["target_class"])
@@ -71,13 +76,14 @@ def _profile_of(record: RunRecord, hooks: list[RunRecord]) -> str | None:
 
 
 def group_by_profile(
-    records: list[RunRecord], expected: Iterable[str] = ()
+    records: list[RunRecord], expected: Iterable[str] = (), kind: RunKind = RunKind.TRAINING
 ) -> tuple[list[ProfileRuns], list[RunRecord]]:
-    """Assign runs to profiles; every successful training run of a profile is used.
+    """Assign runs to profiles; every successful measured run of a profile is used.
 
     Args:
         records: All loaded runs (other kinds, e.g. the DAG or a compare op, are ignored).
         expected: Profiles that must be present.
+        kind: The runs that measure a profile: training runs, or a data workload's.
 
     Returns:
         The profiles in the order their first training runs started (the pipeline's order),
@@ -86,13 +92,22 @@ def group_by_profile(
     Raises:
         RunsMissing: An expected profile has no training run, the newest one of a profile
             failed or did not finish, or fewer than two profiles remain.
+        BadInput: Two profiles' names differ only where output names cannot (``-``/``.``):
+            their figures would overwrite each other.
     """
+    what = "training" if kind is RunKind.TRAINING else "data-workload"
     hooks = [r for r in records if r.kind is RunKind.HOOK]
     by_profile: dict[str, list[RunRecord]] = {}
     for record in records:
-        if record.kind is RunKind.TRAINING:
+        if record.kind is kind:
             by_profile.setdefault(_profile_of(record, hooks) or "", []).append(record)
     failed = [r for runs in by_profile.values() for r in runs if not r.succeeded]
+    if clashes := output_key_clashes([*by_profile, *expected]):
+        raise BadInput(
+            "profiles whose output names would overwrite each other: "
+            + "; ".join(f"{a} and {b}" for a, b in clashes)
+            + " (rename one: '-' and '.' both become '_' in an output name)"
+        )
 
     problems = []
     groups = []
@@ -106,11 +121,11 @@ def group_by_profile(
             continue
         trainings = sorted((r for r in runs if r.succeeded), key=_time_key)
         group = ProfileRuns(profile=profile, trainings=trainings)
-        for kind, attr in ((RunKind.HOOK, "hook"), (RunKind.FIO, "fio")):
+        for other, attr in ((RunKind.HOOK, "hook"), (RunKind.FIO, "fio")):
             candidates = [
                 r
                 for r in records
-                if r.kind is kind and r.succeeded and _profile_of(r, hooks) == profile
+                if r.kind is other and r.succeeded and _profile_of(r, hooks) == profile
             ]
             # The newest one created before the training run: it describes that run's volume.
             if newest.created_at:
@@ -122,12 +137,12 @@ def group_by_profile(
         groups.append(group)
     for profile in expected:
         if profile not in by_profile:
-            problems.append(f"profile {profile}: no training run found")
+            problems.append(f"profile {profile}: no {what} run found")
     if problems:
         raise RunsMissing("; ".join(problems))
     if len(groups) < 2:
         found = ", ".join(g.profile for g in groups) or "none"
-        raise RunsMissing(f"need training runs of at least two profiles, found: {found}")
+        raise RunsMissing(f"need {what} runs of at least two profiles, found: {found}")
     # Run order decides the default baseline: the profile whose training started first.
     groups.sort(key=lambda g: _time_key(g.trainings[0]))
     return groups, failed

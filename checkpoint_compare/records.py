@@ -15,11 +15,16 @@ from datetime import datetime
 from typing import Any
 
 from checkpoint_storage_bench.contract import (
+    DATA_WORKLOADS,
     DIVERGED_AT_STEP,
     FIO_METRIC,
     FIO_OUTPUT,
+    MATERIALIZE_TOTAL_S,
     RESUMED_FROM_STEP,
+    SCAN_AU,
+    SCAN_EPOCH_S,
     SIGNED_FIGURES,
+    WORKLOAD_INPUT,
     output_key,
 )
 
@@ -34,6 +39,12 @@ SUMMARY_UUID_PREFIX = "summary:"
 
 LOSS_KEYS = SIGNED_FIGURES
 
+POSITIVE_FIGURES = ("runtime_s", SCAN_EPOCH_S, MATERIALIZE_TOTAL_S)
+"""Times of a whole run, epoch or build: one that took no time measured nothing."""
+
+SHARES = (SCAN_AU,)
+"""Figures that are a share, 0 to 1 (compute time / wall time cannot exceed 1)."""
+
 
 class RunKind(enum.Enum):
     """Which part of the pipeline produced a run."""
@@ -41,6 +52,7 @@ class RunKind(enum.Enum):
     TRAINING = "training"
     FIO = "fio"
     HOOK = "hook"
+    DATA = "data"
     OTHER = "other"
 
 
@@ -85,6 +97,8 @@ class RunRecord:
             "checkpoint_format" in self.inputs or "model_size_bytes" in self.inputs
         ):
             return RunKind.TRAINING
+        if self.inputs.get(WORKLOAD_INPUT) in DATA_WORKLOADS:
+            return RunKind.DATA
         if "target_class" in self.inputs and "claim" in self.inputs:
             return RunKind.HOOK
         if any(FIO_OUTPUT.match(k) for k in self.outputs) or any(
@@ -102,7 +116,7 @@ class RunRecord:
         Raises:
             ValueError: Naming the field and the value.
         """
-        training = self.kind is RunKind.TRAINING
+        training = self.kind in (RunKind.TRAINING, RunKind.DATA)
         for section, values in (("inputs", self.inputs), ("outputs", self.outputs),
                                 ("meta", self.meta)):  # fmt: skip
             for key, value in values.items():
@@ -176,10 +190,12 @@ def _unsigned_problem(key: str, value: Any) -> str | None:
     """Why a training run's figure cannot be what it says (None: it can)."""
     if key in LOSS_KEYS or isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if key == "runtime_s" and not value > 0:
+    if key in POSITIVE_FIGURES and not value > 0:
         return "is not > 0 (a run that took no time measured nothing)"
     if value < 0:
-        return "is negative (a training run's figures are >= 0)"
+        return "is negative (a measured run's figures are >= 0)"
+    if key in SHARES and value > 1:
+        return "is not a share between 0 and 1"
     return None
 
 

@@ -23,6 +23,7 @@ from checkpoint_compare.report_tables import (
     sections,
 )
 from checkpoint_compare.verdict import Candidate, Verdict, interval
+from checkpoint_compare.workloads import WorkloadVerdict
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -365,3 +366,12 @@ def to_html(verdict: Verdict) -> str:
     )
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def render_html(verdict: Verdict | WorkloadVerdict) -> str:
+    """Any workload's verdict as the HTML report."""
+    if isinstance(verdict, WorkloadVerdict):
+        from checkpoint_compare.report_workloads import to_html as workload_html
+
+        return workload_html(verdict)
+    return to_html(verdict)

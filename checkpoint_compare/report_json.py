@@ -1,4 +1,11 @@
-"""The verdict as a JSON document (schema ``checkpoint-compare/2``)."""
+"""The verdict as a JSON document: one schema (``checkpoint-compare/3``) for every workload.
+
+Every document has ``schema``, ``workload``, ``headline`` (the figure judged, its label and
+unit), ``verdict``, ``reason``, ``baseline``, ``recommendation`` (``profile``, ``reason``),
+``confidence``, ``profiles`` (by name, each with its ``difference`` from the baseline: null
+for the baseline), ``notes`` and ``outputs``; the checkpoint verdict adds what only it has
+(stages, the whole run, cost deltas, drift, failed runs). docs/compare.md lists the fields.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,11 @@ from typing import Any
 from checkpoint_compare.comparison import Difference
 from checkpoint_compare.figures import RunFigures
 from checkpoint_compare.intervals import Shift
-from checkpoint_compare.verdict import Verdict, op_outputs
+from checkpoint_compare.verdict import Candidate, Verdict, op_outputs
+from checkpoint_compare.workloads import ROWS, WorkloadProfile, WorkloadVerdict, outputs
 
-SCHEMA = "checkpoint-compare/2"
+SCHEMA = "checkpoint-compare/3"
+CHECKPOINT = "checkpoint"
 
 
 def _shift(shift: Shift | None) -> dict[str, Any] | None:
@@ -25,6 +34,41 @@ def _difference(diff: Difference) -> dict[str, Any]:
         "counts": diff.counts,
         "why_not": diff.why_not,
     }
+
+
+def difference(
+    shift: Shift, diff: Difference, claimed: bool, direction: str, unit: str
+) -> dict[str, Any]:
+    """A profile's difference from the baseline, the same object for every workload:
+    ``claimed`` (the report claims a measurable difference), ``direction`` (``better``,
+    ``worse`` or ``none``), the estimate and its interval, the runs a side, the method."""
+    return {
+        "claimed": claimed,
+        "direction": direction if claimed else "none",
+        "estimate": shift.estimate,
+        "low": shift.low,
+        "high": shift.high,
+        "confidence": shift.confidence,
+        "asked": shift.asked,
+        "unit": unit,
+        "runs": {"profile": shift.n_x, "baseline": shift.n_y},
+        "method": shift.method,
+        "floor": diff.floor,
+        "why_not": diff.why_not,
+    }
+
+
+def _checkpoint_difference(cand: Candidate) -> dict[str, Any]:
+    """The headline (pause per checkpoint) difference; claimed when the report calls the
+    pause or the whole run measurably different, pointing the way the whole run does when
+    it counts, else the pause."""
+    c = cand.comparison
+    claimed = c.pause.counts or c.runtime.counts
+    lead = c.runtime if c.runtime.counts else c.pause
+    direction = "better" if lead.estimate < 0 else "worse"
+    out = difference(c.pause.shift, c.pause, claimed, direction, ROWS[CHECKPOINT].unit)
+    out["runs"] = {"profile": len(c.candidate.per_run), "baseline": len(c.baseline.per_run)}
+    return out
 
 
 def _run(r: RunFigures) -> dict[str, Any]:
@@ -79,7 +123,10 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
             "fio": s.fio,
             "hook": s.hook,
             "cost": asdict(verdict.costs[s.profile]),
+            "difference": None,
         }
+    for cand in verdict.candidates:
+        profiles[cand.comparison.candidate.profile]["difference"] = _checkpoint_difference(cand)
     comparisons = []
     for cand in verdict.candidates:
         c = cand.comparison
@@ -107,8 +154,12 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
         )
     drift = verdict.drift
     rec = verdict.recommendation
+    row = ROWS[CHECKPOINT]
     return {
         "schema": SCHEMA,
+        "workload": row.name,
+        "headline": {"figure": row.headline, "label": row.label, "unit": row.unit},
+        "confidence": verdict.thresholds.confidence,
         "verdict": verdict.verdict,
         "reason": verdict.reason,
         "baseline": verdict.baseline,
@@ -143,7 +194,65 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
     }
 
 
-def dumps(verdict: Verdict) -> str:
+def _workload_profile(v: WorkloadVerdict, p: WorkloadProfile) -> dict[str, Any]:
+    diff = p.difference
+    return {
+        "runs": [
+            {"uuid": uuid, "label": label, "samples": samples}
+            for uuid, label, samples in zip(p.runs, p.run_labels, p.run_samples, strict=True)
+        ],
+        "samples": p.samples,
+        "median": p.median,
+        "spread": p.noise,
+        "relative": p.relative,
+        "au": p.au,
+        "au_samples": p.au_samples,
+        "meets_budget": p.meets_budget,
+        "started_at": p.started.isoformat() if p.started else None,
+        "cost": asdict(p.cost) if p.cost else None,
+        "difference": None
+        if diff is None
+        else difference(diff.shift, diff, diff.counts, p.direction, v.unit),
+    }
+
+
+def workload_json(v: WorkloadVerdict) -> dict[str, Any]:
+    """A data workload's verdict, in the one schema."""
+    row = v.row
+    return {
+        "schema": SCHEMA,
+        "workload": v.workload,
+        "headline": {"figure": row.headline, "label": row.label, "unit": row.unit},
+        "confidence": v.confidence,
+        "verdict": v.verdict,
+        "reason": " ".join(v.sentences[:-1]),
+        "baseline": v.baseline,
+        "recommendation": {
+            "profile": v.recommended or "none",
+            "reason": v.reason,
+            "budget": asdict(v.budget),
+        },
+        "drift": None
+        if v.drift is None
+        else {
+            "first_runs": v.drift.first,
+            "last_runs": v.drift.last,
+            "shift": asdict(v.drift.shift),
+        },
+        "profiles": {p.profile: _workload_profile(v, p) for p in v.profiles},
+        "notes": v.notes,
+        "outputs": outputs(v),
+    }
+
+
+def document(verdict: Verdict | WorkloadVerdict) -> dict[str, Any]:
+    """The JSON document of any workload's verdict."""
+    if isinstance(verdict, WorkloadVerdict):
+        return workload_json(verdict)
+    return to_json(verdict)
+
+
+def dumps(verdict: Verdict | WorkloadVerdict) -> str:
     # allow_nan=False: NaN and Infinity are not JSON; a figure that is not finite is a bug
     # here (inputs are checked on the way in), not something to hand a reader to trip on.
-    return json.dumps(to_json(verdict), indent=2, default=str, allow_nan=False) + "\n"
+    return json.dumps(document(verdict), indent=2, default=str, allow_nan=False) + "\n"

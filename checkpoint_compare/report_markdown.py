@@ -6,6 +6,7 @@ from __future__ import annotations
 from checkpoint_compare.formatting import seconds, usd
 from checkpoint_compare.report_tables import column_names, comparison_lines, recommendation_lines
 from checkpoint_compare.verdict import Verdict, interval
+from checkpoint_compare.workloads import WorkloadVerdict
 
 
 def _cell(text: str) -> str:
@@ -83,3 +84,19 @@ def to_markdown(verdict: Verdict) -> str:
         parts += ["", "## Failed runs (not used)", ""]
         parts += [f"- {r.label}: {r.status} {r.message}".rstrip() for r in verdict.failed_runs]
     return "\n".join(parts) + "\n"
+
+
+def workload_markdown(v: WorkloadVerdict) -> str:
+    """A data workload's verdict: its sentences, one per line."""
+    return (
+        f"**Verdict ({v.workload}): {v.verdict}**\n\n"
+        + "\n".join(f"- {s}" for s in v.sentences)
+        + "\n"
+    )
+
+
+def render_markdown(verdict: Verdict | WorkloadVerdict) -> str:
+    """Any workload's verdict as markdown (the run's and the pipeline's readme)."""
+    if isinstance(verdict, WorkloadVerdict):
+        return workload_markdown(verdict)
+    return to_markdown(verdict)

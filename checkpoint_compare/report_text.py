@@ -11,6 +11,8 @@ from checkpoint_compare.report_tables import (
     sections,
 )
 from checkpoint_compare.verdict import Verdict
+from checkpoint_compare.workloads import WorkloadVerdict
+from checkpoint_compare.workloads import terminal as workload_terminal
 
 
 def _table(header: list[str], rows: list[Row]) -> list[str]:
@@ -40,3 +42,10 @@ def terminal(verdict: Verdict) -> str:
     lines += ["", f"VERDICT: {verdict.verdict} — {verdict.reason}"]
     lines += recommendation_lines(verdict)
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def render_text(verdict: Verdict | WorkloadVerdict) -> str:
+    """Any workload's verdict for a terminal."""
+    if isinstance(verdict, WorkloadVerdict):
+        return workload_terminal(verdict)
+    return terminal(verdict)

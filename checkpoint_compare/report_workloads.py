@@ -10,10 +10,10 @@ the differences with their intervals, the samples, and the table of figures per 
 from __future__ import annotations
 
 import html
+import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from checkpoint_compare.comparison import Difference
 from checkpoint_compare.formatting import DASH, level, seconds, usd
 from checkpoint_compare.intervals import Shift
 from checkpoint_compare.report_html import (
@@ -32,12 +32,6 @@ from checkpoint_compare.workloads import WorkloadProfile, WorkloadVerdict
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-TITLES = {
-    "scan": "reading the dataset as training does",
-    "materialize": "building the preprocessed cache",
-    "workspace": "a notebook workspace's saves",
-}
-
 
 def _label(v: WorkloadVerdict, p: WorkloadProfile) -> str:
     return p.profile + (" (baseline)" if p.profile == v.baseline else "")
@@ -53,14 +47,10 @@ def _colour(p: WorkloadProfile) -> str:
 def intervals_svg(v: WorkloadVerdict) -> str:
     """Each candidate's shift of the headline figure against the baseline, its interval
     and the noise floor."""
-    rows = [
-        (p.profile, Difference(p.shift, p.floor or 0.0, p.significant), _colour(p))
-        for p in v.profiles
-        if p.shift is not None
-    ]
+    rows = [(p.profile, p.difference, _colour(p)) for p in v.profiles if p.shift is not None]
     if not rows:
         return ""
-    level = next((f"{p.shift.asked or 0:.0%} " for p in v.profiles if p.shift), "")
+    level = f"{v.confidence:.0%} "
     title = f"{v.headline.capitalize()}, {level}interval"
     return "<div id='plot-intervals'>" + interval_panel(title, rows, v.unit, "headline") + "</div>"
 
@@ -124,6 +114,7 @@ def rows(v: WorkloadVerdict) -> list[tuple[str, list[str]]]:
     out = [
         (f"{v.headline}, median", each(lambda p: _figure(p.median, v.unit))),
         ("samples", each(lambda p: f"{len(p.samples)} from {len(p.runs)} run(s)")),
+        ("run medians", each(lambda p: ", ".join(_figure(statistics.median(s), v.unit) for s in p.run_samples if s))),
         ("spread (max − min) / median", each(lambda p: DASH if p.noise is None else f"{p.noise:.0%}")),
         ("shift against the baseline", each(lambda p: _figure(p.shift and p.shift.estimate, v.unit, True))),
         ("interval", each(lambda p: _interval(p.shift, v.unit))),
@@ -147,7 +138,8 @@ def to_html(v: WorkloadVerdict) -> str:
     differences with their intervals, the samples, the table, the cost assumptions."""
     esc = html.escape
     *changes, recommendation = v.sentences
-    title = f"Storage profile comparison: {v.workload} ({TITLES.get(v.workload, v.workload)})"
+    changes = [f"{v.verdict}.", *changes]
+    title = f"Storage profile comparison: {v.workload} ({v.row.title})"
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",

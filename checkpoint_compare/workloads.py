@@ -1,61 +1,60 @@
-"""The verdict in a data workload's own terms (``python -m data_workloads``'s runs).
+"""One verdict for every workload: the table of workloads, and the judge of the data ones.
 
-The runs of a comparison whose stages ran a data workload instead of the training are judged
-by the figure that matters to that workload: the epoch time and the accelerator utilization
-(AU) for a scan, the total time for building a cache, the p99 save latency for a notebook
-workspace. The statistics are the checkpoint verdict's: the Hodges–Lehmann shift against the
-baseline with its rank interval, warm-up epochs left out, the noise floor on relative
-changes; the cost is the same model (the volume per month, the GPUs for the measured time);
-the recommendation is the cheapest profile that meets the user's budget (``--min-au``,
-``--max-p99-ms``).
+Each row of :data:`ROWS` says what a workload is judged by: its headline figure and unit
+(lower is better for each), how a run's samples are read (a scan's epochs, a workspace's
+rounds, a run's one figure otherwise), the inputs that must match across runs, the budget
+test and the words the reports use. The checkpoint row is the training run's (its figures
+are made by :mod:`checkpoint_compare.figures`, its judge is :mod:`checkpoint_compare.verdict`);
+the data rows are judged here, with the checkpoint verdict's refusals (the newest run of a
+profile failed, the build, the GPU, the image, the claim, a switch of the claim inside a run,
+impossible or malformed figures), its :class:`~checkpoint_compare.comparison.Difference`,
+its cost model and its JSON schema.
+
+The run is the unit of replication: a run's samples (epochs, rounds) are summarised per run
+and the shift's interval reflects the variation between runs
+(:func:`checkpoint_compare.intervals.run_level_shift`); with one run a side the verdict
+claims nothing and says that more runs (``repeats``) are needed.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from checkpoint_compare.comparison import Thresholds
+from checkpoint_compare.comparability import claim_differences, provenance_differences
+from checkpoint_compare.comparison import Difference, Thresholds
 from checkpoint_compare.cost import Pricing, ProfileCost, profile_cost
 from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
-from checkpoint_compare.intervals import Shift, hodges_lehmann
-from checkpoint_compare.records import RunRecord
-from checkpoint_storage_bench.contract import DATA_SUMMARY_SCHEMA, DATA_WORKLOADS
-
-HEADLINE = {
-    "scan": ("scan_epoch_s", "epoch time", "s"),
-    "materialize": ("materialize_total_s", "total time", "s"),
-    "workspace": ("workspace_save_p99_ms", "p99 save latency", "ms"),
-}
-"""Workload → (output, its name for people, unit). Lower is better for each."""
-
-PER_STEP_METRIC = {"scan": "scan_epoch_s", "workspace": "workspace_save_p99_ms"}
-"""Metrics logged once per epoch (scan) or round (workspace): the samples of a run."""
-
-SAMPLE_METRICS = ("scan_epoch_s", "scan_au", "workspace_save_p99_ms")
-"""The metric events the verdict fetches for a data-workload run."""
-
-COMPARABLE = (
-    "workload",
-    "dataset_format",
-    "codec",
-    "dataset_size",
-    "record_size",
-    "shard_size",
-    "seed",
-    "epochs",
-    "num_workers",
-    "batch_size",
-    "compute_ms",
-    "output_shard_size",
-    "files",
-    "file_size",
-    "rounds",
+from checkpoint_compare.figures import _hook_figures
+from checkpoint_compare.grouping import ProfileRuns, group_by_profile, run_time
+from checkpoint_compare.intervals import Shift, run_level_shift
+from checkpoint_compare.records import SUMMARY_UUID_PREFIX, RunKind, RunRecord, parse_time
+from checkpoint_compare.switches import check_switches
+from checkpoint_storage_bench.contract import (
+    COMPARABLE_INPUTS,
+    DATA_SUMMARY_EPOCHS,
+    DATA_SUMMARY_ROUNDS,
+    DATA_SUMMARY_SCHEMA,
+    DATA_WORKLOADS,
+    MATERIALIZE_TOTAL_S,
+    RUN_FINISHED_AT,
+    RUN_STARTED_AT,
+    SCAN_AU,
+    SCAN_CACHE_KEPT_OUT,
+    SCAN_EPOCH_S,
+    WORKLOAD_INPUT,
+    WORKLOADS,
+    WORKSPACE_SAVE_P99_MS,
+    output_key,
 )
-"""Inputs that must be equal across profiles: the same dataset and the same loader."""
+
+NONE_MEETS = "none"
+"""``recommended_profile`` when no profile can be recommended."""
 
 
 @dataclass(frozen=True)
@@ -66,23 +65,190 @@ class WorkloadBudget:
     max_p99_ms: float | None = None
 
 
+@dataclass(frozen=True)
+class WorkloadRow:
+    """What one workload is judged by.
+
+    Attributes:
+        name: The workload (``contract.WORKLOADS``).
+        headline: The output (and, per epoch or round, the metric) of the headline figure.
+        label: Its name for people.
+        unit: Its unit.
+        sample_metric: The metric a run logs once per epoch or round: its within-run
+            samples, the first ``--warmup`` of them left out; None: the run's headline
+            output is its one sample.
+        comparable: Inputs that must be equal across all runs.
+        format_bound: Inputs compared only for these dataset formats (a shard size means
+            nothing to a directory of files).
+        budget: The budget test of one profile: True/False, or None when the budget asked
+            cannot be judged on it (or none was asked).
+        budget_words: The budget in words, None when none was asked.
+        unjudgeable: Why no profile can be held to the budget asked (e.g. no AU
+            recorded), given the profiles; None when it can.
+        title: What the workload stands for, for a report's title.
+    """
+
+    name: str
+    headline: str
+    label: str
+    unit: str
+    sample_metric: str | None
+    comparable: tuple[str, ...]
+    format_bound: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    budget: Callable[[WorkloadProfile, WorkloadBudget], bool | None] = lambda p, b: None
+    budget_words: Callable[[WorkloadBudget], str | None] = lambda b: None
+    unjudgeable: Callable[[list[WorkloadProfile], WorkloadBudget], str | None] = lambda ps, b: None
+    title: str = ""
+
+
+_DATA_COMMON = (WORKLOAD_INPUT, "seed")
+_DATASET = ("dataset_format", "codec", "dataset_size", "record_size", "shard_size")
+
+
+def _au_budget(p: WorkloadProfile, b: WorkloadBudget) -> bool | None:
+    if b.min_au is None or p.au is None:
+        return None
+    return p.au >= b.min_au
+
+
+def _no_au(profiles: list[WorkloadProfile], b: WorkloadBudget) -> str | None:
+    if b.min_au is None or any(p.au is not None for p in profiles):
+        return None
+    return (
+        "no run recorded an accelerator utilization (the scans ran with --compute-ms 0): "
+        f"there is no AU to judge against --min-au {b.min_au:g}"
+    )
+
+
+def _p99_budget(p: WorkloadProfile, b: WorkloadBudget) -> bool | None:
+    return None if b.max_p99_ms is None else p.median <= b.max_p99_ms
+
+
+ROWS: dict[str, WorkloadRow] = {
+    row.name: row
+    for row in (
+        WorkloadRow(
+            name=WORKLOADS[0],
+            headline="ckpt_pause_s",
+            label="pause per checkpoint",
+            unit="s",
+            sample_metric="ckpt_pause_s",
+            comparable=COMPARABLE_INPUTS,
+            title="checkpoints of a training run",
+        ),
+        WorkloadRow(
+            name="scan",
+            headline=SCAN_EPOCH_S,
+            label="epoch time",
+            unit="s",
+            sample_metric=SCAN_EPOCH_S,
+            comparable=(
+                *_DATA_COMMON,
+                *_DATASET,
+                "epochs",
+                "num_workers",
+                "batch_size",
+                "prefetch_factor",
+                "shuffle_buffer",
+                "compute_ms",
+                "drop_cache",
+            ),  # fmt: skip
+            format_bound={"shard_size": ("webdataset",)},
+            budget=_au_budget,
+            budget_words=lambda b: (
+                None
+                if b.min_au is None
+                else f"accelerator utilization >= {b.min_au:.0%} (MLPerf: 90 %)"
+            ),
+            unjudgeable=_no_au,
+            title="reading the dataset as training does",
+        ),
+        WorkloadRow(
+            name="materialize",
+            headline=MATERIALIZE_TOTAL_S,
+            label="total time",
+            unit="s",
+            sample_metric=None,
+            comparable=(*_DATA_COMMON, *_DATASET, "output_shard_size"),
+            format_bound={"shard_size": ("webdataset",)},
+            title="building the preprocessed cache",
+        ),
+        WorkloadRow(
+            name="workspace",
+            headline=WORKSPACE_SAVE_P99_MS,
+            label="p99 save latency",
+            unit="ms",
+            sample_metric=WORKSPACE_SAVE_P99_MS,
+            comparable=(*_DATA_COMMON, "files", "file_size", "rounds"),
+            budget=_p99_budget,
+            budget_words=lambda b: (
+                None if b.max_p99_ms is None else f"p99 save latency <= {b.max_p99_ms:g} ms"
+            ),
+            title="a notebook workspace's saves",
+        ),
+    )
+}
+"""Every workload's row, the checkpoint's first."""
+
+SAMPLE_METRICS = tuple({r.sample_metric for r in ROWS.values() if r.sample_metric} | {SCAN_AU})
+"""The metric events the verdict fetches for a data-workload run."""
+
+
 @dataclass
 class WorkloadProfile:
-    """One profile's figures for the workload."""
+    """One profile's figures for the workload.
+
+    Attributes:
+        run_samples: Per run (oldest first), its samples after the warm-up.
+        difference: The shift against the baseline (None for the baseline).
+        relative: The shift as a share of the baseline's median.
+    """
 
     profile: str
     runs: list[str]
-    samples: list[float]
+    run_samples: list[list[float]]
     median: float
     au: float | None = None
     au_samples: list[float] = field(default_factory=list)
-    shift: Shift | None = None
+    difference: Difference | None = None
     relative: float | None = None
-    floor: float | None = None
-    significant: bool = False
     noise: float | None = None
     cost: ProfileCost | None = None
     meets_budget: bool | None = None
+    started: datetime | None = None
+    run_labels: list[str] = field(default_factory=list)
+
+    @property
+    def samples(self) -> list[float]:
+        return [v for run in self.run_samples for v in run]
+
+    @property
+    def shift(self) -> Shift | None:
+        return self.difference.shift if self.difference else None
+
+    @property
+    def significant(self) -> bool:
+        return bool(self.difference and self.difference.counts)
+
+    @property
+    def floor(self) -> float | None:
+        return self.difference.floor if self.difference else None
+
+    @property
+    def direction(self) -> str:
+        """``better``/``worse`` when the difference counts, else ``none``."""
+        if not self.significant or self.shift is None:
+            return "none"
+        return "better" if self.shift.estimate < 0 else "worse"
+
+
+@dataclass
+class WorkloadDrift:
+    """The baseline's own move between its runs before and after every other profile's."""
+
+    first: list[str]
+    last: list[str]
+    shift: Shift
 
 
 @dataclass
@@ -95,59 +261,181 @@ class WorkloadVerdict:
     budget: WorkloadBudget
     recommended: str | None
     sentences: list[str]
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+    drift: WorkloadDrift | None = None
+    confidence: float = 0.95
+
+    @property
+    def row(self) -> WorkloadRow:
+        return ROWS[self.workload]
+
+    @property
+    def verdict(self) -> str:
+        """The profile to keep, as the checkpoint verdict says it: the recommended one when
+        a difference was measured, else ``no measurable difference``."""
+        if not any(p.significant for p in self.profiles):
+            return "no measurable difference"
+        return self.recommended or self.baseline
 
 
 def is_data_run(record: RunRecord) -> bool:
-    return record.inputs.get("workload") in DATA_WORKLOADS
+    return record.kind is RunKind.DATA
 
 
 def is_data_comparison(records: list[RunRecord]) -> bool:
-    """Whether the runs are a data workload's (and no training run's)."""
-    from checkpoint_compare.records import RunKind
+    """Whether the runs are a data workload's.
 
-    return any(is_data_run(r) for r in records) and not any(
-        r.kind is RunKind.TRAINING for r in records
-    )
+    Raises:
+        NotComparable: Data-workload runs mixed with training runs: one verdict is about
+            one workload.
+    """
+    data = [r for r in records if is_data_run(r)]
+    training = [r for r in records if r.kind is RunKind.TRAINING]
+    if data and training:
+        raise NotComparable(
+            f"data-workload runs ({', '.join(r.label for r in data)}) mixed with training "
+            f"runs ({', '.join(r.label for r in training)}): compare one workload at a time"
+        )
+    return bool(data)
+
+
+def _details(data: dict[str, Any], path: Path) -> tuple[list[Any], list[Any]]:
+    """The summary's epochs and rounds lists.
+
+    Raises:
+        BadInput: ``details`` or a list is of the wrong type, naming the field.
+    """
+    details = data.get("details")
+    if details is None:
+        return [], []
+    if not isinstance(details, dict):
+        raise BadInput(f"{path}: details must be a JSON object, not {type(details).__name__}")
+    found = []
+    for key in (DATA_SUMMARY_EPOCHS, DATA_SUMMARY_ROUNDS):
+        value = details.get(key)
+        if value is not None and not isinstance(value, list):
+            raise BadInput(f"{path}: details.{key} must be a list, not {type(value).__name__}")
+        found.append(value or [])
+    return found[0], found[1]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def record_from_summary(profile: str, data: dict[str, Any], path: Path) -> RunRecord:
-    """A ``data-workload/1`` summary as a record, as if it had been tracked."""
-    if not isinstance(data.get("outputs"), dict) or not isinstance(data.get("config"), dict):
-        raise BadInput(f"{path}: a {DATA_SUMMARY_SCHEMA} summary needs outputs and config")
+    """A ``data-workload/1`` summary as a record, as if it had been tracked.
+
+    Raises:
+        BadInput: Its sections, epochs or rounds are malformed (naming the field).
+    """
+    for key in ("outputs", "config"):
+        if not isinstance(data.get(key), dict):
+            raise BadInput(f"{path}: a {DATA_SUMMARY_SCHEMA} summary needs {key} (an object)")
+    epochs, rounds = _details(data, path)
     metrics: dict[str, list[tuple[int, float]]] = {}
-    for e in (data.get("details") or {}).get("epochs") or []:
-        for key in ("epoch_s", "au"):
-            if isinstance(e.get(key), int | float):
-                metrics.setdefault(f"scan_{key}", []).append((int(e["epoch"]), float(e[key])))
-    rounds = (data.get("details") or {}).get("rounds") or []
+    prefix = SCAN_EPOCH_S.removesuffix("epoch_s")
+    for i, e in enumerate(epochs):
+        step = e.get("epoch") if isinstance(e, dict) else None
+        if not isinstance(e, dict) or isinstance(step, bool) or not isinstance(step, int):
+            raise BadInput(f"{path}: details.{DATA_SUMMARY_EPOCHS}[{i}] is not an epoch with an integer epoch")  # fmt: skip
+        for metric in (SCAN_EPOCH_S, SCAN_AU):
+            value = e.get(metric.removeprefix(prefix))
+            if value is not None and not _number(value):
+                raise BadInput(f"{path}: details.{DATA_SUMMARY_EPOCHS}[{i}].{metric.removeprefix(prefix)} = {value!r} is not a number")  # fmt: skip
+            if value is not None:
+                metrics.setdefault(metric, []).append((step, float(value)))
     for i, value in enumerate(rounds):
-        metrics.setdefault("workspace_save_p99_ms", []).append((i, float(value)))
+        if not _number(value):
+            raise BadInput(f"{path}: details.{DATA_SUMMARY_ROUNDS}[{i}] = {value!r} is not a number")  # fmt: skip
+        metrics.setdefault(WORKSPACE_SAVE_P99_MS, []).append((i, float(value)))
     return RunRecord(
-        uuid=str(path),
-        name=f"data-{data.get('workload')}",
-        inputs={**data["config"], "workload": data.get("workload")},
+        # The path: two summaries of one name in two directories are two runs.
+        uuid=f"{SUMMARY_UUID_PREFIX}{path}",
+        name=path.stem,
+        inputs={
+            **data["config"],
+            WORKLOAD_INPUT: data.get(WORKLOAD_INPUT),
+            "storage_profile": profile,
+        },
         outputs=dict(data["outputs"]),
         metrics=metrics,
+        started_at=parse_time(data.get(RUN_STARTED_AT)),
+        finished_at=parse_time(data.get(RUN_FINISHED_AT)),
         source=str(path),
         profile_hint=profile,
+        meta={k: v for k, v in (data.get("provenance") or {}).items() if isinstance(k, str)}
+        if isinstance(data.get("provenance"), dict)
+        else {},
     )
 
 
-def _samples(run: RunRecord, workload: str, warmup: int) -> list[float]:
-    series = run.metrics.get(PER_STEP_METRIC.get(workload, ""), [])
-    values = [v for _, v in sorted(series)]
+def _samples(run: RunRecord, row: WorkloadRow, warmup: int) -> list[float]:
+    values = [v for _, v in sorted(run.metrics.get(row.sample_metric or "", []))]
     if len(values) > warmup:
         return values[warmup:]
-    value = run.outputs.get(HEADLINE[workload][0])
-    return [float(value)] if isinstance(value, int | float) else []
+    value = run.outputs.get(row.headline)
+    return [float(value)] if _number(value) else []
 
 
 def _au_samples(run: RunRecord, warmup: int) -> list[float]:
-    values = [v for _, v in sorted(run.metrics.get("scan_au", []))]
+    values = [v for _, v in sorted(run.metrics.get(SCAN_AU, []))]
     if len(values) > warmup:
         return values[warmup:]
-    au = run.outputs.get("scan_au")
-    return [float(au)] if isinstance(au, int | float) else []
+    au = run.outputs.get(SCAN_AU)
+    return [float(au)] if _number(au) else []
+
+
+def _refuse_incomparable(row: WorkloadRow, groups: list[ProfileRuns]) -> None:
+    """The checkpoint verdict's refusals, in this workload's inputs.
+
+    Raises:
+        NotComparable: Naming every difference and each run whose page cache was not kept
+            out of a scan.
+    """
+    # Each run named by its profile and its file or uuid: which run to look at.
+    runs = [(f"{g.profile} ({r.label})", r) for g in groups for r in g.trainings]
+    problems = provenance_differences(runs) + claim_differences(groups)
+    formats = {r.inputs.get("dataset_format") for _, r in runs}
+    for key in row.comparable:
+        bound = row.format_bound.get(key)
+        if bound is not None and not formats & set(bound):
+            continue
+        values = {label: r.inputs.get(key) for label, r in runs}
+        if len({repr(v) for v in values.values()}) > 1:
+            shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
+            problems.append(f"{key} differs ({shown})")
+    cached = [
+        label
+        for label, r in runs
+        if r.outputs.get(SCAN_CACHE_KEPT_OUT) is False or r.inputs.get("drop_cache") is False
+    ]
+    if cached:
+        problems.append(
+            f"the page cache was not kept out of {', '.join(cached)} ({SCAN_CACHE_KEPT_OUT} "
+            "false, or --no-drop-cache): it measured memory, not the volume"
+        )
+    if problems:
+        raise NotComparable(f"{row.name} runs are not comparable: " + "; ".join(problems))
+
+
+def _drift(
+    base: WorkloadProfile, base_runs: list[RunRecord], others: list[list[RunRecord]], t: Thresholds
+) -> WorkloadDrift | None:
+    """The baseline's runs before every other profile and after them (A…B…A): the drift's
+    shift, last − first, between runs."""
+    starts = [run_time(r) for runs in others for r in runs]
+    if not starts or None in starts:
+        return None
+    first_other, last_other = min(starts), max(starts)  # type: ignore[type-var]
+    pairs = list(zip(base_runs, base.run_samples, strict=True))
+    first = [(r, s) for r, s in pairs if (w := run_time(r)) and w < first_other and s]
+    last = [(r, s) for r, s in pairs if (w := run_time(r)) and w > last_other and s]
+    if not first or not last:
+        return None
+    shift = run_level_shift([s for _, s in last], [s for _, s in first], t.confidence)
+    return WorkloadDrift([r.label for r, _ in first], [r.label for r, _ in last], shift)
 
 
 def judge_workloads(
@@ -161,101 +449,130 @@ def judge_workloads(
     """The verdict over the data-workload runs among ``records``.
 
     Raises:
-        NotComparable: Runs of several workloads, or of other datasets or loaders, or one
-            profile only.
-        RunsMissing: An expected profile has no successful run.
+        NotComparable: Runs of several workloads, of other datasets or loaders, builds,
+            hardware, images or claims, a scan served by the page cache, a switch of the
+            claim inside a run, or one profile only.
+        RunsMissing: An expected profile has no successful run, or a profile's newest run
+            failed.
+        BadInput: A run recorded no headline figure.
     """
     budget = budget or WorkloadBudget()
-    runs = [r for r in records if is_data_run(r) and r.succeeded]
-    workloads = {r.inputs["workload"] for r in runs}
+    t = thresholds
+    data_runs = [r for r in records if is_data_run(r)]
+    workloads = {r.inputs[WORKLOAD_INPUT] for r in data_runs}
     if len(workloads) != 1:
         raise NotComparable(
             f"expected the runs of one data workload, found {sorted(workloads) or 'none'}"
         )
     (workload,) = workloads
-    by_profile: dict[str, list[RunRecord]] = {}
-    for r in runs:
-        profile = r.profile_hint or r.inputs.get("storage_profile") or "unlabelled"
-        by_profile.setdefault(str(profile), []).append(r)
-    missing = [p for p in expected if p not in by_profile]
-    if missing:
-        raise RunsMissing(f"no successful {workload} run of profile(s) {', '.join(missing)}")
-    if len(by_profile) < 2:
-        raise NotComparable(f"{workload}: one profile only ({', '.join(by_profile)})")
-    first = runs[0]
-    for r in runs[1:]:
-        differ = [k for k in COMPARABLE if r.inputs.get(k) != first.inputs.get(k)]
-        if differ:
-            k = differ[0]
-            raise NotComparable(
-                f"runs {first.label} and {r.label} differ in {k}: "
-                f"{first.inputs.get(k)!r} vs {r.inputs.get(k)!r}"
-            )
-    baseline = baseline or next(iter(by_profile))
-    if baseline not in by_profile:
+    assert workload in DATA_WORKLOADS
+    row = ROWS[workload]
+    named = {r.profile_hint or r.inputs.get("storage_profile") for r in data_runs}
+    if len(named) == 1 and not expected:
+        raise NotComparable(f"{workload}: one profile only ({', '.join(map(str, named))})")
+    groups, failed = group_by_profile(records, expected, kind=RunKind.DATA)
+    _refuse_incomparable(row, groups)
+    notes = check_switches(groups, [r for r in records if r.kind is RunKind.HOOK])
+    notes += [f"run {r.label} {r.status} and is not used: {r.message}" for r in failed]
+    untimed = [r.label for g in groups for r in g.trainings if run_time(r) is None]
+    if untimed:
+        notes.append(
+            f"no start time recorded by {', '.join(untimed)}: ordered after the runs with "
+            "one, by file name"
+        )
+    baseline = baseline or groups[0].profile
+    if baseline not in [g.profile for g in groups]:
         raise RunsMissing(f"baseline {baseline} has no successful {workload} run")
-    output, headline, unit = HEADLINE[workload]
+    groups.sort(key=lambda g: g.profile != baseline)
     profiles = []
-    for name, group in by_profile.items():
-        samples = [v for r in group for v in _samples(r, workload, thresholds.warmup)]
-        if not samples:
-            raise NotComparable(f"{name}: no run recorded {output}")
-        au = [v for r in group for v in _au_samples(r, thresholds.warmup)]
+    for g in groups:
+        run_samples = [_samples(r, row, t.warmup) for r in g.trainings]
+        if not any(run_samples):
+            raise BadInput(f"{g.profile}: no run recorded {row.headline}")
+        samples = [v for s in run_samples for v in s]
+        au = [v for r in g.trainings for v in _au_samples(r, t.warmup)]
         median = statistics.median(samples)
-        spread = (max(samples) - min(samples)) / median if median and len(samples) > 1 else None
-        seconds = median / 1000 if unit == "ms" else median
+        seconds = median / 1000 if row.unit == "ms" else median
         profiles.append(
             WorkloadProfile(
-                profile=name,
-                runs=[r.uuid for r in group],
-                samples=samples,
+                profile=g.profile,
+                runs=[r.uuid for r in g.trainings],
+                run_samples=run_samples,
                 median=median,
                 au=statistics.median(au) if au else None,
                 au_samples=au,
-                noise=spread,
-                cost=profile_cost(pricing, name, seconds, {}),
+                noise=(max(samples) - min(samples)) / median
+                if median and len(samples) > 1
+                else None,
+                cost=profile_cost(pricing, g.profile, seconds, _hook_figures(g.hook)),
+                started=run_time(g.trainings[0]),
+                run_labels=[r.label for r in g.trainings],
             )
         )
-    base = next(p for p in profiles if p.profile == baseline)
-    for p in profiles:
-        if p is base:
-            continue
-        p.shift = hodges_lehmann(p.samples, base.samples, thresholds.confidence)
-        p.relative = p.shift.estimate / base.median if base.median else None
-        p.floor = thresholds.runtime_floor * base.median
-        excludes_zero = p.shift.has_interval and (p.shift.high < 0 or p.shift.low > 0)
-        p.significant = bool(
-            excludes_zero and p.relative is not None and abs(p.relative) > thresholds.runtime_floor
+    base = profiles[0]
+    drift = _drift(base, groups[0].trainings, [g.trainings for g in groups[1:]], t)
+    for p in profiles[1:]:
+        shift = run_level_shift(
+            [s for s in p.run_samples if s], [s for s in base.run_samples if s], t.confidence
         )
+        floor = t.runtime_floor * base.median
+        p.difference = Difference.judge(shift, floor, row.label, row.unit)
+        p.relative = shift.estimate / base.median if base.median else None
+        if drift and abs(drift.shift.estimate) >= abs(shift.estimate):
+            notes.append(
+                f"{base.profile}'s own {row.label} moved by {drift.shift.estimate:+.3g} "
+                f"{row.unit} between its first runs ({', '.join(drift.first)}) and its last "
+                f"({', '.join(drift.last)}), at least as much as the difference to "
+                f"{p.profile} ({shift.estimate:+.3g} {row.unit}): the difference may be "
+                "drift, not the profile"
+            )
+            if p.difference.counts:
+                p.difference.counts = False
+                p.difference.why_not = f"{row.label}: no larger than the baseline's drift"
     for p in profiles:
-        checks = []
-        if workload == "scan" and budget.min_au is not None:
-            checks.append(p.au is not None and p.au >= budget.min_au)
-        if workload == "workspace" and budget.max_p99_ms is not None:
-            checks.append(p.median <= budget.max_p99_ms)
-        p.meets_budget = all(checks) if checks else None
-    recommended = _recommend(profiles, base)
-    verdict = WorkloadVerdict(workload, baseline, headline, unit, profiles, budget, recommended, [])
+        p.meets_budget = row.budget(p, budget)
+    verdict = WorkloadVerdict(
+        workload, baseline, row.label, row.unit, profiles, budget, None, [],
+        notes=notes, drift=drift, confidence=t.confidence,
+    )  # fmt: skip
+    verdict.recommended, verdict.reason = _recommend(verdict)
     verdict.sentences = sentences(verdict)
     return verdict
 
 
-def _monthly(p: WorkloadProfile) -> float:
+def _monthly(p: WorkloadProfile) -> tuple[bool, float]:
+    """Priced before unpriced (nothing is said of what an unpriced profile costs)."""
     cost = p.cost
-    return cost.storage_month if cost and cost.storage_month is not None else float("inf")
+    known = cost is not None and cost.storage_month is not None
+    return (not known, cost.storage_month if known else math.inf)  # type: ignore[union-attr]
 
 
-def _recommend(profiles: list[WorkloadProfile], base: WorkloadProfile) -> str | None:
-    """The cheapest profile that meets the budget; without one, the cheapest profile that
-    is not measurably slower than a cheaper one (the baseline unless a profile is
-    measurably faster)."""
-    if any(p.meets_budget is not None for p in profiles):
+def _price(p: WorkloadProfile) -> str:
+    if p.cost is None or p.cost.storage_month is None:
+        return "not priced"
+    return f"${p.cost.storage_month:.2f}/month for the volume"
+
+
+def _recommend(v: WorkloadVerdict) -> tuple[str | None, str]:
+    """The cheapest profile that meets the budget; without one, the cheapest profile that is
+    not measurably slower (of the measurably faster ones when there are any: the others
+    are measurably slower than them). Ties keep the order, baseline first."""
+    row, profiles, budget = v.row, v.profiles, v.budget
+    if why := row.unjudgeable(profiles, budget):
+        return None, why
+    if row.budget_words(budget) is not None:
         fits = [p for p in profiles if p.meets_budget]
-        return min(fits, key=_monthly).profile if fits else None
-    better = [p for p in profiles if p.significant and p.relative is not None and p.relative < 0]
-    if not better:
-        return base.profile
-    return min(better, key=lambda p: (p.median, _monthly(p))).profile
+        if not fits:
+            return None, "none of the profiles meets the budget"
+        best = min(fits, key=_monthly)
+        return best.profile, f"the cheapest profile that meets the budget ({_price(best)})"
+    better = [p for p in profiles if p.direction == "better"]
+    pool = better or [p for p in profiles if p.direction != "worse"]
+    best = min(pool, key=lambda p: (*_monthly(p), p.median if better else 0.0))
+    what = "measurably faster" if better else "not measurably slower"
+    priced = "" if _monthly(best)[0] else f" ({_price(best)})"
+    cheapest = "the cheapest" if not _monthly(best)[0] else "the first (none is priced)"
+    return best.profile, f"{cheapest} profile that is {what}{priced}"
 
 
 def _figure(value: float, unit: str) -> str:
@@ -264,48 +581,39 @@ def _figure(value: float, unit: str) -> str:
 
 def sentences(v: WorkloadVerdict) -> list[str]:
     """The verdict for people, in the workload's language."""
-    base = next(p for p in v.profiles if p.profile == v.baseline)
+    base = v.profiles[0]
     out = []
-    for p in v.profiles:
-        if p is base:
-            continue
+    for p in v.profiles[1:]:
         change = (
             f"{v.headline} {_figure(p.median, v.unit)} vs {_figure(base.median, v.unit)} "
             f"on {base.profile}"
         )
-        if p.shift and p.shift.has_interval:
+        shift = p.shift
+        if shift is not None and shift.has_interval:
             change += (
-                f" (shift {p.shift.estimate:+.3g} {v.unit}, {p.shift.confidence:.0%} interval "
-                f"{p.shift.low:+.3g} to {p.shift.high:+.3g})"
+                f" (shift {shift.estimate:+.3g} {v.unit}, {shift.confidence:.0%} interval "
+                f"{shift.low:+.3g} to {shift.high:+.3g}, between runs)"
             )
-        else:
-            change += " (too few samples for an interval: add repeats or epochs)"
+        elif shift is not None:
+            change += f" (no interval: {shift.method}; more runs, repeats, are needed)"
         if not p.significant:
             change += ": no measurable difference"
         elif p.relative is not None:
             change += f": {abs(p.relative):.0%} {'faster' if p.relative < 0 else 'slower'}"
         if v.workload == "scan" and p.au is not None and base.au is not None:
-            fed = (
-                "keeps the GPUs fed"
-                if v.budget.min_au is None or p.au >= v.budget.min_au
-                else ("does not keep the GPUs fed")
-            )
-            change += f"; {p.profile} {fed} at {p.au:.0%} AU, baseline {base.au:.0%}"
+            if p.meets_budget is None:
+                change += f"; {p.profile} at {p.au:.0%} AU, baseline {base.au:.0%}"
+            else:
+                fed = "keeps the GPUs fed" if p.meets_budget else "does not keep the GPUs fed"
+                change += f"; {p.profile} {fed} at {p.au:.0%} AU, baseline {base.au:.0%}"
         out.append(f"{p.profile}: {change}.")
-    if v.workload == "scan" and v.budget.min_au is not None:
-        out.append(f"Budget: accelerator utilization >= {v.budget.min_au:.0%} (MLPerf: 90 %).")
-    if v.workload == "workspace" and v.budget.max_p99_ms is not None:
-        out.append(f"Budget: p99 save latency <= {v.budget.max_p99_ms:g} ms.")
+    out += [f"Note: {n}." for n in v.notes]
+    if words := v.row.budget_words(v.budget):
+        out.append(f"Budget: {words}.")
     if v.recommended:
-        cost = next(p for p in v.profiles if p.profile == v.recommended).cost
-        price = (
-            f" (${cost.storage_month:.2f}/month for the volume)"
-            if cost and cost.storage_month is not None
-            else ""
-        )
-        out.append(f"Recommendation: {v.recommended}{price}.")
+        out.append(f"Recommendation: {v.recommended}: {v.reason}.")
     else:
-        out.append("Recommendation: none of the profiles meets the budget.")
+        out.append(f"Recommendation: none: {v.reason}.")
     return out
 
 
@@ -316,7 +624,7 @@ def terminal(v: WorkloadVerdict) -> str:
         noise = f", spread {p.noise:.0%}" if p.noise is not None else ""
         lines.append(
             f"  {p.profile}: {v.headline} {_figure(p.median, v.unit)} over {len(p.samples)} "
-            f"sample(s){au}{noise}"
+            f"sample(s) from {len(p.runs)} run(s){au}{noise}"
         )
     lines += [f"  {s}" for s in v.sentences]
     return "\n".join(lines) + "\n"
@@ -325,20 +633,14 @@ def terminal(v: WorkloadVerdict) -> str:
 def outputs(v: WorkloadVerdict) -> dict[str, Any]:
     """The compare run's outputs for a data workload (comparison-view columns)."""
     out: dict[str, Any] = {
-        "workload": v.workload,
+        WORKLOAD_INPUT: v.workload,
         "baseline": v.baseline,
-        # The checkpoint verdict's convention: the string "none" when no profile fits.
-        "recommended_profile": v.recommended or "none",
+        "recommended_profile": v.recommended or NONE_MEETS,
         "verdict": " ".join(v.sentences[:-1]),
         "recommendation_reason": v.sentences[-1],
     }
     for p in v.profiles:
-        key = p.profile.replace("-", "_").replace(".", "_")
-        out[f"{key}_{HEADLINE[v.workload][0]}"] = p.median
+        out[f"{output_key(p.profile)}_{v.row.headline}"] = p.median
         if p.au is not None:
-            out[f"{key}_scan_au"] = p.au
+            out[f"{output_key(p.profile)}_{SCAN_AU}"] = p.au
     return out
-
-
-def to_json(v: WorkloadVerdict) -> str:
-    return json.dumps(asdict(v), indent=2, default=str) + "\n"

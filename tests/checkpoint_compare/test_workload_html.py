@@ -25,7 +25,7 @@ def test_the_scan_report_says_the_verdict_first_in_au_then_shows_why() -> None:
     page = to_html(judge(slow_and_fast(), min_au=0.9))
     verdict = page[page.index("id='verdict'") : page.index("id='recommendation'")]
     assert "keeps the GPUs fed at 97% AU, baseline 71%" in verdict
-    assert "epoch time 7.3 s vs 10 s" in verdict
+    assert "epoch time 7.2 s vs 10 s" in verdict
     assert f"Recommendation: {FAST}" in page
     order = [page.index(f"id='{i}'") for i in ("verdict", "recommendation", "plot-intervals",
                                                 "plot-samples", "tables")]  # fmt: skip
@@ -44,7 +44,7 @@ def test_the_scan_report_says_the_verdict_first_in_au_then_shows_why() -> None:
     assert f"<th>{BASE} (baseline)</th><th>{FAST}</th>" in table
     assert "<td>accelerator utilization</td><td>71%</td><td>97%</td>" in table
     assert "<td>meets the budget</td><td>no</td><td>yes</td>" in table
-    assert "<td>samples</td><td>5 from 1 run(s)</td>" in table
+    assert "<td>samples</td><td>10 from 2 run(s)</td>" in table
 
 
 def test_noise_is_grey_and_a_workspace_speaks_milliseconds() -> None:

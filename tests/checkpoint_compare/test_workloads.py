@@ -1,66 +1,114 @@
 """The verdict in a data workload's terms: epoch time and accelerator utilization for a scan,
-total time for materialize, p99 save latency for a workspace; the same shift statistics and
-cost model; the recommendation against --min-au / --max-p99-ms."""
+total time for materialize, p99 save latency for a workspace; the run the unit of
+replication; the checkpoint verdict's refusals and cost model; the recommendation against
+--min-au / --max-p99-ms."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from checkpoint_compare.cli import main
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING, load_pricing
-from checkpoint_compare.errors import NotComparable, RunsMissing
+from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.workloads import WorkloadBudget, is_data_comparison, judge_workloads
+from checkpoint_compare.workloads import (
+    WorkloadBudget,
+    WorkloadVerdict,
+    is_data_comparison,
+    judge_workloads,
+)
+from checkpoint_storage_bench.contract import (
+    DATA_SUMMARY_SCHEMA,
+    LEDGER_OUTPUT,
+    RUN_STARTED_AT,
+    LedgerEntry,
+    format_ledger,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 SCAN_INPUTS = {"workload": "scan", "dataset_format": "webdataset", "dataset_size": 1 << 30}
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+_order = iter(range(10_000))
 
 
-def scan_run(profile: str, epochs: list[float], au: list[float], **inputs) -> RunRecord:
+def scan_run(
+    profile: str, epochs: list[float], au: list[float], at: datetime | None = None, **inputs
+) -> RunRecord:
+    n = next(_order)
+    start = at or T0 + timedelta(minutes=n)
     return RunRecord(
-        uuid=f"{profile}-{len(epochs)}-{epochs[0]}",
+        uuid=f"{profile}-{n}",
         name="data",
         inputs={**SCAN_INPUTS, "storage_profile": profile, **inputs},
         outputs={"scan_epoch_s": sorted(epochs)[len(epochs) // 2], "scan_au": au[0]},
-        metrics={
-            "scan_epoch_s": list(enumerate(epochs)),
-            "scan_au": list(enumerate(au)),
-        },
+        metrics={"scan_epoch_s": list(enumerate(epochs)), "scan_au": list(enumerate(au))},
+        started_at=start,
+        finished_at=start + timedelta(seconds=sum(epochs)),
     )
 
 
-def judge(records: list[RunRecord], **budget) -> object:
+def judge(records: list[RunRecord], baseline: str | None = None, **budget) -> WorkloadVerdict:
     pricing = load_pricing(DEFAULT_PRICING, None, None)
-    return judge_workloads(records, pricing, Thresholds(warmup=1), budget=WorkloadBudget(**budget))
+    return judge_workloads(
+        records, pricing, Thresholds(warmup=1), baseline=baseline, budget=WorkloadBudget(**budget)
+    )
+
+
+BASE_EPOCHS = ([14.0, 10.0, 10.2, 9.9, 10.1, 10.0], [13.0, 10.0, 9.9, 10.1, 10.0, 10.0])
+FAST_EPOCHS = ([9.0, 7.3, 7.2, 7.4, 7.3, 7.2], [9.0, 7.2, 7.2, 7.3, 7.1, 7.2])
+BASE_AU = [0.5, 0.71, 0.7, 0.72, 0.7, 0.71]
+FAST_AU = [0.8, 0.97, 0.97, 0.96, 0.97, 0.98]
 
 
 def slow_and_fast() -> list[RunRecord]:
+    """Two runs a side (the pipeline's repeats), baseline first."""
     return [
-        scan_run(BASE, [14.0, 10.0, 10.2, 9.9, 10.1, 10.0], [0.5, 0.71, 0.7, 0.72, 0.7, 0.71]),
-        scan_run(FAST, [9.0, 7.3, 7.2, 7.4, 7.3, 7.2], [0.8, 0.97, 0.97, 0.96, 0.97, 0.98]),
+        *(scan_run(BASE, e, BASE_AU) for e in BASE_EPOCHS),
+        *(scan_run(FAST, e, FAST_AU) for e in FAST_EPOCHS),
     ]
 
 
 def test_scan_speaks_epoch_time_and_au_with_the_shift_and_its_interval() -> None:
-    verdict = judge(slow_and_fast())
+    verdict = judge(slow_and_fast(), min_au=0.9)
     assert verdict.workload == "scan" and verdict.baseline == BASE
     base, fast = verdict.profiles
-    assert len(base.samples) == 5  # the warm-up epoch left out
+    assert len(base.samples) == 10 and [len(s) for s in base.run_samples] == [5, 5]
     assert base.au == pytest.approx(0.71) and fast.au == pytest.approx(0.97)
     assert fast.shift.has_interval and fast.shift.high < 0 and fast.significant
-    assert fast.relative == pytest.approx(-0.28, abs=0.01)
+    assert fast.shift.n_x == 2 and "run medians" in fast.shift.method
+    assert fast.relative == pytest.approx(-0.275)
     text = " ".join(verdict.sentences)
-    assert "epoch time 7.3 s vs 10 s" in text and "28% faster" in text
+    assert "epoch time 7.2 s vs 10 s" in text and "28% faster" in text
     assert "keeps the GPUs fed at 97% AU, baseline 71%" in text
-    # Without a budget the faster profile is recommended; the cost model prices both.
     assert verdict.recommended == FAST
     assert fast.cost.storage_month > base.cost.storage_month > 0
+    # Without a budget the measurably faster profile is recommended, and nothing is said
+    # to keep the GPUs fed: there is no AU floor to judge it against.
+    free = judge(slow_and_fast())
+    assert free.recommended == FAST
+    assert "keeps the GPUs fed" not in " ".join(free.sentences)
+
+
+def test_one_run_a_side_claims_nothing_and_asks_for_repeats() -> None:
+    """The epochs of one run are not independent draws: one run a side cannot tell the
+    profile from the run."""
+    verdict = judge(
+        [scan_run(BASE, BASE_EPOCHS[0], BASE_AU), scan_run(FAST, FAST_EPOCHS[0], FAST_AU)]
+    )
+    fast = verdict.profiles[1]
+    assert not fast.shift.has_interval and not fast.significant
+    assert "one run a side cannot separate the profile" in fast.shift.method
+    assert "more runs, repeats, are needed" in verdict.sentences[0]
+    assert verdict.verdict == "no measurable difference"
 
 
 def test_the_au_budget_picks_the_cheapest_profile_that_meets_it() -> None:
@@ -72,35 +120,68 @@ def test_the_au_budget_picks_the_cheapest_profile_that_meets_it() -> None:
     assert "does not keep the GPUs fed" in none.sentences[0]
 
 
-def test_noise_is_no_difference() -> None:
+def test_without_min_au_no_profile_is_said_to_keep_the_gpus_fed() -> None:
+    runs = [
+        scan_run(BASE, [1.0, 1.0, 1.0], [0.12] * 3),
+        scan_run(FAST, [1.0, 1.0, 1.0], [0.12] * 3),
+    ]
+    text = " ".join(judge(runs).sentences)
+    assert "keeps the GPUs fed" not in text and "at 12% AU, baseline 12%" in text
+
+
+def test_min_au_without_any_au_says_there_is_no_au_to_judge() -> None:
+    runs = [
+        RunRecord(uuid=f"r{p}", inputs={**SCAN_INPUTS, "storage_profile": p, "compute_ms": 0},
+                  outputs={"scan_epoch_s": 1.0, "scan_au": None},
+                  metrics={"scan_epoch_s": [(0, 1.0), (1, 1.0)]})
+        for p in (BASE, FAST)
+    ]  # fmt: skip
+    verdict = judge(runs, min_au=0.9)
+    assert verdict.recommended is None
+    assert "there is no AU to judge against --min-au 0.9" in verdict.sentences[-1]
+    assert "meets the budget" not in verdict.sentences[-1]
+
+
+def test_noise_is_no_difference_and_the_cheapest_is_recommended() -> None:
     runs = [
         scan_run(BASE, [12.0, 10.0, 10.4, 9.7, 10.2, 9.9], [0.7] * 6),
+        scan_run(BASE, [12.0, 10.3, 10.0, 9.8, 10.1, 9.9], [0.7] * 6),
         scan_run(FAST, [12.0, 10.1, 9.8, 10.3, 9.9, 10.0], [0.7] * 6),
+        scan_run(FAST, [12.0, 10.0, 10.2, 9.9, 10.1, 10.2], [0.7] * 6),
     ]
     verdict = judge(runs)
-    assert not verdict.profiles[1].significant
+    assert verdict.profiles[1].shift.has_interval and not verdict.profiles[1].significant
     assert "no measurable difference" in verdict.sentences[0]
     assert verdict.recommended == BASE
+    # With the dearer class as the baseline, the cheaper one that is not measurably
+    # slower is recommended, not the baseline.
+    dear_first = judge(runs, baseline=FAST)
+    assert dear_first.recommended == BASE
+    assert "the cheapest profile that is not measurably slower" in dear_first.reason
 
 
 def workspace_run(profile: str, rounds: list[float]) -> RunRecord:
+    n = next(_order)
     return RunRecord(
-        uuid=f"ws-{profile}",
+        uuid=f"ws-{profile}-{n}",
         inputs={"workload": "workspace", "storage_profile": profile, "files": 200},
         outputs={"workspace_save_p99_ms": max(rounds)},
         metrics={"workspace_save_p99_ms": list(enumerate(rounds))},
+        started_at=T0 + timedelta(minutes=n),
     )
 
 
 def test_workspace_speaks_p99_save_latency_against_its_budget() -> None:
     runs = [
         workspace_run(BASE, [30.0, 21.0, 22.0, 20.5, 21.5, 22.5]),
+        workspace_run(BASE, [30.0, 21.5, 21.0, 22.0, 21.5, 22.0]),
         workspace_run(FAST, [15.0, 9.0, 9.5, 8.8, 9.1, 9.4]),
+        workspace_run(FAST, [15.0, 9.3, 9.1, 9.2, 9.4, 9.3]),
     ]
     verdict = judge(runs, max_p99_ms=10.0)
     assert verdict.headline == "p99 save latency" and verdict.unit == "ms"
     assert verdict.recommended == FAST
-    assert "p99 save latency 9.1 ms vs 21.5 ms" in verdict.sentences[0]
+    assert "p99 save latency 9.25 ms vs 21.5 ms" in verdict.sentences[0]
     assert judge(runs, max_p99_ms=25.0).recommended == BASE
 
 
@@ -109,7 +190,7 @@ def test_refusals() -> None:
         scan_run(BASE, [1.0, 1.0], [0.5] * 2),
         scan_run(FAST, [1.0, 1.0], [0.5] * 2, dataset_size=1),
     ]
-    with pytest.raises(NotComparable, match="differ in dataset_size"):
+    with pytest.raises(NotComparable, match="dataset_size differs"):
         judge(other_dataset)
     with pytest.raises(NotComparable, match="one profile only"):
         judge([scan_run(BASE, [1.0, 1.0], [0.5] * 2)])
@@ -120,6 +201,199 @@ def test_refusals() -> None:
     with pytest.raises(RunsMissing, match="io2"):
         judge_workloads(slow_and_fast(), pricing, Thresholds(), expected=("io2",))
     assert is_data_comparison(slow_and_fast())
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"prefetch_factor": 4}, "prefetch_factor differs"),
+        ({"shuffle_buffer": 1}, "shuffle_buffer differs"),
+        ({"image": "registry.example.com/ml/bench:0.3"}, "image differs"),
+    ],
+)
+def test_runs_of_other_loader_settings_or_images_are_refused(change: dict, named: str) -> None:
+    runs = [scan_run(BASE, [1.0, 1.0], [0.5] * 2, prefetch_factor=2, shuffle_buffer=64,
+                     image="registry.example.com/ml/bench:0.2"),
+            scan_run(FAST, [1.0, 1.0], [0.5] * 2, **{"prefetch_factor": 2, "shuffle_buffer": 64,
+                     "image": "registry.example.com/ml/bench:0.2", **change})]  # fmt: skip
+    with pytest.raises(NotComparable, match=named):
+        judge(runs)
+
+
+def test_a_scan_served_by_the_page_cache_is_never_compared() -> None:
+    kept_in = scan_run(FAST, [0.1, 0.1], [0.9] * 2)
+    kept_in.outputs["scan_cache_kept_out"] = False
+    with pytest.raises(
+        NotComparable, match="page cache was not kept out of .*checkpoint-throughput"
+    ):
+        judge([scan_run(BASE, [1.0, 1.0], [0.5] * 2), kept_in])
+    no_drop = [scan_run(p, [1.0, 1.0], [0.5] * 2, drop_cache=False) for p in (BASE, FAST)]
+    with pytest.raises(NotComparable, match="no-drop-cache"):
+        judge(no_drop)
+
+
+def test_the_shard_size_is_compared_only_where_it_matters() -> None:
+    files = [
+        scan_run(BASE, [1.0, 1.0], [0.5] * 2, dataset_format="files", shard_size="16MiB"),
+        scan_run(FAST, [1.0, 1.0], [0.5] * 2, dataset_format="files", shard_size="64MiB"),
+    ]
+    judge(files)  # a directory of files has no shards
+    shards = [
+        scan_run(BASE, [1.0, 1.0], [0.5] * 2, shard_size="16MiB"),
+        scan_run(FAST, [1.0, 1.0], [0.5] * 2, shard_size="64MiB"),
+    ]
+    with pytest.raises(NotComparable, match="shard_size differs"):
+        judge(shards)
+
+
+def test_a_switch_of_the_claim_inside_a_scan_is_refused() -> None:
+    base = scan_run(BASE, [1.0] * 4, [0.5] * 4)
+    fast = scan_run(FAST, [1.0] * 4, [0.5] * 4)
+    fast.started_at, fast.finished_at = T0 + timedelta(hours=1), T0 + timedelta(hours=2)
+    ledger = [
+        LedgerEntry(T0 - timedelta(minutes=5), BASE, FAST, "pipeline-1"),
+        LedgerEntry(T0 + timedelta(minutes=90), FAST, BASE, "pipeline-2"),
+    ]
+    hook = RunRecord(
+        uuid="hook", inputs={"claim": "data", "namespace": "ml", "target_class": FAST},
+        outputs={"applied_class": FAST, LEDGER_OUTPUT: format_ledger(ledger)},
+    )  # fmt: skip
+    with pytest.raises(NotComparable, match=f"switched from {FAST} to {BASE}.*by pipeline-2"):
+        judge([base, fast, hook])
+
+
+def test_a_drift_of_the_baseline_as_large_as_the_difference_is_named_and_nothing_declared() -> None:
+    """A…B…A: the baseline's runs before and after the candidate's moved by 2 s, the
+    candidate is 2 s slower than the baseline's pooled runs: the drift is named and the
+    difference, which would count alone, is not declared."""
+    runs = [
+        *(scan_run(BASE, [11.0, 10.0, 10.0, 10.0], [0.7] * 4) for _ in range(3)),
+        *(scan_run(FAST, [14.0, 13.0, 13.0, 13.0], [0.7] * 4) for _ in range(4)),
+        *(scan_run(BASE, [13.0, 12.0, 12.0, 12.0], [0.7] * 4) for _ in range(3)),
+    ]
+    verdict = judge(runs)
+    fast = verdict.profiles[1]
+    assert verdict.drift is not None and verdict.drift.shift.estimate == pytest.approx(2.0)
+    assert fast.shift.excludes_zero and abs(fast.shift.estimate) > fast.floor
+    assert not fast.significant and "drift" in fast.difference.why_not
+    assert any("the difference may be drift, not the profile" in n for n in verdict.notes)
+    assert verdict.verdict == "no measurable difference"
+
+
+def write_summary(path: Path, profile: str, epochs: list[float], **extra) -> Path:
+    summary = {
+        "schema": DATA_SUMMARY_SCHEMA, "workload": "scan", "storage_profile": profile,
+        "run_uuid": None, "config": {"dataset_format": "webdataset", "dataset_size": "1MiB"},
+        "outputs": {"scan_epoch_s": sorted(epochs)[len(epochs) // 2], "scan_au": 0.5},
+        "details": {"epochs": [{"epoch": i, "epoch_s": e, "au": 0.5} for i, e in enumerate(epochs)]},
+        **extra,
+    }  # fmt: skip
+    path.write_text(json.dumps(summary))
+    return path
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["--no-track", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda s: s.update(details="epochs"), "details must be a JSON object"),
+        (lambda s: s["details"]["epochs"].append(3), "details.epochs[4] is not an epoch"),
+        (lambda s: s["details"]["epochs"][0].update(epoch=None), "details.epochs[0] is not an epoch"),
+        (lambda s: s["details"].update(epochs={"0": 1.0}), "details.epochs must be a list"),
+        (lambda s: s["details"].update(rounds=[1.0, "fast"]), "details.rounds[1] = 'fast' is not a number"),
+        (lambda s: s["details"]["epochs"][2].update(epoch_s=0.0), "metric scan_epoch_s at step 2 = 0.0 is not > 0"),
+        (lambda s: s["details"]["epochs"][2].update(epoch_s=-1.0), "metric scan_epoch_s at step 2 = -1.0 is not > 0"),
+        (lambda s: s["details"]["epochs"][1].update(au=5.0), "metric scan_au at step 1 = 5.0 is not a share"),
+        (lambda s: s["details"]["epochs"][1].update(au=-1.0), "metric scan_au at step 1 = -1.0 is negative"),
+        (lambda s: s["outputs"].update(scan_au=5.0), "outputs scan_au = 5.0 is not a share"),
+    ],
+)  # fmt: skip
+def test_malformed_or_impossible_data_summaries_exit_2_naming_the_field(
+    tmp_path: Path, edit, field: str
+) -> None:
+    base = write_summary(tmp_path / "base.json", BASE, [1.0, 1.0, 1.0, 1.0])
+    fast = tmp_path / "fast.json"
+    summary = json.loads(write_summary(fast, FAST, [1.0, 1.0, 1.0, 1.0]).read_text())
+    edit(summary)
+    fast.write_text(json.dumps(summary))
+    code, output = cli("--summary", f"{BASE}={base}", "--summary", f"{FAST}={fast}")
+    assert code == 2, output
+    assert field in output and str(fast) in output
+    assert "Traceback" not in output
+
+
+def test_refusals_name_the_summary_file(tmp_path: Path) -> None:
+    base = write_summary(tmp_path / "base-run.json", BASE, [1.0] * 4)
+    fast = write_summary(tmp_path / "fast-run.json", FAST, [1.0] * 4, config={
+        "dataset_format": "webdataset", "dataset_size": "2MiB"})  # fmt: skip
+    code, output = cli("--summary", f"{BASE}={base}", "--summary", f"{FAST}={fast}")
+    assert code == 3, output
+    assert f"{BASE}={str(base)!r}" not in output  # the values, not the runs, are quoted
+    assert str(fast) in output or "fast-run" in output
+
+
+def test_the_baseline_follows_the_start_times_not_the_flag_order(tmp_path: Path) -> None:
+    late = write_summary(tmp_path / "a.json", FAST, [1.0] * 4,
+                         **{RUN_STARTED_AT: (T0 + timedelta(hours=1)).isoformat()})  # fmt: skip
+    early = write_summary(tmp_path / "b.json", BASE, [1.0] * 4, **{RUN_STARTED_AT: T0.isoformat()})
+    out = tmp_path / "v.json"
+    for order in ([late, early], [early, late]):
+        args = [
+            a
+            for p in order
+            for a in ("--summary", f"{json.loads(p.read_text())['storage_profile']}={p}")
+        ]
+        code, output = cli(*args, "--json", str(out))
+        assert code == 0, output
+        assert json.loads(out.read_text())["baseline"] == BASE
+    # Without start times: by file name, and the report says so.
+    untimed_b = write_summary(tmp_path / "b-untimed.json", BASE, [1.0] * 4)
+    untimed_a = write_summary(tmp_path / "a-untimed.json", FAST, [1.0] * 4)
+    for order in ([untimed_b, untimed_a], [untimed_a, untimed_b]):
+        args = [
+            a
+            for p in order
+            for a in ("--summary", f"{json.loads(p.read_text())['storage_profile']}={p}")
+        ]
+        code, output = cli(*args, "--json", str(out))
+        assert code == 0, output
+        report = json.loads(out.read_text())
+        assert report["baseline"] == FAST  # a-untimed.json sorts first
+        assert any("ordered after the runs with one, by file name" in n for n in report["notes"])
+
+
+def test_a_data_summary_mixed_with_training_summaries_is_refused(tmp_path: Path) -> None:
+    from tests.checkpoint_compare.test_review_defects import summary_json
+
+    data = write_summary(tmp_path / "scan.json", FAST, [1.0] * 4)
+    training = tmp_path / "train.json"
+    training.write_text(json.dumps(summary_json(BASE, [2.0] * 6, 100.0)))
+    code, output = cli("--summary", f"{BASE}={training}", "--summary", f"{FAST}={data}")
+    assert code == 3, output
+    assert "mixed with training runs" in output and "scan.json" in output
+
+
+def test_the_json_report_is_the_one_schema(tmp_path: Path) -> None:
+    from checkpoint_compare.report_json import SCHEMA, document
+
+    doc = document(judge(slow_and_fast(), min_au=0.9))
+    assert doc["schema"] == SCHEMA and doc["workload"] == "scan"
+    assert doc["verdict"] == FAST and doc["recommendation"]["profile"] == FAST
+    assert doc["profiles"][BASE]["difference"] is None
+    diff = doc["profiles"][FAST]["difference"]
+    assert diff["claimed"] is True and diff["direction"] == "better"
+    assert diff["runs"] == {"profile": 2, "baseline": 2}
+    assert diff["low"] < diff["estimate"] < diff["high"] < 0 and diff["confidence"] == 0.95
+    assert "run medians" in diff["method"]
+    same = document(
+        judge([scan_run(BASE, BASE_EPOCHS[0], BASE_AU), scan_run(FAST, FAST_EPOCHS[0], FAST_AU)])
+    )
+    assert same["profiles"][FAST]["difference"]["claimed"] is False
+    assert same["profiles"][FAST]["difference"]["direction"] == "none"
 
 
 def test_the_cli_judges_real_scan_summaries(tmp_path: Path) -> None:
@@ -147,7 +421,7 @@ def test_the_cli_judges_real_scan_summaries(tmp_path: Path) -> None:
     assert "epoch time" in done.stdout and "AU" in done.stdout
     verdict = json.loads(out.read_text())
     assert verdict["workload"] == "scan" and len(verdict["profiles"]) == 2
-    assert all(len(p["samples"]) == 2 for p in verdict["profiles"])  # 3 epochs, 1 warm-up
+    assert all(len(p["samples"]) == 2 for p in verdict["profiles"].values())  # 1 warm-up
     page = (tmp_path / "verdict.html").read_text()
     assert "Storage profile comparison: scan" in page and "AU, baseline" in page
     assert page.index("id='verdict'") < page.index("id='tables'")
@@ -162,3 +436,10 @@ def test_outputs_carry_the_verdict_and_none_when_nothing_fits() -> None:
     assert out["recommendation_reason"].startswith("Recommendation: none")
     assert out["checkpoint_throughput_scan_au"] == pytest.approx(0.97)
     assert outputs(judge(slow_and_fast()))["recommended_profile"] == FAST
+
+
+def test_a_missing_headline_figure_is_bad_input() -> None:
+    runs = [scan_run(BASE, [1.0, 1.0], [0.5] * 2),
+            RunRecord(uuid="x", inputs={**SCAN_INPUTS, "storage_profile": FAST})]  # fmt: skip
+    with pytest.raises(BadInput, match="no run recorded scan_epoch_s"):
+        judge(runs)
