@@ -173,6 +173,10 @@ def _cost_words(fit: ProfileFit, budget: Budget) -> str:
     )
 
 
+def _unpriced(fits: list[ProfileFit]) -> list[str]:
+    return [f.profile for f in fits if f.monthly is None]
+
+
 def _cheapest(fits: list[ProfileFit]) -> ProfileFit:
     """Priced before unpriced, then the lowest monthly cost, then the lowest pause bound;
     ties keep the given order (baseline first)."""
@@ -230,17 +234,35 @@ def _choose(
                 f"{f.profile}: {f.why}" for f in fits
             )
         best = _cheapest(meeting)
-        of = f" (of {len(meeting)} that do)" if len(meeting) > 1 else ""
         rec.profile = best.profile
+        unpriced = _unpriced(meeting)
+        if best.monthly is None:
+            return (
+                f"{best.profile} meets the budget with {level} ({best.why}); not priced "
+                f"({', '.join(unpriced)}): nothing is said of what it costs"
+            )
+        priced = [f for f in meeting if f.monthly is not None]
+        of = f" (of {len(priced)} that do)" if len(priced) > 1 else ""
+        which, also = "", ""
+        if unpriced:
+            which = " priced profile"
+            also = f"; {', '.join(unpriced)} also meets it, not priced: nothing is said of its cost"
         return (
-            f"{best.profile} meets the budget with {level} ({best.why}) and is the cheapest "
-            f"that does{of}: {_cost_words(best, budget)}"
+            f"{best.profile} meets the budget with {level} ({best.why}) and is the cheapest"
+            f"{which} that does{of}: {_cost_words(best, budget)}{also}"
         )
     priced = [f for f in eligible if f.monthly is not None]
     if budget.checkpoints_per_month is not None and priced:
         best = _cheapest(priced)
         base = fits[0]
         rec.profile = best.profile
+        if base.monthly is None:
+            # No saving is claimed against a profile whose cost is unknown.
+            return (
+                f"{best.profile} has the best net cost of the priced profiles: "
+                f"{_cost_words(best, budget)}; {', '.join(_unpriced(fits))} not priced, "
+                "so no saving against it is claimed"
+            )
         if best is base:
             return (
                 f"{best.profile} (the baseline) has the best net cost: no other profile saves "

@@ -1,0 +1,77 @@
+"""What the checkpoint verdict refuses or claims, held for every workload: no cost claim
+about an unpriced profile, runs of another claim or volume refused, profile names whose
+output names would collide refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from checkpoint_storage_bench.tracking import tracked_run
+from tests.checkpoint_compare.recorded import write_hook_run, write_training_run
+from tests.checkpoint_compare.test_profiles import run_cli
+
+BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
+
+
+def test_an_unpriced_profile_is_never_called_the_cheapest(runs_root: Path, pricing_file) -> None:
+    write_training_run(BASE, [1.0] * 6, runtime_s=50.0)
+    write_training_run("nvme-local", [0.2] * 6, runtime_s=45.0)
+    code, output, report = run_cli(runs_root, pricing_file(), "--max-pause-s", "0.5")
+    assert code == 0, output
+    reason = report["recommendation"]["reason"]
+    assert report["recommendation"]["profile"] == "nvme-local"
+    assert "cheapest" not in reason and "nothing is said of what it costs" in reason
+
+
+def test_no_saving_is_claimed_against_an_unpriced_baseline(runs_root: Path, pricing_file) -> None:
+    write_training_run("nvme-local", [1.0] * 6, runtime_s=50.0)
+    write_training_run(BASE, [1.0] * 6, runtime_s=50.0)
+    code, output, report = run_cli(
+        runs_root, pricing_file(), "--checkpoints-per-month", "1000", "--baseline", "nvme-local"
+    )
+    assert code == 0, output
+    reason = report["recommendation"]["reason"]
+    assert report["recommendation"]["profile"] == BASE
+    assert "less than nvme-local" not in reason and "-" not in reason.split("USD")[0][-8:]
+    assert "nvme-local not priced, so no saving against it is claimed" in reason
+
+
+def _hook(target: str, claim: str, handle: str) -> None:
+    with tracked_run(f"hook-{target}", tags=["hook"]) as t:
+        t.log_inputs(claim=claim, namespace="ml-team", target_class=target,
+                     previous_class=BASE, driver="ebs.csi.aws.com", volume_handle=handle)  # fmt: skip
+        t.log_outputs(applied_class=target)
+
+
+def test_runs_of_another_claim_or_volume_are_refused_naming_both(
+    runs_root: Path, pricing_file
+) -> None:
+    _hook(BASE, "training-checkpoints", "vol-1")
+    write_training_run(BASE, [1.0] * 6, runtime_s=50.0)
+    _hook(FAST, "other-team-claim", "vol-2")
+    write_training_run(FAST, [0.5] * 6, runtime_s=47.0)
+    code, output, _ = run_cli(runs_root, pricing_file())
+    assert code == 3, output
+    assert "the claim differs" in output
+    assert "ml-team/training-checkpoints" in output and "ml-team/other-team-claim" in output
+    assert "the volume differs" in output and "vol-1" in output and "vol-2" in output
+
+
+def test_one_claim_one_volume_is_compared(runs_root: Path, pricing_file) -> None:
+    write_hook_run(BASE)
+    write_training_run(BASE, [1.0] * 6, runtime_s=50.0)
+    write_hook_run(FAST)
+    write_training_run(FAST, [0.5] * 6, runtime_s=47.0)
+    code, output, _ = run_cli(runs_root, pricing_file())
+    assert code == 0, output
+
+
+def test_profile_names_whose_output_names_collide_are_refused(
+    runs_root: Path, pricing_file
+) -> None:
+    write_training_run("gp3-fast", [1.0] * 6, runtime_s=50.0)
+    write_training_run("gp3.fast", [0.5] * 6, runtime_s=47.0)
+    code, output, _ = run_cli(runs_root, pricing_file())
+    assert code == 2, output
+    assert "overwrite each other" in output
+    assert "gp3-fast and gp3.fast" in output or "gp3.fast and gp3-fast" in output
