@@ -175,6 +175,12 @@ def _lease_duration(command: str) -> Any:
     help="Refuse (exit 3, nothing changed) when an op of the holder's Polyaxon pipeline has "
     "failed: a pipeline's later stage does not switch the claim.",
 )
+@click.option(
+    "--only-if-switched",
+    is_flag=True,
+    help="Do nothing (exit 0) unless the claim's ledger has a switch by this holder: a "
+    "pipeline's restore leaves a claim it never switched alone.",
+)
 @_file("--summary-json", "Write the report here.")
 @_holder
 @_lease_duration("switch")

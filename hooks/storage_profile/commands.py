@@ -68,6 +68,8 @@ def run_switch(
     failure = None
     try:
         if cfg.backend == "local":
+            if cfg.only_if_switched and cfg.holder is None:
+                cfg.holder = default_holder()
             if cfg.stop_after_failure:
                 refuse_after_failure(cfg.holder or default_holder())
             switch_local(cfg, SandboxProfiles.load(cfg.profiles_file), report, echo=echo)

@@ -125,6 +125,9 @@ class SwitchConfig(Target):
         force: Switch even when the provider's rate limit would be exceeded.
         stop_after_failure: Refuse (exit 3) when an op of the holder's Polyaxon pipeline has
             failed: a pipeline's later stage does not switch the claim.
+        only_if_switched: Do nothing (exit 0) unless the holder switched the claim before
+            (its ledger, or the sandbox's state): a pipeline's restore leaves a claim it never
+            touched alone.
         summary_json: Where to write the report as JSON.
         holder: Who holds the claim's Lease (None: :func:`lease.default_holder`).
         lease_duration: Seconds the Lease lasts from this switch.
@@ -141,6 +144,7 @@ class SwitchConfig(Target):
     dry_run: bool = False
     force: bool = False
     stop_after_failure: bool = False
+    only_if_switched: bool = False
     summary_json: Path | None = None
     holder: str | None = None
     lease_duration: float = LEASE_DURATION

@@ -160,5 +160,13 @@ class Report:
         return True
 
 
+def not_switched_note(ref: str, holder: str | None) -> str:
+    """What ``switch --only-if-switched`` says when ``holder`` never switched the claim."""
+    return (
+        f"claim {ref} was never switched by {holder} (--only-if-switched): nothing to switch "
+        "back; nothing was changed"
+    )
+
+
 class SwitchFailed(Exception):
     """Raised inside the tracked run so that the run is recorded as failed."""

@@ -93,7 +93,7 @@ PIPELINE_ARGV = {
         *["--baseline=checkpoint-baseline", "--expect=checkpoint-baseline"],
         "--expect=checkpoint-throughput",
     ],
-    f"{GENERAL}/restore": switch_argv("checkpoint-baseline"),
+    f"{GENERAL}/restore": switch_argv("checkpoint-baseline", "--only-if-switched"),
     f"{GENERAL}/release": [
         *[*HOOK, "release", *CLAIM_ARGS, "--holder", HOLDER, "--backend", "kubernetes"],
     ],

@@ -193,6 +193,18 @@ def test_after_a_failed_stage_no_later_stage_switches_but_a_restore_does(three, 
     assert "--stop-after-failure" not in alone
 
 
+def test_the_restore_switches_back_only_a_claim_its_pipeline_switched(jobs) -> None:
+    # With trigger all_done the restore also runs after a refused plan: its switch then does
+    # nothing (--only-if-switched: no switch of the claim by this pipeline's holder).
+    switches = {path: pod.argv for path, pod in jobs.items() if pod.argv[3:4] == ["switch"]}
+    assert "--only-if-switched" in switches["pipeline/restore"]
+    assert _holder(switches["pipeline/restore"]) == PIPELINE_UUID
+    staged = [argv for path, argv in switches.items() if "/stages[" in path]
+    assert staged and not any("--only-if-switched" in argv for argv in staged)
+    alone = compile_component(current("storage-profile"), {"target_class": "fast"}).argv
+    assert "--only-if-switched" not in alone
+
+
 def _holder(argv: list[str]) -> str | None:
     (flag,) = [a for a in argv if a.startswith("--holder=")] or [None]
     return flag.split("=", 1)[1] if flag else None

@@ -529,3 +529,39 @@ def test_a_fractional_lease_duration_is_rounded_up(cluster: FakeKube):
     result = switch("--lease-duration", "90.2")
     assert result.exit_code == 0, result.output
     assert cluster.lease()["spec"]["leaseDurationSeconds"] == 91
+
+
+# ------------------------------------------------- a restore only after its own pipeline's switch
+
+
+def test_a_restore_leaves_a_claim_its_pipeline_never_switched_alone(cluster: FakeKube, tmp_path):
+    # Another pipeline's switches in the ledger, none by this holder (its plan refused, say):
+    # nothing is patched, no Lease is taken, and the exit is 0 (the restore did its job).
+    seed_ledger(cluster, 5)
+    summary = tmp_path / "restore.json"
+    result = switch("--only-if-switched", "--summary-json", str(summary), to="fast")
+    assert result.exit_code == 0, result.output
+    assert "was never switched by pipeline-a (--only-if-switched)" in result.output
+    assert cluster.requested == [] and cluster.get("Lease", lease_name(CLAIM), NS) is None
+    data = load_summary(summary)
+    assert data["outcome"] == "not-switched" and data["patched"] is False
+    claim = cluster.get("PersistentVolumeClaim", CLAIM, NS)
+    assert claim["spec"]["volumeAttributesClassName"] == "baseline"
+
+
+def test_a_restore_switches_back_after_its_own_pipelines_switch(cluster: FakeKube):
+    assert switch().exit_code == 0  # a stage of pipeline-a: baseline -> fast
+    result = switch("--only-if-switched", to="baseline")
+    assert result.exit_code == 0, result.output
+    assert [(e.from_class, e.to_class, e.holder) for e in ledger(cluster)] == [
+        ("baseline", "fast", "pipeline-a"),
+        ("fast", "baseline", "pipeline-a"),
+    ]
+
+
+def test_a_restore_with_an_unreadable_ledger_changes_nothing(cluster: FakeKube):
+    annotate_ledger(cluster, "not json")
+    result = switch("--only-if-switched", to="fast")
+    assert result.exit_code == 3, result.output
+    assert "whether pipeline-a switched the claim is unknown" in result.stderr
+    assert cluster.requested == []

@@ -349,3 +349,18 @@ def test_a_class_on_tmpfs_is_refused_there_is_no_disk_to_throttle(
     assert result.exit_code == 3, result.output
     assert "the kernel cannot throttle here" in result.stderr
     assert load_summary(tmp_path / "s.json")["outcome"] == "refused"
+
+
+def test_a_local_restore_only_after_its_own_holders_switch(sandbox: Path):
+    state = sandbox / ".sandbox" / "claims" / "training-checkpoints.profile"
+    assert local("--holder", "pipeline-old").exit_code == 0
+    assert json.loads(state.read_text())["holder"] == "pipeline-old"
+    # Another pipeline's restore: the claim stays on the other pipeline's profile.
+    result = local("--holder", "pipeline-b", "--only-if-switched", to="checkpoint-baseline")
+    assert result.exit_code == 0, result.output
+    assert "never switched by pipeline-b" in result.output
+    assert json.loads(state.read_text())["profile"] == "checkpoint-throughput"
+    # Its own: switched back.
+    result = local("--holder", "pipeline-old", "--only-if-switched", to="checkpoint-baseline")
+    assert result.exit_code == 0, result.output
+    assert json.loads(state.read_text())["profile"] == "checkpoint-baseline"
