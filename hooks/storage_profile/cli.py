@@ -172,8 +172,9 @@ def _lease_duration(command: str) -> Any:
 @click.option(
     "--stop-after-failure",
     is_flag=True,
-    help="Refuse (exit 3, nothing changed) when an op of the holder's Polyaxon pipeline has "
-    "failed: a pipeline's later stage does not switch the claim.",
+    help="Refuse (exit 3, nothing changed) when a run of the Polyaxon pipeline this switch "
+    "runs in (its outermost run, at any depth of nesting) has failed: a pipeline's later "
+    "stage does not switch the claim.",
 )
 @click.option(
     "--only-if-switched",

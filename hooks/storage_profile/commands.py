@@ -71,7 +71,7 @@ def run_switch(
             if cfg.only_if_switched and cfg.holder is None:
                 cfg.holder = default_holder()
             if cfg.stop_after_failure:
-                refuse_after_failure(cfg.holder or default_holder())
+                refuse_after_failure()
             switch_local(cfg, SandboxProfiles.load(cfg.profiles_file), report, echo=echo)
         else:
             # The deadline starts first: finding the holder and loading the configuration
@@ -81,7 +81,7 @@ def run_switch(
             if cfg.holder is None:
                 cfg.holder = default_holder(deadline=deadline)
             if cfg.stop_after_failure:
-                refuse_after_failure(cfg.holder, deadline=deadline)
+                refuse_after_failure(deadline=deadline)
             kube = connect(cfg, deadline)
             switch_kubernetes(
                 cfg, kube, report, provider_for=provider_for, echo=echo, deadline=deadline

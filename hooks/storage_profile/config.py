@@ -123,8 +123,9 @@ class SwitchConfig(Target):
         on_infeasible: ``fail`` or ``rollback``.
         dry_run: Preflight and print the patch only.
         force: Switch even when the provider's rate limit would be exceeded.
-        stop_after_failure: Refuse (exit 3) when an op of the holder's Polyaxon pipeline has
-            failed: a pipeline's later stage does not switch the claim.
+        stop_after_failure: Refuse (exit 3) when a run of the Polyaxon pipeline this switch
+            runs in (its outermost run) has failed: a pipeline's later stage does not switch
+            the claim.
         only_if_switched: Do nothing (exit 0) unless the holder switched the claim before
             (its ledger, or the sandbox's state): a pipeline's restore leaves a claim it never
             touched alone.

@@ -61,7 +61,7 @@ EXIT_CODES = {
     EXIT_USAGE: "bad arguments",
     EXIT_PREFLIGHT: "preflight refused (claim or class missing, claim not bound, driver "
     "mismatch, modification budget used up, claim held by another holder's lease (renew: "
-    "the lease is no longer this holder's), an op of the holder's pipeline failed "
+    "the lease is no longer this holder's), a run of the switch's pipeline failed "
     "(--stop-after-failure), API server refused the patch; plan: the run's modifications do not fit the provider's "
     "window now, named with when they would) — nothing was changed",
     EXIT_INFEASIBLE: "infeasible (Infeasible status, Pending beyond --pending-grace, "

@@ -88,12 +88,7 @@ def pipeline_of_run(owner: str, project: str, run_uuid: str) -> str | None:
     """The uuid of the pipeline a Polyaxon run belongs to, asked from Polyaxon's API; None
     when the run has no pipeline or the API failed."""
     try:
-        from polyaxon.client import RunClient
-
-        run = RunClient(owner=owner, project=project, run_uuid=run_uuid)
-        run.refresh_data()
-        pipeline = getattr(run.run_data, "pipeline", None)
-        return getattr(pipeline, "uuid", None) if pipeline else None
+        return parent_run(owner, project, run_uuid)
     except Exception as exc:  # noqa: BLE001 - any failure falls back to the run uuid
         log.warning("cannot ask Polyaxon for the pipeline of run %s: %s", run_uuid, exc)
         return None
@@ -125,52 +120,100 @@ def ask_polyaxon(
         return None
 
 
-def failed_ops_of(owner: str, project: str, pipeline: str) -> list[str] | None:
-    """The names of the failed runs below a Polyaxon pipeline (at any depth: the server sets
-    ``controller`` to the outermost run for all of them), asked from Polyaxon's API; None
-    when the API failed."""
-    try:
-        from polyaxon.client import RunClient
+def parent_run(owner: str, project: str, run_uuid: str) -> str | None:
+    """The uuid of the run's direct pipeline (None: it has none), asked from Polyaxon's API.
 
-        found = RunClient(owner=owner, project=project).list(
-            query=f"controller:{pipeline}, status:failed", limit=100
-        )
-        return [r.name or r.uuid for r in found.results or []]
-    except Exception as exc:  # noqa: BLE001 - an unreachable API does not stop the switch
-        log.warning("cannot ask Polyaxon for the failed ops of pipeline %s: %s", pipeline, exc)
-        return None
+    Raises:
+        Exception: Whatever the API client raised (the caller decides what that means).
+    """
+    from polyaxon.client import RunClient
+
+    run = RunClient(owner=owner, project=project, run_uuid=run_uuid)
+    run.refresh_data()
+    pipeline = getattr(run.run_data, "pipeline", None)
+    return getattr(pipeline, "uuid", None) if pipeline else None
+
+
+def failed_runs_below(owner: str, project: str, root: str) -> list[str]:
+    """The names of the failed runs whose ``controller`` is ``root``, asked from Polyaxon's
+    API. haupt sets every run's controller to the outermost run of its tree, at any depth
+    of nesting, so for the outermost run this is every failed run of the whole tree.
+
+    Raises:
+        Exception: Whatever the API client raised.
+    """
+    from polyaxon.client import RunClient
+
+    found = RunClient(owner=owner, project=project).list(
+        query=f"controller:{root}, status:failed", limit=100
+    )
+    return [r.name or r.uuid for r in found.results or []]
+
+
+def outermost_run(
+    owner: str,
+    project: str,
+    run_uuid: str,
+    parent_of: Callable[[str, str, str], str | None],
+) -> str:
+    """The run at the top of ``run_uuid``'s tree: its pipeline's pipeline, and so on (the
+    run itself when it has none). A pipeline may nest another (the two-profile pipeline
+    wraps the general one, whose stages nest a DAG each), so only the top is the
+    ``controller`` of every run below it."""
+    seen = {run_uuid}
+    current = run_uuid
+    while (parent := parent_of(owner, project, current)) is not None and parent not in seen:
+        seen.add(parent)
+        current = parent
+    return current
 
 
 def refuse_after_failure(
-    holder: str,
     environ: dict[str, str] | None = None,
-    failed_of: Callable[[str, str, str], list[str] | None] = failed_ops_of,
+    parent_of: Callable[[str, str, str], str | None] | None = None,
+    failed_below: Callable[[str, str, str], list[str]] | None = None,
     deadline: Deadline | None = None,
 ) -> None:
-    """Refuse the switch (``PreflightRefused``, nothing changed) when an op of the holder's
-    Polyaxon pipeline has failed (``--stop-after-failure``).
+    """Refuse the switch (``PreflightRefused``, nothing changed) when a run of the Polyaxon
+    pipeline this switch runs in has failed (``--stop-after-failure``), at any depth.
 
     A Polyaxon mapping starts its next run after one failed, and haupt's failure early
     stopping never fires for a mapping nested in a pipeline (it counts the runs whose
     ``controller`` is the mapping: the outermost run is theirs). So a later stage's switch
     is where the pipeline stops changing the claim: the claim stays on the class the last
-    good switch left. Outside a Polyaxon run there is no pipeline to ask, and an API that
-    does not answer within :data:`PIPELINE_LOOKUP_TIMEOUT` (never past ``deadline``) is
-    said in a warning: neither refuses.
+    good switch left. The pipeline is found from this run itself (``POLYAXON_RUN_INSTANCE``)
+    by following ``pipeline`` up to the outermost run, and its failed runs are those whose
+    ``controller`` it is: the same query however deeply the stages are nested. Outside a
+    Polyaxon run there is no pipeline to ask; an API that fails, or does not answer within
+    :data:`PIPELINE_LOOKUP_TIMEOUT` (never past ``deadline``), is said in a warning: neither
+    refuses.
     """
     run = polyaxon_run(environ)
     if run is None:
         return
-    owner, project, _ = run
-    failed = ask_polyaxon(
-        lambda: failed_of(owner, project, holder),
-        f"asking Polyaxon for the failed ops of pipeline {holder}",
+    owner, project, run_uuid = run
+    parent_of = parent_of or parent_run
+    failed_below = failed_below or failed_runs_below
+
+    def failed_in_tree() -> tuple[str, list[str]] | None:
+        try:
+            root = outermost_run(owner, project, run_uuid, parent_of)
+            return root, (failed_below(owner, project, root) if root != run_uuid else [])
+        except Exception as exc:  # noqa: BLE001 - an unreachable API does not stop the switch
+            log.warning("cannot ask Polyaxon for the failed runs of run %s's pipeline: %s; "
+                        "switching anyway", run_uuid, exc)  # fmt: skip
+            return None
+
+    found = ask_polyaxon(
+        failed_in_tree,
+        f"asking Polyaxon for the failed runs of run {run_uuid}'s pipeline",
         deadline,
         otherwise="switching anyway",
     )
-    if failed:
+    if found is not None and found[1]:
+        root, failed = found
         raise PreflightRefused(
-            f"pipeline {holder} has failed op(s) ({', '.join(sorted(set(failed)))}): no later "
+            f"pipeline {root} has failed op(s) ({', '.join(sorted(set(failed)))}): no later "
             "stage switches the claim (--stop-after-failure); nothing was changed"
         )
 

@@ -16,6 +16,8 @@ import re
 import pytest
 import yaml
 
+from hooks.storage_profile.errors import PreflightRefused
+from hooks.storage_profile.lease import refuse_after_failure
 from tests.bundle.bundle import (
     COMPONENTS,
     PIPELINE,
@@ -191,6 +193,68 @@ def test_after_a_failed_stage_no_later_stage_switches_but_a_restore_does(three, 
     assert "--stop-after-failure" not in switches["pipeline/restore"]
     alone = compile_component(current("storage-profile"), {"target_class": "fast"}).argv
     assert "--stop-after-failure" not in alone
+
+
+def run_tree(dag) -> dict[str, str | None]:
+    """Every run the server makes for ``dag`` (its own included), by stand-in uuid, with the
+    uuid of its ``pipeline``: a mapping op is a matrix run whose children are its runs."""
+    parents: dict[str, str | None] = {dag.uuid: None}
+
+    def walk(d) -> None:
+        for name in d.order():
+            op = d.ops[name]
+            if op.conditions and "workload" in op.conditions and not d.runs(name):
+                continue
+            if op.matrix is None:
+                parents[d.op_uuid(name)] = d.uuid
+                continue
+            parents[d.op_uuid(name)] = d.uuid  # the matrix run
+            if op.component.run.kind == "dag":
+                for child in d.children(name):
+                    parents[child.uuid] = d.op_uuid(name)
+                    walk(child)
+            else:
+                for i in range(len(d.mapping(name))):
+                    parents[d.op_uuid(f"{name}[{i}]")] = d.op_uuid(name)
+
+    walk(dag)
+    return parents
+
+
+@pytest.mark.parametrize("path", [PROFILES_PIPELINE, PIPELINE], ids=["general", "two-profile"])
+def test_after_a_failed_first_stage_the_second_stages_switch_refuses(path) -> None:
+    # The server's records for the whole tree: every run's controller is the outermost
+    # run (haupt: the parent's controller, else the parent), however deep it is nested.
+    dag = load_dag(path, {"profiles": THREE} if path == PROFILES_PIPELINE else {})
+    parents = run_tree(dag)
+
+    def controller(run: str) -> str | None:
+        top = parents[run]
+        while top is not None and parents[top] is not None:
+            top = parents[top]
+        return top
+
+    def parent_of(owner: str, project: str, run: str) -> str | None:
+        return parents[run]
+
+    jobs = dag.jobs()
+    (first_train, *_) = [p for p in jobs if "/stages[0]/train[" in p]
+    failed = {jobs[first_train].run_uuid: "train"}
+
+    def failed_below(owner: str, project: str, root: str) -> list[str]:
+        return [name for run, name in failed.items() if controller(run) == root]
+
+    switch = next(pod for p, pod in jobs.items() if p.endswith("/stages[1]/switch"))
+    assert "--stop-after-failure" in switch.argv
+    environ = {"POLYAXON_RUN_INSTANCE": switch.env["POLYAXON_RUN_INSTANCE"]}
+    with pytest.raises(PreflightRefused, match=r"has failed op\(s\) \(train\)"):
+        refuse_after_failure(environ, parent_of, failed_below)
+    # Nested in the wrapper, the Lease's holder is not the controller of any run.
+    holder = _holder(switch.argv)
+    assert (holder == PIPELINE_UUID) == (path == PROFILES_PIPELINE)
+    assert all(controller(run) == PIPELINE_UUID for run in parents if run != PIPELINE_UUID)
+    failed.clear()  # nothing failed: the second stage switches
+    refuse_after_failure(environ, parent_of, failed_below)
 
 
 def test_the_restore_switches_back_only_a_claim_its_pipeline_switched(jobs) -> None:

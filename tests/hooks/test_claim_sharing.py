@@ -472,21 +472,79 @@ def test_the_default_holder():
     assert "@" in outside and outside.split("@")[1]
 
 
-def test_a_later_stage_refuses_to_switch_after_a_failed_op_of_its_pipeline():
-    asked: list[tuple[str, str, str]] = []
+# A two-profile run as haupt records it: wrapper > comparison (matrix) > general DAG >
+# stages (matrix) > stage DAG > switch/train. Every run's controller is the outermost one.
+PARENTS = {
+    "wrapper": None,
+    "comparison": "wrapper",
+    "general": "comparison",
+    "plan": "general",
+    "stages": "general",
+    "stage-0": "stages",
+    "switch-0": "stage-0",
+    "train-0": "stage-0",
+    "stage-1": "stages",
+    "switch-1": "stage-1",
+    "lonely": None,
+}
 
-    def failed(owner: str, project: str, pipeline: str) -> list[str] | None:
-        asked.append((owner, project, pipeline))
-        return {"pipeline-9": ["train", "stages", "train"]}.get(pipeline, [])
 
-    inside = {"POLYAXON_RUN_INSTANCE": "acme.bench.runs.run-1"}
-    with pytest.raises(PreflightRefused, match=r"pipeline-9 has failed op\(s\) \(stages, train\)"):
-        refuse_after_failure("pipeline-9", inside, failed)
+def polyaxon_tree(failed: dict[str, str]):
+    """``parent_of`` and ``failed_below`` answered from :data:`PARENTS`, ``failed`` being the
+    failed runs by uuid (their names as values); the queries they were asked, in order."""
+    asked: list[tuple[str, ...]] = []
+
+    def parent_of(owner: str, project: str, run: str) -> str | None:
+        assert (owner, project) == ("acme", "bench")
+        asked.append(("parent", run))
+        return PARENTS[run]
+
+    def controller(run: str) -> str | None:
+        top = PARENTS[run]
+        while top is not None and PARENTS[top] is not None:
+            top = PARENTS[top]
+        return top
+
+    def failed_below(owner: str, project: str, root: str) -> list[str]:
+        asked.append(("failed", root))
+        return [name for run, name in failed.items() if controller(run) == root]
+
+    return parent_of, failed_below, asked
+
+
+def inside(run: str) -> dict[str, str]:
+    return {"POLYAXON_RUN_INSTANCE": f"acme.bench.runs.{run}"}
+
+
+def test_a_later_stage_refuses_to_switch_after_a_failed_run_of_its_pipeline():
+    parent_of, failed_below, asked = polyaxon_tree({"train-0": "train", "stage-0": "stages"})
+    with pytest.raises(PreflightRefused, match=r"pipeline wrapper has failed op\(s\) \(stages, tr"):
+        refuse_after_failure(inside("switch-1"), parent_of, failed_below)
     assert PreflightRefused.exit_code == 3
-    refuse_after_failure("pipeline-8", inside, failed)  # nothing failed: the switch goes on
-    refuse_after_failure("pipeline-9", {}, failed)  # outside a Polyaxon run: nobody to ask
-    assert asked == [("acme", "bench", "pipeline-9"), ("acme", "bench", "pipeline-8")]
-    refuse_after_failure("pipeline-9", inside, lambda *_: None)  # the API failed: warned
+    # Up the chain to the outermost run, then one query for the runs it controls: the
+    # general pipeline (the Lease's holder) controls none of them, nested as it is.
+    assert asked == [
+        *[("parent", r) for r in ("switch-1", "stage-1", "stages", "general", "comparison")],
+        ("parent", "wrapper"),
+        ("failed", "wrapper"),
+    ]
+    parent_of, failed_below, _ = polyaxon_tree({})
+    refuse_after_failure(inside("switch-1"), parent_of, failed_below)  # nothing failed
+    refuse_after_failure({}, parent_of, failed_below)  # outside a Polyaxon run: nobody to ask
+    # A switch that is no pipeline's op has nothing to stop it.
+    parent_of, failed_below, asked = polyaxon_tree({"train-0": "train"})
+    refuse_after_failure(inside("lonely"), parent_of, failed_below)
+    assert ("failed", "lonely") not in asked
+
+
+def test_a_failed_lookup_does_not_stop_the_switch(caplog):
+    def broken(*_: str) -> str | None:
+        raise ConnectionError("no route to the API")
+
+    parent_of, failed_below, _ = polyaxon_tree({"train-0": "train"})
+    refuse_after_failure(inside("switch-1"), broken, failed_below)
+    refuse_after_failure(inside("switch-1"), parent_of, broken)
+    assert caplog.text.count("switching anyway") == 2
 
 
 def test_an_unanswered_failure_lookup_does_not_stop_the_switch(caplog):
@@ -494,9 +552,9 @@ def test_an_unanswered_failure_lookup_does_not_stop_the_switch(caplog):
         time.sleep(5)
         return ["train"]
 
-    inside = {"POLYAXON_RUN_INSTANCE": "acme.bench.runs.run-1"}
+    parent_of, _, _ = polyaxon_tree({})
     started = time.monotonic()
-    refuse_after_failure("pipeline-9", inside, slow, deadline=Deadline(0.2))
+    refuse_after_failure(inside("switch-1"), parent_of, slow, deadline=Deadline(0.2))
     assert time.monotonic() - started < 2
     assert "switching anyway" in caplog.text
 
