@@ -321,6 +321,14 @@ class Kube:
             deadline=deadline,
         )
 
+    def read_storage_class(self, name: str, deadline: Deadline | None = None) -> dict | None:
+        return self._read(
+            f"read StorageClass {name}",
+            self.storage.read_storage_class,
+            name,
+            deadline=deadline,
+        )
+
     def list_claim(
         self, ns: str, name: str, deadline: Deadline | None = None
     ) -> tuple[dict | None, str]:

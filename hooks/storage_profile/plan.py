@@ -31,10 +31,11 @@ from checkpoint_storage_bench.contract import (
 )
 from checkpoint_storage_bench.retry import Deadline
 from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
-from hooks.storage_profile.errors import PlanRefused
+from hooks.storage_profile.errors import PlanRefused, PreflightRefused
 from hooks.storage_profile.kube import Kube
 from hooks.storage_profile.local import DRIVER as LOCAL_DRIVER
 from hooks.storage_profile.local import SandboxProfiles
+from hooks.storage_profile.preflight import unbound_driver
 
 SCHEMA = "storage-profile-plan/1"
 
@@ -341,6 +342,21 @@ def plan_kubernetes(
                 "counted as the claim's class"
             )
     else:
+        try:
+            provisioner, unknown = unbound_driver(kube, claim, ref, deadline)
+        except PreflightRefused as exc:
+            raise PlanRefused(str(exc)) from exc
+        if unknown:
+            notes.append(unknown)
+        if provisioner is not None:
+            # The external-provisioner refuses another driver's class: the claim never binds.
+            other = {n: d for n, d in drivers.items() if d != provisioner}
+            if other:
+                raise PlanRefused(
+                    f"claim {ref} is not bound yet and will be provisioned by {provisioner} "
+                    f"(StorageClass {claim['spec'].get('storageClassName')}), but "
+                    + ", ".join(f"{n} is for {d}" for n, d in other.items())
+                )
         if len(set(drivers.values())) > 1:
             raise PlanRefused(
                 "the profiles' classes are for different drivers: "

@@ -175,6 +175,15 @@ def _unbound(
             f"VolumeAttributesClass {target} not found (claim {ref} asks for it and is not "
             "provisioned yet)"
         )
+    driver, note = unbound_driver(kube, claim, ref, deadline)
+    if note:
+        warnings.append(note)
+    if driver is not None and target_class.get("driverName") != driver:
+        raise PreflightRefused(
+            f"VolumeAttributesClass {target} is for driver {target_class.get('driverName')}, "
+            f"but claim {ref} (not bound yet) will be provisioned by {driver}: the provisioner "
+            "refuses another driver's class and the claim would never bind"
+        )
     return Plan(
         claim=claim,
         pv=None,
@@ -188,6 +197,34 @@ def _unbound(
         ledger=ledger,
         warnings=warnings,
     )
+
+
+def unbound_driver(
+    kube: Kube, claim: dict, ref: str, deadline: Deadline | None
+) -> tuple[str | None, str | None]:
+    """The driver that will provision an unbound claim: its StorageClass's provisioner.
+
+    Returns:
+        The driver, or None with a note saying why it is unknown (a claim without a
+        storageClassName, left to whatever default class exists when it is provisioned).
+
+    Raises:
+        PreflightRefused: The StorageClass does not exist (the claim cannot be provisioned),
+            or RBAC forbids reading it.
+    """
+    name = claim["spec"].get("storageClassName")
+    if not name:
+        return None, (
+            f"claim {ref} names no StorageClass: its provisioner (and so whether the class "
+            "is for its driver) is unknown until the volume is provisioned"
+        )
+    storage_class = kube.read_storage_class(name, deadline)
+    if storage_class is None:
+        raise PreflightRefused(
+            f"claim {ref} is not bound yet and its StorageClass {name} does not exist: no "
+            "volume can be provisioned for it"
+        )
+    return storage_class.get("provisioner"), None
 
 
 def _in_flight_warnings(claim: dict, target: str) -> list[str]:

@@ -146,6 +146,10 @@ class FakeKube(KubeState):
         self._called("read_class", f"read VolumeAttributesClass {name}", deadline)
         return self.get("VolumeAttributesClass", name)
 
+    def read_storage_class(self, name: str, deadline: Deadline | None = None) -> dict | None:
+        self._called("read_storage_class", f"read StorageClass {name}", deadline)
+        return self.get("StorageClass", name)
+
     def list_claim(
         self, ns: str, name: str, deadline: Deadline | None = None
     ) -> tuple[dict | None, str]:

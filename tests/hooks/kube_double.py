@@ -47,6 +47,7 @@ KINDS = {
     ("", "events"): "Event",
     ("", "pods"): "Pod",
     ("storage.k8s.io", "volumeattributesclasses"): "VolumeAttributesClass",
+    ("storage.k8s.io", "storageclasses"): "StorageClass",
     LEASES: "Lease",
 }
 # Field selectors kube-apiserver 1.34 accepts for claims (anything else is a 400); events and

@@ -28,7 +28,7 @@ import yaml
 from checkpoint_storage_bench.contract import lease_name
 
 CLAIMS = "persistentvolumeclaims"
-CLUSTER_SCOPED = {"PersistentVolume", "VolumeAttributesClass"}
+CLUSTER_SCOPED = {"PersistentVolume", "VolumeAttributesClass", "StorageClass"}
 IMMUTABLE_SPEC = (
     "spec is immutable after creation except resources.requests and "
     "volumeAttributesClassName for bound claims"
@@ -688,7 +688,9 @@ def make_volume(
     bound: bool = True,
     access_mode: str = "ReadWriteOnce",
 ) -> dict:
-    """Seed a bound claim and its CSI PV already settled on ``current``."""
+    """Seed a bound claim and its CSI PV already settled on ``current`` (unbound: the
+    claim alone), and the claim's StorageClass, provisioned by ``driver``."""
+    make_storage_class(state, "ebs-gp3", driver)
     if bound:
         zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}
         state.put(
@@ -756,6 +758,18 @@ def make_lease(
             "apiVersion": "coordination.k8s.io/v1",
             "metadata": {"name": lease_name(claim), "namespace": ns},
             "spec": spec,
+        }
+    )
+
+
+def make_storage_class(state: KubeState, name: str, provisioner: str) -> dict:
+    return state.put(
+        {
+            "kind": "StorageClass",
+            "apiVersion": "storage.k8s.io/v1",
+            "metadata": {"name": name},
+            "provisioner": provisioner,
+            "volumeBindingMode": "WaitForFirstConsumer",
         }
     )
 

@@ -121,6 +121,40 @@ def test_an_unbound_claim_asking_for_a_missing_class_is_refused(fake: FakeKube):
     assert "VolumeAttributesClass fast not found" in result.stderr
 
 
+GKE = "pd.csi.storage.gke.io"
+
+
+def test_an_unbound_claim_asking_for_another_drivers_class_is_refused(fake: FakeKube):
+    # Its StorageClass's provisioner (EBS) would refuse a GKE class: the claim would never
+    # bind, and the stage's fio op would wait for it forever.
+    make_volume(fake, bound=False, current="hyperdisk-fast")
+    make_class(fake, "hyperdisk-fast", driver=GKE, iops="6000", throughput="290Mi")
+    result = switch(to="hyperdisk-fast")
+    assert result.exit_code == 3, result.output
+    assert f"VolumeAttributesClass hyperdisk-fast is for driver {GKE}" in result.stderr
+    assert "will be provisioned by ebs.csi.aws.com" in result.stderr
+    assert fake.requested == [] and fake.lease() is None
+
+
+def test_an_unbound_claim_whose_storage_class_is_missing_is_refused(fake: FakeKube):
+    make_volume(fake, bound=False, current="fast")
+    make_class(fake, "fast", iops="6000")
+    fake.delete("StorageClass", "ebs-gp3")
+    result = switch()
+    assert result.exit_code == 3, result.output
+    assert "its StorageClass ebs-gp3 does not exist" in result.stderr
+    assert fake.requested == []
+
+
+def test_an_unbound_claim_without_a_storage_class_is_a_no_op_with_a_warning(fake: FakeKube):
+    make_volume(fake, bound=False, current="fast")
+    make_class(fake, "fast", iops="6000")
+    fake.update("PersistentVolumeClaim", CLAIM, NS, lambda c: c["spec"].pop("storageClassName"))
+    result = switch()
+    assert result.exit_code == 0, result.output
+    assert "names no StorageClass: its provisioner" in result.stderr
+
+
 # ------------------------------------------------------------------- the ledger of switches
 
 

@@ -15,7 +15,7 @@ from hooks.storage_profile.errors import EXIT_CODES, EXIT_PREFLIGHT, PlanRefused
 from hooks.storage_profile.plan import earliest_start, switches_of
 from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import run_hook
-from tests.hooks.kube_state import make_class, make_volume
+from tests.hooks.kube_state import make_class, make_storage_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -268,6 +268,16 @@ def test_unbound_claim_on_another_class_is_refused(fake: FakeKube):
     assert "the first profile must be checkpoint-baseline (not checkpoint-throughput)" in (
         result.stderr
     )
+
+
+def test_unbound_claim_of_another_drivers_provisioner_is_refused(fake: FakeKube):
+    # The GKE classes agree with each other, but the claim's StorageClass provisions with EBS.
+    cluster(fake, driver=GKE, bound=False)
+    make_storage_class(fake, "ebs-gp3", EBS)
+    result = plan("checkpoint-baseline,checkpoint-throughput")
+    assert result.exit_code == 3, result.output
+    assert f"will be provisioned by {EBS} (StorageClass ebs-gp3)" in result.stderr
+    assert f"checkpoint-baseline is for {GKE}" in result.stderr
 
 
 def test_a_driver_without_a_known_window(fake: FakeKube, tmp_path: Path):

@@ -11,7 +11,7 @@ import pytest
 from tests.hooks.conftest import assert_claim_class_patch
 from tests.hooks.helpers import run_hook
 from tests.hooks.kube_double import KubeDouble
-from tests.hooks.kube_state import CLAIMS, Rbac, claim_state, make_volume
+from tests.hooks.kube_state import CLAIMS, Rbac, claim_state, make_class, make_volume
 
 NS, CLAIM = "ml-team", "training-checkpoints"
 CLAIM_PATH = f"/api/v1/namespaces/{NS}/{CLAIMS}/{CLAIM}"
@@ -99,6 +99,22 @@ def test_least_privilege_rbac_is_enough(wire_cluster: KubeDouble, kubeconfig: Pa
     assert result.exit_code == 3
     assert "forbidden" in result.stderr
     assert not [w for w in wire_cluster.claim_writes() if "someone-else" in w.path]
+
+
+def test_least_privilege_rbac_reads_an_unbound_claims_storage_class(double: KubeDouble, tmp_path):
+    # A fresh WaitForFirstConsumer claim: the class's driver is checked against the
+    # StorageClass's provisioner, which the Role allows to get (and nothing more).
+    make_volume(double, bound=False, current="fast")
+    make_class(double, "fast", type="gp3", iops="6000", throughput="250")
+    double.rbac = Rbac.from_manifests(
+        ROOT / "connections" / "rbac-storage-profile.yaml", "ml-team:storage-profile-hook"
+    )
+    result = switch(double.write_kubeconfig(tmp_path / "kubeconfig"))
+    assert result.exit_code == 0, result.output
+    assert any(r.path.endswith("/storageclasses/ebs-gp3") for r in double.requests)
+    assert all(r.status != 403 for r in double.requests)
+    assert double.rbac.allows("get", "storage.k8s.io", "storageclasses", None, "any")
+    assert not double.rbac.allows("list", "storage.k8s.io", "storageclasses", None, None)
 
 
 def test_a_patch_whose_answer_was_lost_is_not_refused_on_retry(
