@@ -26,10 +26,11 @@ import click
 from checkpoint_storage_bench.fio import extract_json, parse_jobs, run_fio
 from checkpoint_storage_bench.units import format_bytes
 from data_workloads import dataset as ds
-from data_workloads.commands import Scratch, prepare_dataset
+from data_workloads.commands import prepare_dataset
 from data_workloads.config import DatasetFormat, MaterializeConfig, ScanConfig
 from data_workloads.materialize import run_materialize
 from data_workloads.scan import run_scan
+from data_workloads.scratch import ScratchDir
 from data_workloads.stats import median
 
 BLOCK = 4096
@@ -65,7 +66,7 @@ def bench_format(
     scan = run_scan(data, cfg)
     sizes = [p.stat().st_size for p in data.files]
     bs = ds.READ_CHUNK if fmt == "webdataset" else -(-int(median(sizes)) // BLOCK) * BLOCK
-    with Scratch(directory, "bench-fio") as scratch:
+    with ScratchDir(directory, "bench-fio") as scratch:
         fio_read = fio_mbps(
             fio, scratch / "randread", "randread", bs, max(1, cfg.num_workers), data.bytes, True
         )
@@ -88,9 +89,9 @@ def bench_format(
     mat_cfg = MaterializeConfig(
         data_dir=directory, dataset_format=fmt, track=False, **_dataset(settings)
     )
-    with Scratch(directory, "bench-materialize") as scratch:
+    with ScratchDir(directory, "bench-materialize") as scratch:
         mat = run_materialize(data, mat_cfg, scratch)["figures"]
-    with Scratch(directory, "bench-fio") as scratch:
+    with ScratchDir(directory, "bench-fio") as scratch:
         fio_write = fio_mbps(
             fio, scratch / "write", "write", 1024**2, 1, mat["materialize_output_bytes"], False
         )

@@ -17,14 +17,17 @@ from checkpoint_storage_bench.config_cli import config_options
 from checkpoint_storage_bench.errors import exit_codes_help
 from data_workloads.config import MaterializeConfig, ScanConfig, WorkspaceConfig
 from data_workloads.errors import EXIT_CODES
+from data_workloads.interrupts import signals_raise_interrupted
 
 _SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.group(context_settings=_SETTINGS, epilog=exit_codes_help(EXIT_CODES))
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Measure a claim with the operation that matters to a data workload."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    ctx.with_resource(signals_raise_interrupted())
 
 
 @main.command(epilog=exit_codes_help(EXIT_CODES))
@@ -57,13 +60,14 @@ def materialize(**settings: Any) -> None:
     timed."""
     cfg = MaterializeConfig(**settings)
     cfg.check_data_dir()
-    from data_workloads.commands import Scratch, prepare_dataset, run_workload
+    from data_workloads.commands import prepare_dataset, run_workload
     from data_workloads.materialize import run_materialize
+    from data_workloads.scratch import ScratchDir
 
     data = prepare_dataset(cfg)
 
     def measure() -> dict[str, Any]:
-        with Scratch(cfg.data_dir, "materialize") as scratch:
+        with ScratchDir(cfg.data_dir, "materialize") as scratch:
             return run_materialize(data, cfg, scratch)
 
     run_workload("materialize", cfg, measure, data)
@@ -76,11 +80,12 @@ def workspace(**settings: Any) -> None:
     listed and reopened; latency p50/p99/max per operation."""
     cfg = WorkspaceConfig(**settings)
     cfg.check_data_dir()
-    from data_workloads.commands import Scratch, run_workload
+    from data_workloads.commands import run_workload
+    from data_workloads.scratch import ScratchDir
     from data_workloads.workspace import run_workspace
 
     def measure() -> dict[str, Any]:
-        with Scratch(cfg.data_dir, "workspace") as scratch:
+        with ScratchDir(cfg.data_dir, "workspace") as scratch:
             result = run_workspace(cfg, scratch)
         result["metrics"] = [
             (i, {"workspace_save_p99_ms": p99}) for i, p99 in enumerate(result["rounds"])

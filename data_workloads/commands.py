@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
-from checkpoint_storage_bench.contract import DATA_SUMMARY_SCHEMA, IMAGE_INPUT
+from checkpoint_storage_bench.contract import (
+    DATA_SUMMARY_SCHEMA,
+    IMAGE_INPUT,
+    RUN_FINISHED_AT,
+    RUN_STARTED_AT,
+)
 from checkpoint_storage_bench.tracking import tracked_run
 from data_workloads import dataset as ds
 from data_workloads.config import CommonConfig, DatasetConfig
+from data_workloads.scratch import scratch_tag
 
 
 def dataset_spec(cfg: DatasetConfig) -> ds.DatasetSpec:
@@ -47,18 +53,38 @@ def dataset_outputs(data: ds.Dataset) -> dict[str, Any]:
     }
 
 
-class Scratch:
-    """A fresh hidden directory inside the data dir for a workload's files, removed after."""
+def utc_now() -> str:
+    """Now, ISO 8601 in UTC to the second (``2026-12-01T23:41:29Z``), as the trainer's
+    summary records its times: the verdict orders runs by them."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
-    def __init__(self, data_dir: Path, workload: str) -> None:
-        self.path = data_dir / f".{workload}-{os.getpid()}-{secrets.token_hex(4)}"
 
-    def __enter__(self) -> Path:
-        self.path.mkdir()
-        return self.path
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    """Write the summary so that a reader never sees half of it: a temporary file beside it,
+    fsynced, renamed over it, the directory fsynced. On failure the temporary file is
+    removed and whatever was at ``path`` before is left as it was.
 
-    def __exit__(self, *exc: object) -> None:
-        ds.remove_tree(self.path)
+    Raises:
+        StorageFullError: The volume is full (ENOSPC, EDQUOT).
+        DataDirError: The directory is not writable.
+    """
+    data = (json.dumps(summary, indent=2) + "\n").encode()
+    tmp = path.with_name(f".{path.name}.{scratch_tag()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        ds.fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ds.storage_error(exc, f"the summary {path}") from None
 
 
 def run_workload(
@@ -79,7 +105,9 @@ def run_workload(
     ``measure`` returns ``figures`` (the outputs), optionally ``metrics`` (a list of
     ``(step, {name: value})``, e.g. one per epoch) and any details for the summary.
     """
+    started = utc_now()
     result = measure()
+    finished = utc_now()
     outputs = {**(dataset_outputs(data) if data else {}), **result.pop("figures")}
     metrics = result.pop("metrics", [])
     tags = ["data-workload", f"workload:{workload}", f"profile:{cfg.storage_profile}"]
@@ -95,13 +123,14 @@ def run_workload(
             "workload": workload,
             "storage_profile": cfg.storage_profile,
             "run_uuid": tracker.run_uuid,
+            RUN_STARTED_AT: started,
+            RUN_FINISHED_AT: finished,
             "config": cfg.record(),
             "outputs": outputs,
             "details": result,
         }
         if cfg.summary_json is not None:
-            cfg.summary_json.parent.mkdir(parents=True, exist_ok=True)
-            cfg.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+            write_summary(cfg.summary_json, summary)
             tracker.log_artifact(cfg.summary_json, name="summary", kind="file")
     print_summary(summary)
     return summary

@@ -9,6 +9,7 @@ the component's inputs with these defaults and choices.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from checkpoint_storage_bench.config_cli import cli, flag
 from checkpoint_storage_bench.contract import DATA_FORMATS
 from checkpoint_storage_bench.units import parse_size
 from data_workloads.errors import ConfigError, DataDirError
+from data_workloads.scratch import remove_stale
 
 DatasetFormat = Literal["webdataset", "files"]
 assert get_args(DatasetFormat) == DATA_FORMATS
@@ -79,8 +81,11 @@ class CommonConfig:
 
     def check_data_dir(self) -> None:
         """Fail early, before anything is generated or measured, when the data directory is
-        unusable."""
+        unusable; then remove the scratch that runs stopped without cleaning up left there
+        (only what is provably abandoned: :mod:`data_workloads.scratch`)."""
         ensure_writable_dir(self.data_dir, "data dir", DataDirError)
+        for path in remove_stale(self.data_dir):
+            logging.getLogger(__name__).warning("removed %s, left by a run that is gone", path)
 
     def record(self) -> dict[str, Any]:
         """The settings as plain JSON values (the run's inputs and the summary's config)."""

@@ -56,6 +56,7 @@ from data_workloads.errors import (
     DatasetMissingError,
     StorageFullError,
 )
+from data_workloads.scratch import ScratchDir
 
 MANIFEST = "manifest.json"
 CODECS: tuple[str, ...] = get_args(Codec)
@@ -631,12 +632,19 @@ def _generate_into(tmp: Path, spec: DatasetSpec) -> list[Path]:
     return files
 
 
-def generate(root: Path, spec: DatasetSpec) -> None:
-    """Generate the dataset at ``root`` (which must not exist): into a hidden sibling
-    directory first, renamed into place once every file and the manifest are durable."""
-    tmp = root.with_name(f".{root.name}.generating-{os.getpid()}")
+def generate(root: Path, spec: DatasetSpec) -> bool:
+    """Generate the dataset at ``root`` (missing, or an empty directory): into a hidden
+    sibling directory of this run's own (:class:`~data_workloads.scratch.ScratchDir`),
+    renamed into place once every file and the manifest are durable.
+
+    Returns:
+        True, or False when another run put its dataset at ``root`` first (ours is then
+        removed: the caller verifies theirs, which is ours when it matches this spec).
+    """
+    scratch = ScratchDir(root.parent, f"{root.name}.generating")
+    tmp = scratch.path
     try:
-        tmp.mkdir()
+        scratch.create()
         files = _generate_into(tmp, spec)
         manifest = {
             "schema": DATASET_MANIFEST_SCHEMA,
@@ -647,31 +655,24 @@ def generate(root: Path, spec: DatasetSpec) -> None:
             ],
         }
         _write_fsynced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        scratch.disown()  # the dataset in place has no owner file
         fsync_dir(tmp)
-        os.rename(tmp, root)
+        try:
+            os.rename(tmp, root)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            scratch.remove()  # another run's dataset is in place: the caller verifies it
+            return False
+        scratch.release()
         fsync_dir(root.parent)
+        return True
     except OSError as exc:
-        remove_tree(tmp)
+        scratch.remove()
         raise storage_error(exc, f"the dataset in {tmp}") from exc
     except BaseException:
-        remove_tree(tmp)
+        scratch.remove()
         raise
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a directory this run created (bottom up; never follows a link out)."""
-    if not path.exists() or path.is_symlink():
-        return
-    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
-        for name in filenames:
-            os.unlink(os.path.join(dirpath, name))
-        for name in dirnames:
-            full = os.path.join(dirpath, name)
-            if os.path.islink(full):
-                os.unlink(full)
-            else:
-                os.rmdir(full)
-    os.rmdir(path)
 
 
 def open_dataset(data_dir: Path, spec: DatasetSpec, allow_generate: bool = True) -> Dataset:
@@ -686,6 +687,13 @@ def open_dataset(data_dir: Path, spec: DatasetSpec, allow_generate: bool = True)
         DatasetCorruptError: A file is missing, truncated, or fails its checksum.
     """
     root = data_dir / spec.format
+    if root.is_symlink():
+        # Generating would write into wherever it points (or fail renaming over the link),
+        # and a dataset there is outside the data dir, where nothing of ours is written.
+        raise DataDirError(
+            f"{root} is a symbolic link (to {os.readlink(root)}): the dataset must be a "
+            "directory of its own in the data dir; remove the link or use another --data-dir"
+        )
     generated = False
     if not root.exists() or (root.is_dir() and not any(root.iterdir())):
         if not allow_generate:
@@ -693,10 +701,8 @@ def open_dataset(data_dir: Path, spec: DatasetSpec, allow_generate: bool = True)
                 f"no {spec.format} dataset in {data_dir} (expected {root}/{MANIFEST}); "
                 "run once with --generate"
             )
-        if root.exists():
-            root.rmdir()  # empty: nothing of anyone's is lost
-        generate(root, spec)
-        generated = True
+        # An empty directory is replaced by the rename (nothing of anyone's is lost).
+        generated = generate(root, spec)
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
         raise DataDirError(

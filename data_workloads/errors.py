@@ -6,6 +6,8 @@ docs/data-workloads.md and docs/contracts.md list the same.
 
 from __future__ import annotations
 
+import signal
+
 from checkpoint_storage_bench.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, BenchError
 
 EXIT_DATA_DIR = 3
@@ -24,6 +26,8 @@ EXIT_CODES: dict[int | str, str] = {
     EXIT_DATASET_MISMATCH: "the dataset there was generated with another format, seed or size",
     EXIT_DATASET_CORRUPT: "the dataset is truncated or fails its checksums",
     EXIT_STORAGE_FULL: "no space left on the volume (ENOSPC/EDQUOT)",
+    "128+N": "stopped by signal N, the scratch on the claim removed (143: SIGTERM, as "
+    "Polyaxon stops a run; 130: Ctrl-C)",
 }
 
 
@@ -67,3 +71,12 @@ class StorageFullError(WorkloadError):
     """The volume ran out of space while writing."""
 
     exit_code = EXIT_STORAGE_FULL
+
+
+class Interrupted(WorkloadError):
+    """SIGTERM/SIGINT arrived; exits with the shell convention 128 + signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.exit_code = 128 + signum

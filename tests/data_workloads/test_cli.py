@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import re
+import signal
 from dataclasses import fields
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from data_workloads.errors import EXIT_CODES, WorkloadError
 
 from .helpers import TINY, run_cli
 
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {"scan": ScanConfig, "materialize": MaterializeConfig, "workspace": WorkspaceConfig}
 
 
@@ -30,8 +34,9 @@ def test_every_error_carries_a_listed_code_and_every_code_has_an_error() -> None
     ]
     for cls in classes:
         assert issubclass(cls, BenchError) and cls.exit_code in EXIT_CODES, cls
-    # 1 is the base class's (unexpected), 0 success.
-    assert {c.exit_code for c in classes} | {0} == set(EXIT_CODES)
+    # 1 is the base class's (unexpected), 0 success; 128+N an interruption's.
+    assert {c.exit_code for c in classes} | {0} == {c for c in EXIT_CODES if isinstance(c, int)}
+    assert errors.Interrupted(signal.SIGTERM).exit_code == 143 and "128+N" in EXIT_CODES
 
 
 @pytest.mark.parametrize("workload", sorted(CONFIGS))
@@ -145,3 +150,86 @@ def test_the_measurement_runs_before_the_tracked_run_opens(data_dir: Path, monke
 
     commands.run_workload("workspace", cfg, measure)
     assert events == ["measured", "tracking opened"]
+
+
+def test_the_summary_records_when_the_measurement_started_and_finished(data_dir: Path) -> None:
+    from datetime import UTC, datetime
+
+    from checkpoint_storage_bench.contract import RUN_FINISHED_AT, RUN_STARTED_AT
+
+    summary = data_dir / "summary.json"
+    before = datetime.now(UTC).replace(microsecond=0)
+    result = run_cli("workspace", "--data-dir", data_dir, "--no-track", "--summary-json",
+                     summary, "--files", "5", "--rounds", "1")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(summary.read_text())
+    # The trainer's format: ISO 8601 in UTC to the second, with a Z.
+    pattern = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
+    started, finished = doc[RUN_STARTED_AT], doc[RUN_FINISHED_AT]
+    assert re.match(pattern, started) and re.match(pattern, finished)
+    started_at = datetime.fromisoformat(started.replace("Z", "+00:00"))
+    finished_at = datetime.fromisoformat(finished.replace("Z", "+00:00"))
+    assert before <= started_at <= finished_at <= datetime.now(UTC)
+
+
+@pytest.fixture
+def full_volume(tmp_path: Path):
+    """A tiny tmpfs, filled up (root only: skipped where it cannot be mounted)."""
+    import subprocess
+
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                      capture_output=True).returncode:  # fmt: skip
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    try:
+        (mount / "previous.json").write_text('{"kept": true}\n')
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, bytes(4096)):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_volume_when_the_summary_is_written_is_exit_7_and_nothing_is_broken(
+    data_dir: Path, full_volume: Path
+) -> None:
+    import subprocess
+    import sys
+
+    summary = full_volume / "previous.json"
+    # A fresh process: the exit code and stderr as a shell sees them.
+    result = subprocess.run(
+        [sys.executable, "-m", "data_workloads", "workspace", "--data-dir", str(data_dir),
+         "--no-track", "--summary-json", str(summary), "--files", "5", "--rounds", "1"],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"data-workloads: error: no space left on the volume while writing the summary {summary}"
+    ]
+    assert json.loads(summary.read_text()) == {"kept": True}  # what was there stays whole
+    assert sorted(p.name for p in full_volume.iterdir()) == ["filler", "previous.json"]
+
+
+@pytest.mark.parametrize("target", ["empty", "missing"])
+def test_a_symlinked_dataset_dir_is_refused_and_nothing_is_written_into_its_target(
+    data_dir: Path, tmp_path: Path, target: str
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    if target == "empty":
+        elsewhere.mkdir()
+    data_dir.mkdir()
+    (data_dir / "files").symlink_to(elsewhere)
+    result = run_cli("scan", "--data-dir", data_dir, "--no-track", *TINY,
+                     "--dataset-format", "files", "--epochs", "1")  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert "is a symbolic link" in result.output and "Traceback" not in result.output
+    assert (list(elsewhere.iterdir()) == []) if target == "empty" else not elsewhere.exists()
+    assert sorted(p.name for p in data_dir.iterdir()) == ["files"]
