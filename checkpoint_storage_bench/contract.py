@@ -24,9 +24,10 @@ STAGES = ("serialize", "write", "fsync", "checksum", "upload", "pause", "total")
 ``checksum`` is the read-back of a file a library wrote (torch, dcp, safetensors), to
 checksum it; the raw writer checksums while writing, so it has none."""
 
-CHECKPOINT_DIR_PATTERN = r"step-\d{8}"
-"""The name of a published checkpoint directory (``step-NNNNNNNN``, 8 digits): what a
-trainer must refuse to write over, checked before torch is imported."""
+CHECKPOINT_DIR_PATTERN = r"step-(?:\d{8}|[1-9]\d{8,})"
+"""The name of a published checkpoint directory (``step-NNNNNNNN``: the step zero-padded to
+8 digits, more digits from step 100,000,000 on, one name per step): what a trainer must
+refuse to write over, checked before torch is imported."""
 
 RUN_STARTED_AT = "started_at"
 RUN_FINISHED_AT = "finished_at"
