@@ -168,3 +168,32 @@ def test_it_declares_the_training_jobs_outputs() -> None:
     # Same inputs as the single-pod job, plus where the ranks run.
     single_inputs = {io.name for io in check(SINGLE, PROFILE).component.inputs}
     assert {io.name for io in component.inputs} == single_inputs | {"workers", "claim"}
+
+
+# A valid class name may have 253 characters (a DNS-1123 subdomain); a name component of a
+# file system at most 255 bytes.
+LONG_CLASS = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 48])
+
+
+@pytest.mark.parametrize("make", [single, pytorchjob], ids=["job", "pytorchjob"])
+def test_the_checkpoint_directory_of_a_long_class_name_can_be_made(make, tmp_path) -> None:
+    assert len(LONG_CLASS) == 240
+    params = {"storage_profile": LONG_CLASS}
+    if make is pytorchjob:
+        params["claim"] = "efs-checkpoints"
+    pod = make(params)
+    argv = pod.argv if make is single else pod.replicas()["Master"].argv
+    ckpt = argv[argv.index("--checkpoint-dir") + 1]
+    name = ckpt.removeprefix("/checkpoints/")
+    assert "/" not in name and name.endswith(f"-{FIXED_UUID}")
+    assert name.startswith(LONG_CLASS[:200]) and len(name.encode()) <= 255
+    (tmp_path / name).mkdir()  # the trainer's own first step: errno 36 if it does not fit
+    assert argv[argv.index("--summary-json") + 1] == f"{ckpt}/summary.json"
+    assert argv[argv.index("--storage-profile") + 1] == LONG_CLASS  # the label is whole
+    # A usual name is used whole.
+    short = make({**params, "storage_profile": "checkpoint-throughput"})
+    argv = short.argv if make is single else short.replicas()["Master"].argv
+    assert (
+        argv[argv.index("--checkpoint-dir") + 1]
+        == f"/checkpoints/checkpoint-throughput-{FIXED_UUID}"
+    )
