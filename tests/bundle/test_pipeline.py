@@ -106,6 +106,30 @@ def test_the_plan_counts_the_restore_switch_when_one_is_asked_for(path) -> None:
         assert [a for a in plan.argv if a.startswith("--restore")] == expected, restore
 
 
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        (PROFILES_PIPELINE, {"profiles": ["gp3-a"]}),
+        (PROFILES_PIPELINE, {"profiles": ["gp3-a", "gp3-a"]}),
+        (PIPELINE, {"baseline_class": "gp3-a", "throughput_class": "gp3-a"}),
+        (PROFILES_PIPELINE, {"profiles": ["gp3-fast", "gp3.fast"]}),
+    ],
+    ids=["one", "twice", "two-profile-same-class", "same-output-name"],
+)
+def test_a_plan_that_compares_nothing_is_refused_before_any_switch(path, params) -> None:
+    # The plan op's own command line, run: a usage error (exit 2) before it asks the API
+    # server anything, so every stage is upstream-failed and nothing is switched.
+    from click.testing import CliRunner
+
+    from hooks.storage_profile import cli
+
+    (plan,) = [p for p in pipeline_jobs(path, params).values() if p.run_name == "plan"]
+    assert plan.argv[:3] == ["python", "-m", "hooks.storage_profile"]
+    result = CliRunner().invoke(cli.main, plan.argv[3:], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert "--profiles" in result.stderr
+
+
 def test_each_stage_switches_measures_then_trains_repeats_times(stages) -> None:
     assert len(stages) == 4
     for stage in stages:
