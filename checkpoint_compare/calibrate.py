@@ -1,0 +1,779 @@
+"""Calibrate the verdict: does its 95 % mean 95 %?
+
+``python -m checkpoint_compare.calibrate`` runs many small comparisons whose answer is known
+and scores the verdict on them:
+
+- **A/A**: one class under two profile names. Any difference the verdict claims is false;
+  at 95 % it may claim one in at most 5 % of the comparisons.
+- **A/B**: two classes a factor of two apart (``checkpoint-baseline``, 125 MiB/s, then
+  ``checkpoint-throughput``, 250 MiB/s). The verdict should call the faster class better in
+  at least 95 % of them.
+
+The classes are the sandbox's emulation (docs/sandbox.md): a loop-device volume of our own
+in ``/dev/shm`` with the class's block-I/O limits on it for a cgroup the workload runs in
+(root, loop devices and the blkio/io controller needed). ``--volume DIR`` runs on a plain
+directory instead, where only A/A can be measured. Each workload runs as the pipeline runs
+it (``python -m trainer``, ``python -m data_workloads``), profile by profile in the
+pipeline's order: the first profile's repeats back to back, then the second's, optionally
+the return to the first. Without the return, one round of runs serves one A/A and one A/B
+comparison: A×R, A'×R, B×R, where A/A is A against A' and A/B is A' against B (each pair as
+the pipeline would run it, and a third fewer runs). ``--noise writer|cpu`` starts a
+neighbour (a writer on the same volume, outside the throttled cgroup, or a busy CPU)
+during a random half of the runs, drawn from ``--seed``.
+
+Every run's summary JSON is kept under ``--out`` with ``manifest.json`` (the settings, the
+machine, each run and each comparison's score), so ``--rescore DIR`` judges the same runs
+again (another verdict, ``--use-repeats K`` to see what fewer repeats would have said)
+without running anything. The scores are read from the verdict's own ``--json`` document
+through :func:`claim_of`. It prints, per workload, the A/A false-claim rate and the A/B
+detection rate, each with its Wilson interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "checkpoint-compare-calibration/1"
+WORKLOADS = ("checkpoint", "scan", "materialize", "workspace")
+CLASS_A = "checkpoint-baseline"
+CLASS_B = "checkpoint-throughput"
+COPY_OF_A = "checkpoint-baseline-copy"
+"""The second name of class A in an A/A comparison."""
+CLASSES_FILE = Path(__file__).resolve().parent.parent / "connections" / "vac-ebs-gp3.yaml"
+GOAL_FALSE_CLAIMS = 0.05
+GOAL_DETECTION = 0.95
+
+EXIT_CODES = {
+    0: "calibration done (whatever the rates)",
+    1: "unexpected error",
+    2: "bad arguments, or an output directory that is not empty",
+    3: "the classes cannot be emulated here (no root, loop device or block-I/O controller)",
+    4: "a workload run failed",
+}
+
+
+class CalibrationError(Exception):
+    """A one-line reason; ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class PlannedRun:
+    """One run of a workload: its place in the order, the class it runs on, its label, and
+    which of its block's repeats it is (0 first; a return to the first profile is a block
+    of its own)."""
+
+    index: int
+    round: int
+    vac: str
+    label: str
+    repeat: int = 0
+    noise: bool = False
+    summary: str | None = None
+    exit_code: int | None = None
+    wall_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Comparison:
+    """One comparison: ``kind`` ``aa`` or ``ab``; ``profiles`` name → the runs it has, in
+    the pipeline's order (the first is the baseline); ``score`` once judged."""
+
+    index: int
+    round: int
+    kind: str
+    profiles: dict[str, list[int]]
+    score: dict[str, Any] | None = None
+
+    @property
+    def baseline(self) -> str:
+        return next(iter(self.profiles))
+
+    @property
+    def candidate(self) -> str:
+        return list(self.profiles)[1]
+
+
+def plan(
+    pairs: int, repeats: int, return_to_first: bool, seed: int, noisy: bool
+) -> tuple[list[PlannedRun], list[Comparison]]:
+    """The runs, in the order they run, and the comparisons they make: ``pairs`` A/A and
+    ``pairs`` A/B. Which runs have a neighbour is drawn here (half of them on average,
+    from ``seed``), so a plan is the same every time.
+
+    >>> runs, comps = plan(1, 2, False, 0, False)
+    >>> [(r.vac, r.label) for r in runs][::2]
+    [('checkpoint-baseline', 'a'), ('checkpoint-baseline', 'a2'), ('checkpoint-throughput', 'b')]
+    >>> [(c.kind, c.profiles) for c in comps]  # doctest: +NORMALIZE_WHITESPACE
+    [('aa', {'checkpoint-baseline': [0, 1], 'checkpoint-baseline-copy': [2, 3]}),
+     ('ab', {'checkpoint-baseline': [2, 3], 'checkpoint-throughput': [4, 5]})]
+    """
+    if pairs < 1 or repeats < 1:
+        raise ValueError("pairs and repeats must be at least 1")
+    rng = random.Random(seed)
+    runs: list[PlannedRun] = []
+    comparisons: list[Comparison] = []
+
+    def block(round_: int, vac: str, label: str) -> list[int]:
+        out = []
+        for k in range(repeats):
+            runs.append(PlannedRun(len(runs), round_, vac, label, k))
+            out.append(runs[-1].index)
+        return out
+
+    for r in range(pairs):
+        if return_to_first:
+            a, a2, a_back = block(r, CLASS_A, "a"), block(r, CLASS_A, "a2"), block(r, CLASS_A, "a")
+            comparisons.append(Comparison(len(comparisons), r, "aa",
+                                          {CLASS_A: a + a_back, COPY_OF_A: a2}))  # fmt: skip
+            c, b, c_back = block(r, CLASS_A, "a"), block(r, CLASS_B, "b"), block(r, CLASS_A, "a")
+            comparisons.append(Comparison(len(comparisons), r, "ab",
+                                          {CLASS_A: c + c_back, CLASS_B: b}))  # fmt: skip
+        else:
+            a, a2, b = block(r, CLASS_A, "a"), block(r, CLASS_A, "a2"), block(r, CLASS_B, "b")
+            comparisons.append(Comparison(len(comparisons), r, "aa", {CLASS_A: a, COPY_OF_A: a2}))
+            comparisons.append(Comparison(len(comparisons), r, "ab", {CLASS_A: a2, CLASS_B: b}))
+    for run in runs:
+        run.noise = noisy and rng.random() < 0.5
+    return runs, comparisons
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion (good coverage for small n and rates near
+    0 or 1, where the normal interval fails); None for n = 0.
+
+    >>> [round(v, 4) for v in wilson(0, 20)]
+    [0.0, 0.1611]
+    >>> [round(v, 4) for v in wilson(19, 20)]
+    [0.7639, 0.9911]
+    """
+    if n == 0:
+        return None
+    z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def claim_of(report: dict[str, Any], profile: str) -> tuple[bool, str]:
+    """Whether the verdict's JSON claims a measurable difference for ``profile`` against
+    the baseline, and which way (``better``: faster, ``worse``, ``none``).
+
+    The one place that reads the verdict's JSON: ``profiles[P].difference`` (``claimed``,
+    ``direction``) where the document has it; the checkpoint document of schema
+    ``checkpoint-compare/2`` (its ``comparisons``: the pause or the whole run counts) and the
+    data-workload dump before it (``significant``, ``relative``) otherwise.
+
+    >>> claim_of({"profiles": {"b": {"difference": {"claimed": True, "direction": "better"}}}}, "b")
+    (True, 'better')
+    >>> claim_of({"profiles": [{"profile": "b", "significant": True, "relative": 0.3}]}, "b")
+    (True, 'worse')
+    """
+    profiles = report.get("profiles")
+    if isinstance(profiles, dict) and isinstance(profiles.get(profile), dict):
+        diff = profiles[profile].get("difference")
+        if isinstance(diff, dict) and "claimed" in diff:
+            claimed = bool(diff["claimed"])
+            return claimed, str(diff.get("direction") or "none") if claimed else "none"
+    for comp in report.get("comparisons") or []:
+        if isinstance(comp, dict) and comp.get("candidate") == profile:
+            pause, runtime = comp.get("pause") or {}, comp.get("runtime") or {}
+            claimed = bool(pause.get("counts") or runtime.get("counts"))
+            lead = runtime if runtime.get("counts") else pause
+            if not claimed:
+                return False, "none"
+            return True, "better" if (lead.get("estimate") or 0) < 0 else "worse"
+    if isinstance(profiles, list):
+        for p in profiles:
+            if isinstance(p, dict) and p.get("profile") == profile:
+                if not p.get("significant"):
+                    return False, "none"
+                return True, "better" if (p.get("relative") or 0) < 0 else "worse"
+    raise ValueError(f"the verdict's JSON has no difference for profile {profile!r}")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every run of a workload is given (the pipeline's inputs, at small sizes)."""
+
+    model_size: str = "8MiB"
+    steps: int = 26
+    checkpoint_every: int = 2
+    checkpoint_format: str = "raw"
+    dataset_size: str = "32MiB"
+    epochs: int = 5
+    num_workers: int = 2
+    compute_ms: float = 10.0
+    files: int = 100
+    file_size: str = "16KiB"
+    rounds: int = 5
+    repeats: int = 2
+    return_to_first: bool = False
+    confidence: float = 0.95
+    noise: str = "none"
+    noise_mbps: float = 200.0
+    seed: int = 0
+    run_timeout_s: float = 1800.0
+
+
+def workload_argv(
+    workload: str, s: Settings, volume: Path, run: PlannedRun, summary: Path
+) -> list[str]:
+    """The command of one run, as the pipeline's component gives it."""
+    common = ["--storage-profile", run.vac, "--summary-json", str(summary), "--no-track"]
+    if workload == "checkpoint":
+        return [sys.executable, "-m", "trainer",
+                "--checkpoint-dir", str(volume / "ckpt" / f"run-{run.index:04d}"),
+                "--model-size", s.model_size, "--steps", str(s.steps),
+                "--checkpoint-every", str(s.checkpoint_every), "--format", s.checkpoint_format,
+                "--device", "cpu", *common]  # fmt: skip
+    data = [sys.executable, "-m", "data_workloads", workload, "--data-dir", str(volume / "data")]
+    if workload == "workspace":
+        return [*data, "--files", str(s.files), "--file-size", s.file_size,
+                "--rounds", str(s.rounds), *common]  # fmt: skip
+    dataset = ["--dataset-size", s.dataset_size]
+    if workload == "scan":
+        return [*data, *dataset, "--epochs", str(s.epochs), "--num-workers", str(s.num_workers),
+                "--compute-ms", str(s.compute_ms), *common]  # fmt: skip
+    if workload == "materialize":
+        return [*data, *dataset, *common]
+    raise ValueError(f"unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
+
+
+# --------------------------------------------------------------------------- the volume
+
+
+class PlainDirectory:
+    """Runs on a directory as it is: no class can be emulated, so only A/A."""
+
+    emulates = False
+
+    def __init__(self, path: Path) -> None:
+        if not path.is_dir():
+            raise CalibrationError(f"--volume {path}: not a directory", 2)
+        self.root = Path(tempfile.mkdtemp(prefix=".calibrate-", dir=path))
+
+    def describe(self) -> str:
+        return f"plain directory {self.root.parent} (no class emulated: A/A only)"
+
+    def set_class(self, vac: str) -> None:
+        if vac != CLASS_A:
+            raise CalibrationError("a plain directory cannot emulate a second class", 2)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return argv
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class LoopEmulation:
+    """The sandbox's emulation: a loop-device volume of our own, the class's limits on it
+    for one cgroup, every run inside that cgroup."""
+
+    emulates = True
+
+    def __init__(self, size: int) -> None:
+        import yaml
+
+        from checkpoint_storage_bench import loop_volume
+        from checkpoint_storage_bench.io_limits import Cgroup, IoLimits, ThrottleUnavailable
+
+        self._loop = loop_volume
+        classes = {
+            d["metadata"]["name"]: d
+            for d in yaml.safe_load_all(CLASSES_FILE.read_text())
+            if isinstance(d, dict) and d.get("kind") == "VolumeAttributesClass"
+        }
+        self.limits = {
+            vac: IoLimits.from_class_parameters(classes[vac].get("parameters") or {})
+            for vac in (CLASS_A, CLASS_B)
+        }
+        name = f"calib-{os.getpid()}"
+        self.mount_point = Path(tempfile.mkdtemp(prefix="csb-calibrate-"))
+        self.volume = None
+        try:
+            self.cgroup = Cgroup.find(name)
+            self.volume = loop_volume.create(name, self.mount_point, size)
+            self.cgroup.create()
+        except ThrottleUnavailable as exc:
+            self.close()
+            raise CalibrationError(f"cannot emulate the classes here: {exc}", 3) from exc
+        self.root = self.mount_point
+
+    def describe(self) -> str:
+        return f"loop volume {self.volume.describe()}, classes " + "; ".join(
+            f"{vac}: {lim.describe()}" for vac, lim in self.limits.items()
+        )
+
+    def set_class(self, vac: str) -> None:
+        got = self._loop.apply_limits(self.volume, self.cgroup, self.limits[vac])
+        if got != self.limits[vac]:
+            raise CalibrationError(f"the kernel holds {got} for {vac}, not its limits", 3)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        from checkpoint_storage_bench.io_limits import in_cgroup
+
+        return in_cgroup(argv, self.cgroup)
+
+    def close(self) -> None:
+        try:
+            if getattr(self, "cgroup", None) is not None:
+                self.cgroup.remove()
+        finally:
+            if self.volume is not None:
+                self._loop.remove(self.volume)
+            try:
+                self.mount_point.rmdir()
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- noise
+
+_WRITER = """
+import os, sys, time
+path, mbps = sys.argv[1], float(sys.argv[2])
+block = os.urandom(1 << 20)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+start, written = time.monotonic(), 0
+while True:
+    os.pwrite(fd, block, (written >> 20) % 128 << 20)
+    written += len(block)
+    if written % (16 << 20) == 0:
+        os.fsync(fd)
+    ahead = written / (mbps * 1e6) - (time.monotonic() - start)
+    if ahead > 0:
+        time.sleep(ahead)
+"""
+
+
+class Neighbour:
+    """A background process during a run: a writer on the same volume (outside the
+    throttled cgroup: the neighbour's own I/O), or a busy CPU."""
+
+    def __init__(self, kind: str, directory: Path, mbps: float) -> None:
+        self.kind, self.directory, self.mbps = kind, directory, mbps
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        if self.kind == "writer":
+            self.directory.mkdir(parents=True, exist_ok=True)
+            argv = [sys.executable, "-c", _WRITER, str(self.directory / "noise.bin"),
+                    str(self.mbps)]  # fmt: skip
+        else:
+            argv = [sys.executable, "-c", "while True: pass"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+        # torch's threads on a few shared cores decide how long a CPU training step takes
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def _revision() -> str | None:
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, timeout=10, cwd=Path(__file__).parent)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def score(
+    comp: Comparison,
+    runs: Sequence[PlannedRun],
+    directory: Path,
+    workload: str,
+    confidence: float,
+    use_repeats: int | None = None,
+) -> dict[str, Any]:
+    """Judge one comparison with the verdict (``python -m checkpoint_compare``) from its
+    runs' summaries under ``directory``; with ``use_repeats``, the first K runs of each
+    block of repeats only (a return to the first profile is a block of its own)."""
+    args = [sys.executable, "-m", "checkpoint_compare", "--no-track",
+            "--confidence", str(confidence), "--baseline", comp.baseline]  # fmt: skip
+    for name, indices in comp.profiles.items():
+        chosen = indices
+        if use_repeats is not None:
+            chosen = [i for i in indices if runs[i].repeat < use_repeats]
+        for i in chosen:
+            run = runs[i]
+            if run.exit_code != 0 or run.summary is None:
+                return {"status": "run failed", "run": i}
+            args += ["--summary", f"{name}={directory / run.summary}"]
+    out = directory / workload / f"verdict-{comp.index:04d}.json"
+    args += ["--json", str(out)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        status = "refused" if done.returncode == 3 else "verdict failed"
+        return {"status": status, "exit_code": done.returncode, "error": last}
+    try:
+        claimed, direction = claim_of(json.loads(out.read_text()), comp.candidate)
+    except (OSError, ValueError) as exc:
+        return {"status": "verdict failed", "exit_code": 0, "error": str(exc)}
+    return {"status": "scored", "claimed": claimed, "direction": direction}
+
+
+def _run_one(workload: str, s: Settings, where: Any, run: PlannedRun, out: Path) -> None:
+    summary = Path(workload) / f"run-{run.index:04d}-{run.label}.json"
+    argv = where.wrap(workload_argv(workload, s, where.root, run, out / summary))
+    where.set_class(run.vac)
+    (where.root / "ckpt").mkdir(exist_ok=True)  # the claim's parent directory, as mounted
+    neighbour = Neighbour(s.noise, where.root / ".noise", s.noise_mbps) if run.noise else None
+    started = time.monotonic()
+    try:
+        if neighbour:
+            neighbour.start()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=s.run_timeout_s)
+        run.exit_code = done.returncode
+        if done.returncode != 0:
+            run.error = (done.stderr.strip().splitlines() or [""])[-1]
+    except subprocess.TimeoutExpired:
+        run.exit_code, run.error = 124, f"ran past {s.run_timeout_s:g} s"
+    finally:
+        if neighbour:
+            neighbour.stop()
+        run.wall_s = round(time.monotonic() - started, 3)
+        shutil.rmtree(where.root / "ckpt", ignore_errors=True)
+    if run.exit_code == 0:
+        run.summary = str(summary)
+
+
+def _prepare(workload: str, s: Settings, where: Any) -> None:
+    """Generate the dataset once, unthrottled and outside the cgroup, so that every
+    measured run reads the same bytes and none pays for making them."""
+    if workload not in ("scan", "materialize"):
+        return
+    prep = PlannedRun(-1, -1, CLASS_A, "prepare")
+    argv = workload_argv("scan", replace_settings(s, epochs=1), where.root, prep,
+                         where.root / ".prepare.json")  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=s.run_timeout_s)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        raise CalibrationError(f"{workload}: generating the dataset failed: {last}", 4)
+
+
+def replace_settings(s: Settings, **changes: Any) -> Settings:
+    return Settings(**{**asdict(s), **changes})
+
+
+def calibrate(
+    workloads: Sequence[str], pairs: int, s: Settings, out: Path, where: Any
+) -> dict[str, Any]:
+    """Run and score every comparison; the manifest is rewritten after every run."""
+    manifest: dict[str, Any] = {
+        "schema": SCHEMA,
+        "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": _machine(),
+        "volume": where.describe(),
+        "revision": _revision(),
+        "settings": asdict(s),
+        "pairs": pairs,
+        "workloads": {},
+    }
+    for workload in workloads:
+        runs, comps = plan(pairs, s.repeats, s.return_to_first, s.seed, s.noise != "none")
+        if not where.emulates:
+            comps = [c for c in comps if c.kind == "aa"]
+            used = {i for c in comps for ids in c.profiles.values() for i in ids}
+            runs = [r for r in runs if r.index in used]
+        entry = {"runs": runs, "comparisons": comps}
+        manifest["workloads"][workload] = entry
+        (out / workload).mkdir(parents=True, exist_ok=True)
+        _prepare(workload, s, where)
+        by_index = {r.index: r for r in runs}
+        for run in runs:
+            _run_one(workload, s, where, run, out)
+            print(f"{workload} run {run.index} {run.label} ({run.vac}"
+                  f"{', neighbour' if run.noise else ''}): exit {run.exit_code}, "
+                  f"{run.wall_s:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+            for comp in comps:
+                ids = [i for ids in comp.profiles.values() for i in ids]
+                if comp.score is None and max(ids) == run.index:
+                    comp.score = score(comp, _dense(by_index), out, workload, s.confidence)
+            _write_json(out / "manifest.json", _plain(manifest))
+    manifest["finished_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    manifest["machine_at_end"] = _machine()
+    _write_json(out / "manifest.json", _plain(manifest))
+    return _plain(manifest)
+
+
+def _dense(by_index: dict[int, PlannedRun]) -> list[PlannedRun]:
+    """Runs indexable by their plan index (a plain directory drops the A/B runs)."""
+    size = max(by_index) + 1
+    filler = PlannedRun(-1, -1, "", "")
+    return [by_index.get(i, filler) for i in range(size)]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, PlannedRun | Comparison):
+        return asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def rescore(directory: Path, use_repeats: int | None, confidence: float | None) -> dict[str, Any]:
+    """Judge the kept runs of ``directory`` again; the scores go to a new file beside the
+    manifest (the manifest keeps the scores of the time they were run)."""
+    path = directory / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CalibrationError(f"--rescore {directory}: cannot read {path}: {exc}", 2) from exc
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise CalibrationError(f"--rescore {directory}: {path} is not a {SCHEMA} manifest", 2)
+    confidence = confidence or manifest["settings"]["confidence"]
+    for workload, entry in manifest["workloads"].items():
+        by_index = {r["index"]: PlannedRun(**r) for r in entry["runs"]}
+        runs = _dense(by_index)
+        for c in entry["comparisons"]:
+            comp = Comparison(**{**c, "score": None})
+            c["score"] = score(comp, runs, directory, workload, confidence, use_repeats)
+    manifest["rescored_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    manifest["rescored_with"] = {"use_repeats": use_repeats, "confidence": confidence,
+                                 "revision": _revision()}  # fmt: skip
+    stamp = manifest["rescored_at"].replace(":", "").replace("-", "")
+    _write_json(directory / f"rescore-{stamp}.json", manifest)
+    return manifest
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Rates:
+    """One workload's scores."""
+
+    workload: str
+    aa_claims: int = 0
+    aa_scored: int = 0
+    ab_detected: int = 0
+    ab_wrong_way: int = 0
+    ab_scored: int = 0
+    not_scored: dict[str, int] = field(default_factory=dict)
+
+
+def rates(manifest: dict[str, Any]) -> list[Rates]:
+    out = []
+    for workload, entry in manifest["workloads"].items():
+        r = Rates(workload)
+        for c in entry["comparisons"]:
+            s = c.get("score") or {"status": "not judged"}
+            if s["status"] != "scored":
+                key = f"{c['kind']} {s['status']}"
+                r.not_scored[key] = r.not_scored.get(key, 0) + 1
+            elif c["kind"] == "aa":
+                r.aa_scored += 1
+                r.aa_claims += bool(s["claimed"])
+            else:
+                r.ab_scored += 1
+                r.ab_detected += bool(s["claimed"]) and s["direction"] == "better"
+                r.ab_wrong_way += bool(s["claimed"]) and s["direction"] == "worse"
+        out.append(r)
+    return out
+
+
+def _rate(k: int, n: int, goal: float, at_most: bool) -> str:
+    if n == 0:
+        return "none judged"
+    low, high = wilson(k, n)
+    met = k / n <= goal if at_most else k / n >= goal
+    shown = high <= goal if at_most else low >= goal
+    state = "goal shown" if shown else "goal met (not yet shown)" if met else "GOAL NOT MET"
+    return f"{k}/{n} = {k / n:.0%} (95% Wilson {low:.0%}–{high:.0%}): {state}"
+
+
+def table(manifest: dict[str, Any]) -> str:
+    s = manifest["settings"]
+    lines = [
+        f"calibration {manifest.get('started_at', '?')} – {manifest.get('finished_at', '?')}, "
+        f"{manifest['machine']['host']} ({manifest['machine']['cpus']} CPUs, load "
+        f"{manifest['machine']['load_average']}), verdict {manifest.get('revision')}",
+        f"volume: {manifest['volume']}",
+        f"repeats {s['repeats']}{' + return to first' if s['return_to_first'] else ''}, "
+        f"noise {s['noise']}, confidence {s['confidence']:.0%}",
+    ]
+    if manifest.get("rescored_with"):
+        lines.append(f"rescored {manifest['rescored_at']}: {manifest['rescored_with']}")
+    for r in rates(manifest):
+        lines.append(f"{r.workload}:")
+        lines.append(f"  A/A false claims (goal ≤ {GOAL_FALSE_CLAIMS:.0%}): "
+                     + _rate(r.aa_claims, r.aa_scored, GOAL_FALSE_CLAIMS, True))  # fmt: skip
+        if r.ab_scored or any(k.startswith("ab") for k in r.not_scored):
+            wrong = f"; {r.ab_wrong_way} called the faster class worse" if r.ab_wrong_way else ""
+            lines.append(f"  A/B detected (goal ≥ {GOAL_DETECTION:.0%}): "
+                         + _rate(r.ab_detected, r.ab_scored, GOAL_DETECTION, False) + wrong)  # fmt: skip
+        for key, n in sorted(r.not_scored.items()):
+            lines.append(f"  {key}: {n}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _parser() -> argparse.ArgumentParser:
+    codes = "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
+    p = argparse.ArgumentParser(
+        prog="python -m checkpoint_compare.calibrate",
+        description="Measure the verdict's false-claim rate (A/A) and detection rate (A/B).",
+        epilog=f"exit codes:\n{codes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d = Settings()
+    p.add_argument(
+        "--workload",
+        action="append",
+        choices=WORKLOADS,
+        help="workload to calibrate (repeatable; default checkpoint)",
+    )
+    p.add_argument("--pairs", type=int, default=10, help="A/A and A/B comparisons each (10)")
+    p.add_argument("--out", type=Path, help="new or empty directory for the runs and manifest")
+    p.add_argument("--rescore", type=Path, metavar="DIR", help="judge the runs kept in DIR again")
+    p.add_argument("--use-repeats", type=int, help="rescore: the first K runs of each block only")
+    p.add_argument(
+        "--volume",
+        default="loop",
+        help="loop (the emulated classes; root) or a directory (A/A only)",
+    )
+    p.add_argument("--volume-size", default="1GiB", help="size of the loop volume (1GiB)")
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--return-to-first", action="store_true")
+    p.add_argument("--confidence", type=float, default=None, help="the verdict's (0.95)")
+    p.add_argument("--noise", choices=("none", "writer", "cpu"), default=d.noise)
+    p.add_argument("--noise-mbps", type=float, default=d.noise_mbps, help="the writer's MB/s")
+    p.add_argument("--seed", type=int, default=d.seed, help="which runs get the neighbour")
+    p.add_argument("--model-size", default=d.model_size)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--format", dest="checkpoint_format", default=d.checkpoint_format)
+    p.add_argument("--dataset-size", default=d.dataset_size)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--num-workers", type=int, default=d.num_workers)
+    p.add_argument("--compute-ms", type=float, default=d.compute_ms)
+    p.add_argument("--files", type=int, default=d.files)
+    p.add_argument("--file-size", default=d.file_size)
+    p.add_argument("--rounds", type=int, default=d.rounds)
+    p.add_argument("--run-timeout", type=float, default=d.run_timeout_s)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.rescore is not None:
+            if args.out is not None:
+                raise CalibrationError("--rescore and --out do not go together", 2)
+            print(table(rescore(args.rescore, args.use_repeats, args.confidence)))
+            return 0
+        return _run(args)
+    except CalibrationError as exc:
+        print(f"calibrate: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def _run(args: argparse.Namespace) -> int:
+    from checkpoint_storage_bench.units import parse_size
+
+    if args.out is None:
+        raise CalibrationError("--out DIR is needed (where the runs are kept)", 2)
+    if args.use_repeats is not None:
+        raise CalibrationError("--use-repeats goes with --rescore", 2)
+    if args.pairs < 1 or args.repeats < 1:
+        raise CalibrationError("--pairs and --repeats must be at least 1", 2)
+    confidence = args.confidence if args.confidence is not None else 0.95
+    if not 0 < confidence < 1:
+        raise CalibrationError(f"--confidence must be in (0, 1), got {confidence}", 2)
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        raise CalibrationError(f"--out {args.out} exists and is not empty: nothing is "
+                               "written over a calibration's runs", 2)  # fmt: skip
+    s = Settings(
+        model_size=args.model_size, steps=args.steps, checkpoint_every=args.checkpoint_every,
+        checkpoint_format=args.checkpoint_format, dataset_size=args.dataset_size,
+        epochs=args.epochs, num_workers=args.num_workers, compute_ms=args.compute_ms,
+        files=args.files, file_size=args.file_size, rounds=args.rounds, repeats=args.repeats,
+        return_to_first=args.return_to_first, confidence=confidence, noise=args.noise,
+        noise_mbps=args.noise_mbps, seed=args.seed, run_timeout_s=args.run_timeout,
+    )  # fmt: skip
+    try:
+        size = parse_size(args.volume_size)
+    except ValueError as exc:
+        raise CalibrationError(f"--volume-size: {exc}", 2) from exc
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out.resolve()
+    where = LoopEmulation(size) if args.volume == "loop" else PlainDirectory(Path(args.volume))
+    # A terminated calibration still unmounts its volume and removes its cgroup.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        manifest = calibrate(args.workload or ["checkpoint"], args.pairs, s, out, where)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        where.close()
+    print(table(manifest))
+    failed = [r for e in manifest["workloads"].values() for r in e["runs"] if r["exit_code"]]
+    if failed:
+        print(f"calibrate: {len(failed)} run(s) failed, e.g. run {failed[0]['index']}: "
+              f"{failed[0]['error']}", file=sys.stderr)  # fmt: skip
+        return 4
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
