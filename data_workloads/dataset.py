@@ -57,6 +57,7 @@ from data_workloads.errors import (
     StorageFullError,
 )
 from data_workloads.scratch import ScratchDir
+from data_workloads.stats import write_back
 
 MANIFEST = "manifest.json"
 CODECS: tuple[str, ...] = get_args(Codec)
@@ -74,6 +75,21 @@ READ_CHUNK = 1024**2
 TAR_BLOCK = 512
 _ZERO_BLOCK = bytes(TAR_BLOCK)
 crc32 = _fast_zlib.crc32
+
+
+def open_data_file(path: str | Path) -> int:
+    """A file of the verified dataset opened for reading (a file descriptor).
+
+    Raises:
+        DatasetCorruptError: It was deleted after the verification (exit 6, as a file
+            changed since), named.
+    """
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise DatasetCorruptError(
+            f"dataset file {path} is gone: deleted after the dataset was verified"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -252,7 +268,7 @@ def read_file(path: Path) -> bytearray:
     Raises:
         ValueError: The file is shorter than it was a moment before.
     """
-    with open(path, "rb", buffering=0) as f:
+    with open(open_data_file(path), "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         data = bytearray(size)
         got = f.readinto(data)
@@ -278,7 +294,7 @@ def read_file_record_into(
     if len(scratch) < head:
         scratch.extend(bytes(head - len(scratch)))
     buf = memoryview(scratch)[:head]
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_data_file(path)
     try:
         got = os.preadv(fd, [buf, image] if codec == "none" else [buf], 0)
     finally:
@@ -491,7 +507,7 @@ class PlacedShard:
             return placed[j]
 
         done = 0
-        fd = os.open(self.path, os.O_RDONLY)
+        fd = open_data_file(self.path)
         try:
             for start in range(0, self.size, READ_CHUNK):
                 end = min(start + READ_CHUNK, self.size)
@@ -563,11 +579,18 @@ def add_tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def drop_cache(paths: tuple[Path, ...] | list[Path]) -> None:
-    """Ask the kernel to drop the page cache of these files (clean pages only: they are
-    fsynced when written), so that the next read comes from the volume."""
+    """Ask the kernel to drop the page cache of these files, so that the next read comes
+    from the volume. The kernel drops clean pages only: the file system's dirty pages are
+    written back first (:func:`~data_workloads.stats.write_back`, once per file system),
+    since a dataset copied in by another program is not fsynced as ours are."""
+    synced: set[int] = set()
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_data_file(path)
         try:
+            device = os.fstat(fd).st_dev
+            if device not in synced:
+                write_back(fd)
+                synced.add(device)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

@@ -271,7 +271,7 @@ class TarBatches(BatchSource):
     ) -> Iterator[Descriptor]:
         shape = self.ring.shape
         pending: dict[str, list[Any]] = {}  # key -> [batch, row, image, header, payload]
-        with open(self.paths[shard], "rb", buffering=0) as f:
+        with open(ds.open_data_file(self.paths[shard]), "rb", buffering=0) as f:
             stream = ds.TarStream(f.readinto, staging)
             for name, member_size in stream.members():
                 key, _, ext = name.partition(".")

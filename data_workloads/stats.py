@@ -3,6 +3,7 @@ accounting of this process and of the DataLoader's workers."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import resource
@@ -34,11 +35,33 @@ def median(values: list[float]) -> float | None:
     return percentile(values, 50)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def write_back(fd: int) -> None:
+    """Write back the dirty pages of the file system that holds ``fd`` (``syncfs``), so
+    that ``posix_fadvise(DONTNEED)`` can drop them: it drops clean pages only, and the
+    pages of a dataset just copied in (or written by a generator that was killed before
+    its fsync) are dirty for up to half a minute. One ``syncfs`` per drop, not an fsync per
+    file: every fsync of a clean file still sends the device a cache flush.
+
+    Raises:
+        OSError: The write-back failed (an I/O error of the volume).
+    """
+    syncfs = getattr(_LIBC, "syncfs", None)
+    if syncfs is None:  # not glibc: this file's pages at least
+        os.fsync(fd)
+    elif syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syncfs: {os.strerror(err)}")
+
+
 def block_reads_counted(path: Path) -> bool:
     """Whether reads of ``path`` after dropping its cache show up as block reads (not on
     tmpfs, nor on some network or FUSE file systems): else the cache check cannot tell."""
     fd = os.open(path, os.O_RDONLY)
     try:
+        write_back(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_inblock
         while os.read(fd, 1024**2):

@@ -241,3 +241,75 @@ def test_the_headline_figures_come_from_the_same_epoch_time(
     assert epoch_s == pytest.approx(statistics.median(epoch_times))
     assert figures["scan_mbps"] == pytest.approx(data.bytes / epoch_s / 1e6)
     assert figures["scan_samples_per_s"] == pytest.approx(data.records / epoch_s)
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+@pytest.mark.parametrize(("workers", "drop_cache"), [(0, True), (2, False)])
+def test_a_file_deleted_after_verification_stops_the_scan_with_exit_6_naming_it(
+    data_dir: Path, fmt: str, workers: int, drop_cache: bool
+) -> None:
+    # Found by the cache drop before the epoch, or (not dropping) by the reader in a worker.
+    data, cfg = prepared(data_dir, fmt, num_workers=workers, epochs=1, drop_cache=drop_cache)
+    victim = data.files[len(data.files) // 2]
+    victim.unlink()
+    with pytest.raises(DatasetCorruptError, match="deleted after the dataset was verified") as e:
+        scan.run_scan(data, cfg)
+    assert e.value.exit_code == 6
+    assert str(victim) in e.value.message and "Traceback" not in e.value.message
+
+
+def test_a_file_deleted_after_verification_stops_materialize_with_exit_6(data_dir: Path) -> None:
+    from data_workloads.config import MaterializeConfig
+    from data_workloads.materialize import run_materialize
+
+    data, _ = prepared(data_dir, "files")
+    cfg = MaterializeConfig(data_dir=data_dir, dataset_format="files", track=False)
+    data.files[-1].unlink()
+    out = data_dir / "out"
+    out.mkdir()
+    with pytest.raises(DatasetCorruptError, match=str(data.files[-1])) as e:
+        run_materialize(data, cfg, out)
+    assert e.value.exit_code == 6
+
+
+def _copied_in(paths) -> None:
+    """Each file made again, a new file of the same bytes, not fsynced: its pages are
+    dirty, as after a copy into the claim by another program. (Not rewritten in place:
+    ext4 starts writing back a file truncated and rewritten, or renamed over another,
+    when it is closed.)"""
+    for path in paths:
+        data = path.read_bytes()
+        path.unlink()
+        path.write_bytes(data)
+
+
+def test_dirty_pages_are_written_back_before_the_cache_is_dropped(tmp_path: Path) -> None:
+    import resource
+
+    clean = tmp_path / "clean"
+    with clean.open("wb") as f:
+        f.write(os.urandom(1024**2))
+        f.flush()
+        os.fsync(f.fileno())
+    if not block_reads_counted(clean):
+        pytest.skip("this file system does not count block reads (tmpfs?)")
+    dirty = tmp_path / "dirty"
+    dirty.write_bytes(os.urandom(1024**2))
+    assert block_reads_counted(dirty)  # the probe drops a dirty file too
+    _copied_in([dirty])
+    ds.drop_cache([dirty])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_inblock
+    dirty.read_bytes()
+    read = (resource.getrusage(resource.RUSAGE_SELF).ru_inblock - before) * 512
+    assert read >= 1024**2
+
+
+def test_a_dataset_just_copied_in_is_scanned_from_the_volume(data_dir: Path) -> None:
+    data, cfg = prepared(data_dir, "files", num_workers=1, epochs=1)
+    if not block_reads_counted(data.files[0]):
+        pytest.skip("this file system does not count block reads (tmpfs?)")
+    _copied_in(data.files)
+    result = scan.run_scan(data, cfg)
+    assert result["cache"]["block_reads_counted"] is True
+    assert result["figures"]["scan_cache_kept_out"] is True
+    assert result["cache"]["device_read_coverage"][0] >= scan.CACHE_COVERAGE
