@@ -35,4 +35,11 @@ def main(**settings: Any) -> None:
     check_before_training(cfg, lambda line: click.echo(line, err=True))  # before torch, tracking
     from trainer.commands import run_job  # torch is slow to import: not for --help
 
-    run_job(cfg)
+    try:
+        run_job(cfg)
+    except Exception as error:
+        from trainer.distributed import exit_rank, world_env
+
+        if world_env().world_size > 1:
+            exit_rank(error)  # under torchrun: this rank's own code in torchrun's report
+        raise

@@ -20,16 +20,21 @@ Two process groups:
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from trainer.config import PARALLEL
-from trainer.errors import ConfigError, RankFailedError
+from trainer.errors import EXIT_UNEXPECTED, ConfigError, RankFailedError, TrainerError
 
 SHARDED_FORMATS = ("raw", "torch")
 """Formats a rank can write its shard in: the ones that stage an image for ``write_file``."""
@@ -169,6 +174,31 @@ class Ranks:
                 why = "failed: a rank died or closed its connection"
             raise RankFailedError(f"rank {self.rank} waiting for {what} {why}: {text}") from exc
 
+    def agree(self, problem: TrainerError | None) -> None:
+        """Stop every rank when any rank refuses to go on; each raises its own refusal, or
+        the lowest rank's.
+
+        For the refusals every rank reaches at the same point (a checkpoint of another
+        world size, format or model): once one rank exits, torchrun sends SIGTERM to the
+        others, and a rank still on its way out would die of the signal (-15) instead of
+        exiting with the refusal's code. So each rank first binds SIGTERM to its code
+        (:func:`keep_exit_code`), and no rank leaves before every rank has done so.
+
+        Raises:
+            TrainerError: ``problem``, or another rank's.
+        """
+        found = self.all_gather(None if problem is None else (type(problem), problem.message))
+        refusal = next((f for f in found if f is not None), None)
+        if refusal is None:
+            return
+        error = problem if problem is not None else refusal[0](refusal[1])
+        keep_exit_code(error)
+        try:
+            self.barrier()
+        except RankFailedError:
+            pass  # a rank already left: the refusal is still this rank's reason to stop
+        raise error
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -196,8 +226,60 @@ class OneProcess(Ranks):
     def all_gather(self, obj: Any) -> list[Any]:
         return [obj]
 
+    def agree(self, problem: TrainerError | None) -> None:
+        if problem is not None:
+            raise problem
+
     def close(self) -> None:
         pass
+
+
+def refusal(check: Callable[..., Any], *args: Any) -> TrainerError | None:
+    """What ``check(*args)`` refuses, as a value the ranks can agree on (:meth:`Ranks.agree`)."""
+    try:
+        check(*args)
+    except TrainerError as error:
+        return error
+    return None
+
+
+def keep_exit_code(error: TrainerError) -> None:
+    """This rank will stop with ``error``: a SIGTERM from now on ends it with the error's
+    exit code (and its message), not as killed by the signal.
+
+    torchrun stops every rank still running once one has exited; a rank that already
+    knows why it stops must say so in torchrun's report. Only the main thread can bind a
+    signal; elsewhere (the background checkpoint thread) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: exit_rank(error))
+
+
+def exit_rank(error: BaseException) -> NoReturn:
+    """End this rank now: a trainer error with its message and exit code, anything else
+    with its traceback and exit 1.
+
+    Not through the interpreter's shutdown: with torch's threads and process groups it
+    can take seconds, long enough for torchrun's SIGTERM to overtake it (the rank that
+    failed first is then reported as killed, and another as the root cause), and it can
+    abort in a C++ destructor (SIGABRT). The process group is destroyed first, so no peer
+    waits on it.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # leaving already, with our own code
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        if isinstance(error, TrainerError):
+            error.show()
+            code = error.exit_code
+        else:
+            traceback.print_exception(error)
+            code = EXIT_UNEXPECTED
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
 
 
 def _one_line(exc: BaseException) -> str:

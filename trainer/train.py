@@ -116,129 +116,140 @@ def train(
     fs = fs or LocalFS()
     cfg.check_checkpoint_dir()
     ranks = distributed.join(cfg)
-    device = ranks.device
-    torch.manual_seed(cfg.seed)
-    shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
-    model = distributed.wrap(TinyGPT(shape, cfg.seq_len).to(device), ranks)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    param_count = sum(p.numel() for p in model.parameters())
-    say(
-        f"model: d_model={shape.d_model} layers={shape.n_layers} params={param_count:,} "
-        f"({param_count * 4 / 2**20:.1f} MiB fp32) on {device}"
-        + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks.world_size > 1 else "")
-    )
-    inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
-    records: list[CheckpointRecord] = []
-    curve: list[tuple[int, float]] = []
-    loss_value: float | None = None
-
-    def load_newest(tell: Callable[[str], None]) -> int | None:
-        """Load the newest checkpoint every rank verifies into the model; returns its step."""
-        return sharded.restore(
-            cfg.checkpoint_dir,
-            make_format(cfg.format),
-            fs,
-            model,
-            opt,
-            ranks,
-            tell,
-            check_config=lambda saved, name: _check_same_model(cfg, saved, name),
-        )
-
-    def summary(steps_run: int, runtime: float, restore: RestoreFigure | None) -> RunSummary:
-        return RunSummary(
-            storage_profile=cfg.storage_profile,
-            checkpoint_dir=str(Path(cfg.checkpoint_dir)),
-            inputs=inputs,
-            runtime_s=runtime,
-            steps_run=steps_run,
-            final_loss=loss_value,
-            checkpoints=records,
-            loss_curve=curve,
-            resumed_from=start or None,
-            world_size=ranks.world_size,
-            restore=restore,
-        )
-
-    check_resume_mode(cfg, store.list_checkpoints(cfg.checkpoint_dir))
-    resumed = None
-    restore_started = time.monotonic()
-    if cfg.resume != "never":
-        resumed = load_newest(say)
-    restore = restore_figure(
-        cfg.checkpoint_dir, resumed, time.monotonic() - restore_started, "resume"
-    )
-    if cfg.resume != "never" and resumed is None:
-        say("resume: no complete checkpoint found; starting from step 0")
-    start = resumed or 0
-    if start >= cfg.steps:
-        say(f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do")
-        ranks.close()
-        return summary(0, 0.0, restore)
-    if cfg.durability == "none":
-        say(
-            f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
-            "made durable must not replace an older one"
-        )
-    removed, left = sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
-    for path in removed:
-        say(f"removed {path.name}, left by an earlier process of this run")
-    for path in left:
-        say(f"left {path.name} alone: not this run's (another run, host or writer)")
-    # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
-    # shard to where rank 0's URL points.
-    upload_url = ranks.broadcast(upload_url)
-    if upload_url is None and cfg.upload_to in RUN_ARTIFACTS_TARGETS:
-        raise ConfigError(
-            f"--upload-to {cfg.upload_to} names a Polyaxon run's artifacts: only a tracked run has them"
-        )
-    uploader = None
-    if upload_url := upload_url or cfg.upload_to:
-        uploader = Uploader(
-            upload_url,
-            upload_backoff,
-            say=say,
-            progress_every_s=progress_every_s,
-            checkpoint_dir=cfg.checkpoint_dir,
-        )
-    ckpt = _checkpointer(cfg, fs, ranks, uploader, verified=() if resumed is None else (resumed,))
-    data = distributed.RankData(SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len), ranks)
-
-    def hand_over(done: list[CheckpointRecord]) -> None:
-        for record in done:
-            records.append(record)
-            on_checkpoint(record)
-
-    progress = StepProgress(start, cfg.steps, say, on_progress, every_s=progress_every_s)
-    t_start = time.monotonic()
     try:
-        for step in range(start + 1, cfg.steps + 1):
-            tokens = data.batch(step).to(device, non_blocking=True)
-            logits = model(tokens[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                loss_value = ranks.mean(loss)
-                curve.append((step, loss_value))
-                on_loss(step, loss_value)
-            if step % cfg.checkpoint_every == 0:
-                ckpt.save(step, lambda step=step: _state(model, opt, step, cfg))
-            hand_over(ckpt.poll())
-            progress.update(step, loss_value)
-    finally:
-        # Even when training fails, wait for (and surface) the checkpoint in flight.
-        hand_over(ckpt.finish())
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    runtime = time.monotonic() - t_start
-    if cfg.restore_check:
-        restore = (
-            end_of_run_restore(cfg, ranks, say, lambda: load_newest(lambda _: None)) or restore
+        device = ranks.device
+        torch.manual_seed(cfg.seed)
+        shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
+        model = distributed.wrap(TinyGPT(shape, cfg.seq_len).to(device), ranks)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        param_count = sum(p.numel() for p in model.parameters())
+        say(
+            f"model: d_model={shape.d_model} layers={shape.n_layers} params={param_count:,} "
+            f"({param_count * 4 / 2**20:.1f} MiB fp32) on {device}"
+            + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks.world_size > 1 else "")
         )
-    ranks.close()
-    return summary(cfg.steps - start, runtime, restore)
+        inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
+        records: list[CheckpointRecord] = []
+        curve: list[tuple[int, float]] = []
+        loss_value: float | None = None
+
+        def load_newest(tell: Callable[[str], None]) -> int | None:
+            """Load the newest checkpoint every rank verifies into the model; returns its step."""
+            return sharded.restore(
+                cfg.checkpoint_dir,
+                make_format(cfg.format),
+                fs,
+                model,
+                opt,
+                ranks,
+                tell,
+                check_config=lambda saved, name: _check_same_model(cfg, saved, name),
+            )
+
+        def summary(steps_run: int, runtime: float, restore: RestoreFigure | None) -> RunSummary:
+            return RunSummary(
+                storage_profile=cfg.storage_profile,
+                checkpoint_dir=str(Path(cfg.checkpoint_dir)),
+                inputs=inputs,
+                runtime_s=runtime,
+                steps_run=steps_run,
+                final_loss=loss_value,
+                checkpoints=records,
+                loss_curve=curve,
+                resumed_from=start or None,
+                world_size=ranks.world_size,
+                restore=restore,
+            )
+
+        ranks.agree(
+            distributed.refusal(check_resume_mode, cfg, store.list_checkpoints(cfg.checkpoint_dir))
+        )
+        resumed = None
+        restore_started = time.monotonic()
+        if cfg.resume != "never":
+            resumed = load_newest(say)
+        restore = restore_figure(
+            cfg.checkpoint_dir, resumed, time.monotonic() - restore_started, "resume"
+        )
+        if cfg.resume != "never" and resumed is None:
+            say("resume: no complete checkpoint found; starting from step 0")
+        start = resumed or 0
+        if start >= cfg.steps:
+            say(
+                f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do"
+            )
+            return summary(0, 0.0, restore)
+        if cfg.durability == "none":
+            say(
+                f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
+                "made durable must not replace an older one"
+            )
+        removed, left = sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
+        for path in removed:
+            say(f"removed {path.name}, left by an earlier process of this run")
+        for path in left:
+            say(f"left {path.name} alone: not this run's (another run, host or writer)")
+        # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
+        # shard to where rank 0's URL points.
+        upload_url = ranks.broadcast(upload_url)
+        if upload_url is None and cfg.upload_to in RUN_ARTIFACTS_TARGETS:
+            ranks.agree(
+                ConfigError(
+                    f"--upload-to {cfg.upload_to} names a Polyaxon run's artifacts: only a tracked run has them"
+                )
+            )
+        uploader = None
+        if upload_url := upload_url or cfg.upload_to:
+            uploader = Uploader(
+                upload_url,
+                upload_backoff,
+                say=say,
+                progress_every_s=progress_every_s,
+                checkpoint_dir=cfg.checkpoint_dir,
+            )
+        ckpt = _checkpointer(
+            cfg, fs, ranks, uploader, verified=() if resumed is None else (resumed,)
+        )
+        data = distributed.RankData(SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len), ranks)
+
+        def hand_over(done: list[CheckpointRecord]) -> None:
+            for record in done:
+                records.append(record)
+                on_checkpoint(record)
+
+        progress = StepProgress(start, cfg.steps, say, on_progress, every_s=progress_every_s)
+        t_start = time.monotonic()
+        try:
+            for step in range(start + 1, cfg.steps + 1):
+                tokens = data.batch(step).to(device, non_blocking=True)
+                logits = model(tokens[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    loss_value = ranks.mean(loss)
+                    curve.append((step, loss_value))
+                    on_loss(step, loss_value)
+                if step % cfg.checkpoint_every == 0:
+                    ckpt.save(step, lambda step=step: _state(model, opt, step, cfg))
+                hand_over(ckpt.poll())
+                progress.update(step, loss_value)
+        finally:
+            # Even when training fails, wait for (and surface) the checkpoint in flight.
+            hand_over(ckpt.finish())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        runtime = time.monotonic() - t_start
+        if cfg.restore_check:
+            restore = (
+                end_of_run_restore(cfg, ranks, say, lambda: load_newest(lambda _: None)) or restore
+            )
+        return summary(cfg.steps - start, runtime, restore)
+    finally:
+        # Every way out, a refusal included: a rank that leaves its process group to the
+        # interpreter's exit can abort there (SIGABRT) instead of exiting with its code.
+        ranks.close()
 
 
 def _checkpointer(

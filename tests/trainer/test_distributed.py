@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -68,6 +69,12 @@ def torchrun(
 
 def _output(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stdout + proc.stderr
+
+
+def rank_exit_codes(text: str) -> dict[int, int]:
+    """Every failed rank's exit code in torchrun's failure report (a signal: minus its number)."""
+    found = re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", text)
+    return {int(rank): int(code) for rank, code in found}
 
 
 def hidden(directory: Path) -> list[str]:
@@ -315,7 +322,10 @@ def test_resume_with_another_world_size_is_refused(reference, tmp_path):
     text = _output(proc)
     assert proc.returncode != 0
     assert text.count("step-00000002 was written by 1 rank(s), this run has 2") == 2, text[-3000:]
-    assert "exitcode  : 2" in text
+    # Every rank exits with the refusal's code: none is killed by torchrun's SIGTERM
+    # after the first one left, nor aborts in its process group's teardown (SIGABRT).
+    assert rank_exit_codes(text) == {0: 2, 1: 2}, text[-3000:]
+    assert "terminate called" not in text
     assert [r.step for r in store.list_checkpoints(one)] == [2]
 
 

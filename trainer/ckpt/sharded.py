@@ -66,10 +66,13 @@ from trainer.ckpt.formats import (
 from trainer.ckpt.fs import LocalFS, storage_error
 from trainer.ckpt.io import AlignedBuffer, write_file
 from trainer.ckpt.upload import Uploader
-from trainer.distributed import Ranks
+from trainer.config import FORMATS
+from trainer.distributed import Ranks, refusal
 from trainer.errors import (
     CheckpointCorruptError,
+    ConfigError,
     RankFailedError,
+    TrainerError,
     UploadError,
     WorldSizeError,
 )
@@ -757,12 +760,10 @@ def restore(
             say(f"resume: skipping {head['error']}")
             continue
         manifest = head["manifest"]
-        check_world(manifest, name, ranks.world_size, ranks.parallel)
-        if manifest.get("format") != fmt.name:
-            say(
-                f"resume: skipping {name}: format {manifest.get('format')!r}, this run uses {fmt.name!r}"
-            )
+        if manifest.get("format") not in FORMATS:
+            say(f"resume: skipping {name}: {store.MANIFEST} names no known format")
             continue
+        ranks.agree(refusal(_check_resumable, manifest, name, fmt, ranks))
         problem = None
         try:
             build = _read_state(fs, path, manifest, fmt, ranks)
@@ -775,8 +776,15 @@ def restore(
                 + "; ".join(f"rank {r}: {p}" if many else p for r, p in problems)
             )
             continue
-        state = build()
-        check_config(state.get("config", {}), name)
+        state: dict[str, Any] = {}
+        try:
+            state = build()
+            check_config(state.get("config", {}), name)
+        except TrainerError as exc:
+            refused: TrainerError | None = exc
+        else:
+            refused = None
+        ranks.agree(refused)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"].clone())  # needs its own storage
@@ -786,8 +794,30 @@ def restore(
         say(f"resume: continuing from {name} (step {state['step']}){shards}")
         return int(state["step"])
     if names:
-        raise CheckpointCorruptError(
-            f"--resume: none of the {len(names)} checkpoints in {directory} is complete and "
-            "verified" + (" on every rank" if many else "")
+        ranks.agree(
+            CheckpointCorruptError(
+                f"--resume: none of the {len(names)} checkpoints in {directory} is complete and "
+                "verified" + (" on every rank" if many else "")
+            )
         )
     return None
+
+
+def _check_resumable(manifest: dict[str, Any], name: str, fmt: Format, ranks: Ranks) -> None:
+    """Refuse the newest readable checkpoint when this run cannot continue it as it is:
+    another world size or ``--parallel`` mode, or another ``--format``.
+
+    A checkpoint in another format is healthy data, not a corrupt one to skip: skipping
+    it would roll the run back to an older one, or end in "none verifies" (exit 6).
+
+    Raises:
+        WorldSizeError: Another world size or mode (exit 2).
+        ConfigError: Another format (exit 2).
+    """
+    check_world(manifest, name, ranks.world_size, ranks.parallel)
+    saved = manifest.get("format")
+    if saved != fmt.name:
+        raise ConfigError(
+            f"--resume: {name} was written with --format {saved}, this run uses --format "
+            f"{fmt.name}: resume it with --format {saved}, or use a new checkpoint dir"
+        )
