@@ -38,7 +38,8 @@ def refuse_existing(cfg: TrainConfig) -> None:
     the checkpoints' manifests, which the loop does)."""
     pattern = re.compile(CHECKPOINT_DIR_PATTERN)
     found = sorted(
-        p.name for p in cfg.checkpoint_dir.iterdir() if p.is_dir() and pattern.fullmatch(p.name)
+        (p.name for p in cfg.checkpoint_dir.iterdir() if p.is_dir() and pattern.fullmatch(p.name)),
+        key=lambda name: int(name.removeprefix("step-")),  # step-100000000 after step-99999999
     )
     if found:
         raise CheckpointDirError(

@@ -30,11 +30,13 @@ from trainer.provenance import host_name, run_uuid
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_SCHEMA = "checkpoint-manifest/1"
-_FINAL = re.compile(r"^step-(\d{8})$")
+# The step zero-padded to 8 digits, longer past 99,999,999 (CHECKPOINT_DIR_PATTERN).
+_STEP = r"(\d{8}|[1-9]\d{8,})"
+_FINAL = re.compile(rf"^step-{_STEP}$")
 # In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint. Names of
 # trainers before owners were recorded carry only a pid.
 _HIDDEN = re.compile(
-    r"^\.step-(\d{8})\.(?:tmp|old)-"
+    rf"^\.step-{_STEP}\.(?:tmp|old)-"
     r"(?:(?P<run>[0-9a-f]{32}|local)-(?P<host>[A-Za-z0-9-]+)-)?(?P<pid>\d+)$"
 )
 LOCAL_RUN = "local"
