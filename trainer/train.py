@@ -76,6 +76,17 @@ def check_resume_mode(cfg: TrainConfig, existing: list[store.CheckpointRef]) -> 
             )
 
 
+def _set_lr(opt: torch.optim.Optimizer, lr: float, say: Callable[[str], None]) -> None:
+    """Train a resumed run at ``--lr``: the optimizer's saved state brings back the rate of
+    the run that wrote it, while the new checkpoints record this run's (its config)."""
+    saved = sorted({group["lr"] for group in opt.param_groups})
+    if saved != [lr]:
+        was = ", ".join(f"{v:g}" for v in saved)
+        say(f"resume: training at --lr {lr:g}; the checkpoint's optimizer had {was}")
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
 def _check_same_model(cfg: TrainConfig, saved: dict[str, Any], name: str) -> None:
     """A checkpoint of another model shape cannot be resumed: say so instead of a traceback."""
     for key in ("model_size", "seq_len", "seed"):
@@ -173,6 +184,8 @@ def train(
         )
         if cfg.resume != "never" and resumed is None:
             say("resume: no complete checkpoint found; starting from step 0")
+        if resumed is not None:
+            _set_lr(opt, cfg.lr, say)
         start = resumed or 0
         if start >= cfg.steps:
             say(

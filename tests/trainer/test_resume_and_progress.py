@@ -265,3 +265,33 @@ def test_run_artifacts_targets_resolve_to_the_runs_outputs(tmp_path, target, sto
     if target.startswith("run-"):
         with pytest.raises(ConfigError, match="needs Polyaxon tracking"):
             upload_url(cfg, Tracker(None))
+
+
+# ---- what a resumed run trains with ------------------------------------------------------------
+
+
+def test_resume_in_another_format_is_refused_naming_both(tmp_path):
+    train(tiny_config(tmp_path, steps=2), say=quiet)  # raw
+    cfg = tiny_config(tmp_path, steps=4, format="torch", resume="always")
+    with pytest.raises(ConfigError) as refused:
+        train(cfg, say=quiet)
+    assert refused.value.exit_code == 2
+    assert "step-00000002 was written with --format raw, this run uses --format torch" in str(
+        refused.value
+    )
+    assert [r.step for r in store.list_checkpoints(tmp_path)] == [2]  # healthy, untouched
+
+
+def test_resume_trains_at_the_new_lr_and_records_it(tmp_path):
+    from trainer.ckpt.formats import make_format
+    from trainer.ckpt.io import AlignedBuffer
+
+    train(tiny_config(tmp_path, steps=2, lr=3e-4), say=quiet)
+    said: list[str] = []
+    train(tiny_config(tmp_path, steps=4, lr=1e-2, resume="always"), say=said.append)
+    assert any("training at --lr 0.01; the checkpoint's optimizer had 0.0003" in s for s in said)
+    _, data = store.read_verified(LocalFS(), tmp_path / store.final_name(4), AlignedBuffer())
+    state = make_format("raw").load(data)
+    # What the checkpoint says it trained with is what the optimizer used.
+    assert state["config"]["lr"] == 1e-2
+    assert {g["lr"] for g in state["optimizer"]["param_groups"]} == {1e-2}
