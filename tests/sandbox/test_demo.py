@@ -46,6 +46,8 @@ pytestmark = [
     ),
 ]
 
+TWO_PROFILE_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-pipeline.yaml"
+
 # The jobs of one run, in the order they ran (the nested stages' jobs by their labels).
 ORDER = ["plan", "stages[0]/switch", "stages[0]/fio", "stages[0]/renew", "stages[0]/train[0]",
          "stages[1]/switch", "stages[1]/fio", "stages[1]/renew", "stages[1]/train[0]", "compare",
@@ -277,17 +279,26 @@ def test_demo_on_plain_media_runs_the_pipeline_twice_and_stop_leaves_nothing():
     assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
 
 
-def test_a_failed_stage_stops_the_demo_before_the_next_switch():
+@pytest.mark.parametrize(
+    "polyaxonfile",
+    [DEFAULT_PIPELINE, TWO_PROFILE_PIPELINE],
+    ids=["general", "two-profile"],
+)
+def test_a_failed_stage_stops_the_demo_before_the_next_switch(polyaxonfile: Path):
     """The first stage's training fails (``device=cuda``, no GPU here); the server starts the
     second stage anyway, whose switch asks the server, refuses (``--stop-after-failure``)
-    and leaves the sandbox's claim on the first profile; the release still runs."""
+    and leaves the sandbox's claim on the first profile; the release still runs. The same
+    through the two-profile pipeline, which nests the general one a level deeper."""
     root = Path(tempfile.mkdtemp(prefix="sandbox-fail-"))
     shm = shm_dir(root)
     profiles = write_profiles(root, shm / "media")
     port = free_port()
     common = ["--root", str(root), "--port", str(port), "--profiles-file", str(profiles)]
     try:
-        done = _sandbox(["demo", *common, "--project", "fail", *TINY, "-P", "device=cuda"])
+        done = _sandbox(
+            ["demo", *common, "--project", "fail", "-f", str(polyaxonfile), *TINY,
+             "-P", "device=cuda"]
+        )  # fmt: skip
         out = done.stdout + done.stderr
         assert done.returncode != 0, out[-3000:]
         assert "no CUDA device is available" in out, out[-3000:]
