@@ -27,7 +27,7 @@ from checkpoint_storage_bench.io_limits import (
 from checkpoint_storage_bench.sandbox_profiles import SandboxProfile
 from hooks.storage_profile.config import SwitchConfig
 from hooks.storage_profile.errors import PreflightRefused, UnexpectedState
-from hooks.storage_profile.report import Report, not_switched_note, now_iso
+from hooks.storage_profile.report import Report, not_switched, now_iso
 
 DEFAULT_PROFILES_FILE = contract.SANDBOX_PROFILES_FILE
 DRIVER = contract.SANDBOX_DRIVER
@@ -120,11 +120,7 @@ def switch_local(cfg: SwitchConfig, sandbox: SandboxProfiles, report: Report, ec
     if cfg.only_if_switched and (cfg.holder is None or sandbox.recorded_holder() != cfg.holder):
         # The state file names who made the last switch: anyone else's (or none) means this
         # holder's pipeline never moved the claim, so there is nothing to switch back.
-        note = not_switched_note(f"{cfg.namespace}/{cfg.claim}", cfg.holder)
-        report.holder, report.outcome = cfg.holder, "not-switched"
-        report.notes.append(note)
-        echo(note)
-        return report
+        return not_switched(report, cfg.holder, echo)
     profile = sandbox.profiles.get(cfg.target)
     if profile is None:
         raise PreflightRefused(

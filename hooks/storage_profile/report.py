@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -160,12 +161,18 @@ class Report:
         return True
 
 
-def not_switched_note(ref: str, holder: str | None) -> str:
-    """What ``switch --only-if-switched`` says when ``holder`` never switched the claim."""
-    return (
-        f"claim {ref} was never switched by {holder} (--only-if-switched): nothing to switch "
-        "back; nothing was changed"
+def not_switched(report: Report, holder: str | None, echo: Callable[[str], None]) -> Report:
+    """``report`` as ``switch --only-if-switched`` leaves it when ``holder`` never switched
+    the claim: nothing changed, said once."""
+    note = (
+        f"claim {report.namespace}/{report.claim} was never switched by {holder} "
+        "(--only-if-switched): nothing to switch back; nothing was changed"
     )
+    report.holder = holder
+    report.outcome = "not-switched"
+    report.notes.append(note)
+    echo(note)
+    return report
 
 
 class SwitchFailed(Exception):

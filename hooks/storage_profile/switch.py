@@ -30,7 +30,7 @@ from hooks.storage_profile.lease import ClaimLease
 from hooks.storage_profile.ledger import budget, read_ledger, utcnow, with_entry
 from hooks.storage_profile.preflight import Plan, preflight
 from hooks.storage_profile.providers import PROVIDERS, Provider
-from hooks.storage_profile.report import Report, not_switched_note, now_iso
+from hooks.storage_profile.report import Report, not_switched, now_iso
 from hooks.storage_profile.wait import ClaimClassState, ClaimWaiter
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,8 @@ def switch_kubernetes(
     if cfg.only_if_switched:
         # Before preflight: a claim this holder never switched is left as it is, whatever
         # preflight would have said about it.
-        note = _never_switched(kube, cfg, deadline)
-        if note is not None:
-            return _not_switched(report, cfg.holder, note, echo)
+        if not _switched_by_holder(kube, cfg, deadline):
+            return not_switched(report, cfg.holder, echo)
     plan = preflight(kube, cfg.namespace, cfg.claim, cfg.target, deadline, cfg.force)
     _describe(report, plan)
     report.holder = cfg.holder
@@ -161,9 +160,8 @@ def switch_kubernetes(
     return report
 
 
-def _never_switched(kube: Kube, cfg: SwitchConfig, deadline: Deadline) -> str | None:
-    """Why ``--only-if-switched`` leaves the claim alone: its ledger has no switch by
-    ``cfg.holder`` (None: it has one, so the switch goes on).
+def _switched_by_holder(kube: Kube, cfg: SwitchConfig, deadline: Deadline) -> bool:
+    """Whether the claim's ledger has a switch by ``cfg.holder`` (``--only-if-switched``).
 
     Raises:
         PreflightRefused: The claim is missing, or its ledger cannot be read (then nobody
@@ -181,19 +179,7 @@ def _never_switched(kube: Kube, cfg: SwitchConfig, deadline: Deadline) -> str | 
             f"so whether {cfg.holder} switched the claim is unknown (--only-if-switched); "
             "nothing was changed"
         ) from exc
-    if any(entry.holder == cfg.holder for entry in ledger):
-        return None
-    return not_switched_note(ref, cfg.holder)
-
-
-def _not_switched(
-    report: Report, holder: str | None, note: str, echo: Callable[[str], None]
-) -> Report:
-    report.holder = holder
-    report.outcome = "not-switched"
-    report.notes.append(note)
-    echo(note)
-    return report
+    return any(entry.holder == cfg.holder for entry in ledger)
 
 
 def dry_run_command(cfg: SwitchConfig, patch: dict) -> str:
