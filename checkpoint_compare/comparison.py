@@ -1,10 +1,12 @@
 """A candidate profile against the baseline: robust, symmetric, with intervals.
 
-Noise model (docs/compare.md): the measured checkpoints (warm-up left out) of all runs of a
-profile are repeated measurements of the same operation. The pause difference is the
-Hodges–Lehmann shift between the two profiles' pauses with its rank-based confidence
-interval (``intervals``); it counts when the interval excludes zero and the shift is larger
-than a practical floor. The whole run is one measurement: with repeats on both sides the
+Noise model (docs/compare.md): the run is the unit of replication. Whatever differs
+between two runs (the machine's load, a neighbour on the disk) moves all checkpoints of a
+run together, so the checkpoints of one run are not independent draws for a comparison
+between profiles: the pause difference is the shift between the runs' median pauses with
+its between-run interval (``intervals.run_level_shift``), and with one run a side there is
+none: no pause difference counts and the report asks for repeats. It counts when the
+interval excludes zero and the shift is larger than a practical floor. The whole run is one measurement: with repeats on both sides the
 runtime difference gets a rank interval too (or, with too few runs for one, the range of
 the differences between runs: the between-run spread); with a single run on a side it is
 the difference ± the runtime floor (or ± the other side's between-run spread, if larger). It counts when its interval excludes zero, it is larger than
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
 from checkpoint_compare.formatting import seconds
-from checkpoint_compare.intervals import Shift, hodges_lehmann, pairwise_range
+from checkpoint_compare.intervals import Shift, hodges_lehmann, pairwise_range, run_level_shift
 from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
 
 
@@ -142,9 +144,9 @@ def measure_drift(baseline: ProfileFigures, others: list[ProfileFigures], confid
     last = [r for r in baseline.per_run if r.started and r.started > last_other]
     if not first or not last:
         return None
-    before = [v for r in first for _, v in r.measured]
-    after = [v for r in last for _, v in r.measured]
-    pause = hodges_lehmann(after, before, confidence) if before and after else None
+    before = [[v for _, v in r.measured] for r in first if r.measured]
+    after = [[v for _, v in r.measured] for r in last if r.measured]
+    pause = run_level_shift(after, before, confidence) if before and after else None
     runtime = statistics.median(r.runtime_s for r in last) - statistics.median(
         r.runtime_s for r in first
     )
@@ -253,16 +255,12 @@ def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) ->
 
 
 def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
-    x, y = cand.measured_pauses, base.measured_pauses
+    """The runs' median pauses against each other: the run, not the checkpoint, is what was
+    assigned to a profile."""
+    x = [[v for _, v in r.measured] for r in cand.per_run if r.measured]
+    y = [[v for _, v in r.measured] for r in base.per_run if r.measured]
     if x and y:
-        shift = hodges_lehmann(x, y, t.confidence)
-        if not shift.has_interval:
-            return Shift(
-                shift.estimate, None, None, None, len(x), len(y),
-                f"too few checkpoints for a {t.confidence:.0%} interval ({len(y)} and "
-                f"{len(x)} after warm-up; a rank interval at 95 % needs e.g. 4 and 4)",
-            )  # fmt: skip
-        return shift
+        return run_level_shift(x, y, t.confidence)
     return Shift(
         cand.pause.median - base.pause.median, None, None, None, len(x), len(y),
         "no per-checkpoint pauses after warm-up (only the runs' summary outputs, or every "
@@ -354,7 +352,10 @@ def _notes(c: Comparison) -> list[str]:
     notes = []
     name, base = c.candidate.profile, c.baseline.profile
     if not c.pause.shift.has_interval:
-        notes.append(f"{name} vs {base}: {c.pause.shift.method}; no pause difference counts")
+        notes.append(
+            f"{name} vs {base}: {c.pause.shift.method}; no pause difference counts"
+            + (": more runs (repeats) are needed" if c.pause.shift.n_x or c.pause.shift.n_y else "")
+        )
     if c.pause_measurable and not c.runtime_measurable:
         share = c.baseline.pause_share
         shown = (

@@ -60,12 +60,12 @@ def difference(
 
 def _checkpoint_difference(cand: Candidate) -> dict[str, Any]:
     """The headline (pause per checkpoint) difference; claimed when the report calls the
-    pause or the whole run measurably different, pointing the way the whole run does when
-    it counts, else the pause."""
+    pause measurably different or declares the whole run faster or slower, pointing the
+    way the declared whole run does, else the pause."""
     c = cand.comparison
-    claimed = c.pause.counts or c.runtime.counts
-    lead = c.runtime if c.runtime.counts else c.pause
-    direction = "better" if lead.estimate < 0 else "worse"
+    claimed = c.pause.counts or c.faster is not None
+    faster = c.faster if c.faster is not None else c.pause.estimate < 0
+    direction = "better" if faster else "worse"
     out = difference(c.pause.shift, c.pause, claimed, direction, ROWS[CHECKPOINT].unit)
     out["runs"] = {"profile": len(c.candidate.per_run), "baseline": len(c.baseline.per_run)}
     return out

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
-from tests.checkpoint_compare.recorded import write_fio_run, write_hook_run, write_training_run
+from tests.checkpoint_compare.recorded import write_fio_run, write_hook_run, write_repeats
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PLOTS = ("plot-stages", "plot-pause", "plot-fio")
@@ -76,7 +76,7 @@ def report_html(runs_root: Path, tmp_path: Path) -> Path:
     ):
         write_hook_run(profile)
         write_fio_run(bw_mbps=bw, lat_p99_us=500_000 / bw)
-        write_training_run(profile, pauses, runtime_s=runtime)
+        write_repeats(profile, pauses, runtime_s=runtime)
     html = tmp_path / "out" / "report.html"
     result = CliRunner().invoke(
         main, ["--offline-root", str(runs_root), "--html", str(html), "--no-track"]

@@ -28,7 +28,7 @@ from checkpoint_storage_bench.contract import (
     VERDICT_OUTPUTS,
     profile_output,
 )
-from tests.checkpoint_compare.recorded import write_hook_run, write_training_run
+from tests.checkpoint_compare.recorded import write_hook_run, write_repeats, write_training_run
 
 BASE, FAST, FASTER = "checkpoint-baseline", "checkpoint-throughput", "checkpoint-max"
 
@@ -75,8 +75,8 @@ def test_too_few_values_have_no_interval_but_a_range() -> None:
 def test_one_outlier_cannot_hide_a_difference(runs_root: Path, pricing_file) -> None:
     # Max − min would call this noise (the candidate's slow checkpoint spreads it by 4 s);
     # every other checkpoint shows the candidate a second faster.
-    write_training_run(BASE, [2.0] + [2.0, 2.02, 1.98] * 3, runtime_s=100.0)
-    write_training_run(FAST, [1.0] + [1.0, 1.02, 0.98] * 2 + [1.0, 1.02, 5.0], runtime_s=95.0)
+    write_repeats(BASE, [2.0] + [2.0, 2.02, 1.98] * 3, runtime_s=100.0)
+    write_repeats(FAST, [1.0] + [1.0, 1.02, 0.98] * 2 + [1.0, 1.02, 5.0], runtime_s=95.0)
     code, output, report = run_cli(runs_root, pricing_file())
     assert code == 0, output
     pause = comparison(report, FAST)["pause"]
@@ -92,7 +92,7 @@ def test_three_profiles_against_the_first(runs_root: Path, pricing_file) -> None
     extra = f"  {FASTER}: {{type: gp3, iops: 16000, throughput: 1000}}\n"
     for profile, pause, runtime in ((BASE, 2.0, 100.0), (FAST, 1.0, 94.0), (FASTER, 0.5, 91.0)):
         write_hook_run(profile)
-        write_training_run(profile, [pause * 1.5] + [pause, pause * 1.01] * 3, runtime_s=runtime)
+        write_repeats(profile, [pause * 1.5] + [pause, pause * 1.01] * 3, runtime_s=runtime)
     code, output, report = run_cli(runs_root, pricing_file(extra_profiles=extra))
     assert code == 0, output
     assert report["baseline"] == BASE  # the first profile run
@@ -173,16 +173,16 @@ def test_enough_repeats_give_a_rank_interval(runs_root: Path, pricing_file) -> N
 
 
 def test_drift_larger_than_the_difference_is_said(runs_root: Path, pricing_file) -> None:
-    # A…B…A: the baseline itself got 0.3 s faster between its first and its last run; B's
-    # pauses are below every one of the baseline's, by about 0.25 s: without the return to
-    # the baseline that would count.
-    write_training_run(BASE, [1.4] + [1.4, 1.41] * 4, runtime_s=100.0)
-    write_training_run(FAST, [1.0] + [1.0, 1.01] * 4, runtime_s=99.0)
-    write_training_run(BASE, [1.1] + [1.1, 1.11] * 4, runtime_s=98.0)
+    # A…B…A: the baseline itself got 0.3 s faster between its first and its last runs; B's
+    # runs are about 0.28 s faster than the baseline's: without the return to the baseline
+    # that would count.
+    write_repeats(BASE, [1.4] + [1.4, 1.41] * 4, runtime_s=100.0, runs=3)
+    write_repeats(FAST, [1.0] + [0.97, 0.98] * 4, runtime_s=99.0, runs=4)
+    write_repeats(BASE, [1.1] + [1.1, 1.11] * 4, runtime_s=98.0, runs=3)
     code, output, report = run_cli(runs_root, pricing_file())
     assert code == 0, output
     drift = report["drift"]
-    assert drift["profile"] == BASE and len(drift["first_runs"]) == len(drift["last_runs"]) == 1
+    assert drift["profile"] == BASE and len(drift["first_runs"]) == len(drift["last_runs"]) == 3
     assert drift["pause"]["estimate"] == pytest.approx(-0.3, abs=0.01)
     comp = comparison(report, FAST)
     assert comp["pause"]["high"] < 0  # the interval alone would count it
@@ -192,8 +192,8 @@ def test_drift_larger_than_the_difference_is_said(runs_root: Path, pricing_file)
     assert report["outputs"]["baseline_drift_pause_s"] == pytest.approx(-0.3, abs=0.01)
     assert report["verdict"] == NO_DIFFERENCE
     # Without the return, the same difference counts.
-    last = report["drift"]["last_runs"][0]
-    shutil.rmtree(runs_root / "runs" / last)
+    for last in report["drift"]["last_runs"]:
+        shutil.rmtree(runs_root / "runs" / last)
     code, output, report = run_cli(runs_root, pricing_file())
     assert report["drift"] is None and comparison(report, FAST)["pause"]["counts"] is True
 
@@ -202,8 +202,8 @@ def test_drift_larger_than_the_difference_is_said(runs_root: Path, pricing_file)
 
 
 def _two_profiles() -> None:
-    write_training_run(BASE, [2.5] + [2.0, 2.02, 1.98] * 3, runtime_s=100.0)
-    write_training_run(FAST, [1.5] + [1.0, 1.02, 0.98] * 3, runtime_s=91.0)
+    write_repeats(BASE, [2.5] + [2.0, 2.02, 1.98] * 3, runtime_s=100.0)
+    write_repeats(FAST, [1.5] + [1.0, 1.02, 0.98] * 3, runtime_s=91.0)
 
 
 def test_the_cheapest_profile_that_meets_the_budget(runs_root: Path, pricing_file) -> None:
@@ -291,7 +291,7 @@ def test_the_markdown_report_is_the_runs_readme(runs_root: Path, pricing_file, t
 def test_the_html_report_draws_the_intervals(runs_root: Path, pricing_file, tmp_path) -> None:
     extra = f"  {FASTER}: {{type: gp3, iops: 16000, throughput: 1000}}\n"
     for profile, pause, runtime in ((BASE, 2.0, 100.0), (FAST, 1.0, 94.0), (FASTER, 2.0, 100.0)):
-        write_training_run(profile, [pause] + [pause, pause * 1.01] * 3, runtime_s=runtime)
+        write_repeats(profile, [pause] + [pause, pause * 1.01] * 3, runtime_s=runtime)
     html = tmp_path / "report.html"
     code, output, report = run_cli(
         runs_root, pricing_file(extra_profiles=extra), "--html", str(html)

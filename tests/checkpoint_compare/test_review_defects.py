@@ -12,7 +12,12 @@ from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
 from checkpoint_compare.comparison import NO_DIFFERENCE
-from tests.checkpoint_compare.recorded import summary_json, write_hook_run, write_training_run
+from tests.checkpoint_compare.recorded import (
+    summary_json,
+    write_hook_run,
+    write_repeats,
+    write_training_run,
+)
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 
@@ -81,11 +86,15 @@ def test_the_build_check_compares_the_runs_that_recorded_it(
 
 
 def _summaries(tmp_path: Path, *profiles: tuple[str, list[float], float]) -> list[str]:
+    """Two summaries a profile (its repeats: the run is what the verdict compares), the
+    second's figures 1 % above the first's."""
     args = []
     for profile, pauses, runtime in profiles:
-        path = tmp_path / f"{profile}.json"
-        path.write_text(json.dumps(summary_json(profile, pauses, runtime)))
-        args += ["--summary", f"{profile}={path}"]
+        for i in range(2):
+            path = tmp_path / f"{profile}-{i}.json"
+            scaled = [p * (1 + 0.01 * i) for p in pauses]
+            path.write_text(json.dumps(summary_json(profile, scaled, runtime * (1 + 0.001 * i))))
+            args += ["--summary", f"{profile}={path}"]
     return args
 
 
@@ -121,8 +130,8 @@ def test_the_verdict_does_not_depend_on_which_profile_is_the_baseline(
 def test_run_order_decides_the_baseline_not_the_verdict(
     runs_root: Path, tmp_path: Path, pricing_file
 ) -> None:
-    write_training_run(FAST, FAST_COSTLY[1], runtime_s=FAST_COSTLY[2])  # run first
-    write_training_run(BASE, SLOW_CHEAP[1], runtime_s=SLOW_CHEAP[2])
+    write_repeats(FAST, FAST_COSTLY[1], runtime_s=FAST_COSTLY[2])  # run first
+    write_repeats(BASE, SLOW_CHEAP[1], runtime_s=SLOW_CHEAP[2])
     code, output, report = _offline(runs_root, tmp_path, pricing_file(), "--gpu-hourly", "0.01")
     assert code == 0, output
     assert report["baseline"] == FAST
