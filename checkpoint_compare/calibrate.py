@@ -469,7 +469,53 @@ def score(
     return {"status": "scored", "claimed": claimed, "direction": direction}
 
 
-def _run_one(workload: str, s: Settings, where: Any, run: PlannedRun, out: Path) -> None:
+@dataclass(frozen=True)
+class Code:
+    """The workloads' code every run of a calibration uses: the committed tree of the
+    checkout at the start, extracted under the output directory, and its revision. The
+    checkout may change while a calibration runs (and the trainer records its revision:
+    the verdict refuses runs of two builds); without git, the installed packages."""
+
+    directory: Path | None = None
+    revision: str | None = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.directory is not None:
+            path = [str(self.directory), env.get("PYTHONPATH", "")]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+        if self.revision is not None:
+            env["CODE_REVISION"] = self.revision
+        return env
+
+    @property
+    def cwd(self) -> str | None:
+        return None if self.directory is None else str(self.directory)
+
+
+def snapshot(into: Path) -> Code:
+    """The committed workload packages of this checkout, extracted into ``into``."""
+    repo = Path(__file__).resolve().parent.parent
+    packages = ["trainer", "data_workloads", "checkpoint_storage_bench"]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                             text=True, timeout=30, check=True).stdout.strip()  # fmt: skip
+        archive = subprocess.run(["git", "archive", "--format=tar", rev, *packages], cwd=repo,
+                                 capture_output=True, timeout=120, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return Code()
+    import io
+    import tarfile
+
+    into.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return Code(into, rev)
+
+
+def _run_one(
+    workload: str, s: Settings, where: Any, run: PlannedRun, out: Path, code: Code
+) -> None:
     summary = Path(workload) / f"run-{run.index:04d}-{run.label}.json"
     argv = where.wrap(workload_argv(workload, s, where.root, run, out / summary))
     where.set_class(run.vac)
@@ -479,7 +525,8 @@ def _run_one(workload: str, s: Settings, where: Any, run: PlannedRun, out: Path)
     try:
         if neighbour:
             neighbour.start()
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=s.run_timeout_s)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=s.run_timeout_s,
+                              env=code.env(), cwd=code.cwd)  # fmt: skip
         run.exit_code = done.returncode
         if done.returncode != 0:
             run.error = (done.stderr.strip().splitlines() or [""])[-1]
@@ -494,7 +541,7 @@ def _run_one(workload: str, s: Settings, where: Any, run: PlannedRun, out: Path)
         run.summary = str(summary)
 
 
-def _prepare(workload: str, s: Settings, where: Any) -> None:
+def _prepare(workload: str, s: Settings, where: Any, code: Code) -> None:
     """Generate the dataset once, unthrottled and outside the cgroup, so that every
     measured run reads the same bytes and none pays for making them."""
     if workload not in ("scan", "materialize"):
@@ -502,7 +549,8 @@ def _prepare(workload: str, s: Settings, where: Any) -> None:
     prep = PlannedRun(-1, -1, CLASS_A, "prepare")
     argv = workload_argv("scan", replace_settings(s, epochs=1), where.root, prep,
                          where.root / ".prepare.json")  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=s.run_timeout_s)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=s.run_timeout_s,
+                          env=code.env(), cwd=code.cwd)  # fmt: skip
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [""])[-1]
         raise CalibrationError(f"{workload}: generating the dataset failed: {last}", 4)
@@ -516,12 +564,14 @@ def calibrate(
     workloads: Sequence[str], pairs: int, s: Settings, out: Path, where: Any
 ) -> dict[str, Any]:
     """Run and score every comparison; the manifest is rewritten after every run."""
+    code = snapshot(out / "code")
     manifest: dict[str, Any] = {
         "schema": SCHEMA,
         "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": _machine(),
         "volume": where.describe(),
         "revision": _revision(),
+        "workload_code": {"revision": code.revision, "directory": code.cwd},
         "settings": asdict(s),
         "pairs": pairs,
         "workloads": {},
@@ -535,10 +585,10 @@ def calibrate(
         entry = {"runs": runs, "comparisons": comps}
         manifest["workloads"][workload] = entry
         (out / workload).mkdir(parents=True, exist_ok=True)
-        _prepare(workload, s, where)
+        _prepare(workload, s, where, code)
         by_index = {r.index: r for r in runs}
         for run in runs:
-            _run_one(workload, s, where, run, out)
+            _run_one(workload, s, where, run, out, code)
             print(f"{workload} run {run.index} {run.label} ({run.vac}"
                   f"{', neighbour' if run.noise else ''}): exit {run.exit_code}, "
                   f"{run.wall_s:.1f} s", file=sys.stderr, flush=True)  # fmt: skip

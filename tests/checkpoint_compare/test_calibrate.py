@@ -223,3 +223,30 @@ def test_the_emulation_holds_each_class_limits_and_leaves_nothing_behind():
         where.close()
     assert not backing.exists() and not cgroup.exists()
     assert not os.path.ismount(where.mount_point)
+
+
+def test_runs_use_one_committed_snapshot_of_the_workloads_code(tmp_path):
+    # Other commits may land while a calibration runs, and the trainer records its
+    # revision: every run gets the tree committed at the start, under one revision.
+    code = calibrate.snapshot(tmp_path / "code")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    assert code.revision is not None and len(code.revision) == 40
+    assert (
+        code.revision == head
+        or subprocess.run(
+            ["git", "merge-base", "--is-ancestor", code.revision, head], cwd=ROOT
+        ).returncode
+        == 0
+    )  # a commit by someone else may land in between
+    for package in ("trainer", "data_workloads", "checkpoint_storage_bench"):
+        assert (tmp_path / "code" / package / "__init__.py").is_file()
+    env = code.env()
+    assert env["CODE_REVISION"] == code.revision
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "code")
+    assert code.cwd == str(tmp_path / "code")
+    found = subprocess.run(
+        [sys.executable, "-c", "import trainer; print(trainer.__file__)"],
+        env=env, cwd=code.cwd, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert found.stdout.strip().startswith(str(tmp_path / "code"))
