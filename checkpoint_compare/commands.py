@@ -14,11 +14,11 @@ from checkpoint_compare.cost import load_pricing
 from checkpoint_compare.errors import CompareError
 from checkpoint_compare.grouping import group_by_profile
 from checkpoint_compare.records import RunKind
-from checkpoint_compare.sources import Loaded, load_runs
+from checkpoint_compare.sources import ApiSource, Loaded, load_runs
 from checkpoint_compare.verdict import Verdict, build_verdict, op_outputs
 from checkpoint_compare.workloads import WorkloadVerdict, is_data_comparison, judge_workloads
 from checkpoint_storage_bench.contract import WORKLOAD_INPUT
-from checkpoint_storage_bench.tracking import tracked_run
+from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
 
 log = logging.getLogger("checkpoint_compare")
 
@@ -131,10 +131,41 @@ def _record(
         for path in written:
             tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
         tracker.set_readme(markdown)
-    if config.track and loaded.pipeline and loaded.api:
-        try:
-            loaded.api.set_readme(loaded.pipeline, markdown)
-        except CompareError as exc:  # the verdict stands; only the pipeline's page lacks it
-            click.echo(f"warning: the pipeline's readme was not set: {exc}", err=True)
+    if config.track:
+        _set_pipeline_readme(loaded, markdown)
     for path in written:
         click.echo(f"wrote {path}")
+
+
+def readme_pipeline(loaded: Loaded) -> str | None:
+    """The pipeline whose page shows the verdict: the outermost pipeline the user started.
+    Inside the compare op it is found from the op's own run on the server (the op may get
+    its runs by uuid, as the profiles pipeline's joins give them, so no pipeline was
+    loaded); outside, the outermost ancestor of ``--pipeline``.
+
+    Raises:
+        CompareError: The server refused or did not answer.
+    """
+    if in_polyaxon_run():
+        return (loaded.api or ApiSource()).outermost_pipeline()
+    if loaded.pipeline and loaded.api:
+        return loaded.api.topmost(loaded.pipeline)
+    return None
+
+
+def _set_pipeline_readme(loaded: Loaded, markdown: str) -> None:
+    """Set the readme of the outermost pipeline; a failure is a warning (the verdict
+    stands; only the pipeline's page lacks it), and so is a compare op of no pipeline."""
+    try:
+        pipeline = readme_pipeline(loaded)
+        if pipeline is None:
+            if in_polyaxon_run():
+                click.echo(
+                    "note: this compare run is no pipeline's operation: no pipeline readme set",
+                    err=True,
+                )
+            return
+        (loaded.api or ApiSource()).set_readme(pipeline, markdown)
+        click.echo(f"the verdict is the readme of pipeline {pipeline}")
+    except CompareError as exc:
+        click.echo(f"warning: the pipeline's readme was not set: {exc}", err=True)

@@ -372,6 +372,36 @@ class ApiSource:
             )
         return pipeline.uuid
 
+    def _pipeline_of(self, run_uuid: str | None) -> tuple[str, str | None]:
+        """A run's uuid (None: this run) and the uuid of the pipeline it is an operation of."""
+        client = self._run_client(run_uuid)
+        _with_retries(f"fetching run {run_uuid or 'this run'}", client.refresh_data, self.backoff)
+        pipeline = client.run_data.pipeline
+        return client.run_uuid, pipeline.uuid if pipeline and pipeline.uuid else None
+
+    def outermost_pipeline(self, run_uuid: str | None = None) -> str | None:
+        """The outermost pipeline a run (None: this run) belongs to, following each
+        pipeline's own pipeline up (the profiles pipeline runs each stage as a pipeline of
+        its own); None when the run is no pipeline's operation.
+
+        Raises:
+            RunsMissing: The server refused (4xx).
+            SourceUnavailable: The server did not answer.
+        """
+        _, pipeline = self._pipeline_of(run_uuid)
+        seen: set[str] = set()
+        while pipeline and pipeline not in seen:  # a cycle would be the server's error
+            seen.add(pipeline)
+            _, parent = self._pipeline_of(pipeline)
+            if parent is None:
+                return pipeline
+            pipeline = parent
+        return pipeline
+
+    def topmost(self, pipeline_uuid: str) -> str:
+        """A pipeline's outermost ancestor (itself when it is no operation of another)."""
+        return self.outermost_pipeline(pipeline_uuid) or pipeline_uuid
+
     def runs(self, uuids: dict[str, str | None]) -> list[RunRecord]:
         """The given runs (uuid → profile hint or None)."""
         records = []

@@ -18,7 +18,12 @@ import pytest
 from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
-from tests.checkpoint_compare.recorded import write_fio_run, write_hook_run, write_training_run
+from tests.checkpoint_compare.recorded import (
+    write_fio_run,
+    write_hook_run,
+    write_repeats,
+    write_training_run,
+)
 
 HAUPT = Path(sys.executable).with_name("haupt")
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +115,7 @@ def test_runs_pushed_to_the_server(server: str, tmp_path: Path, runs_root: Path,
     ):
         write_hook_run(profile)
         write_fio_run(bw_mbps=100, lat_p99_us=1000)
-        uuids[profile] = write_training_run(profile, pauses, runtime_s=runtime)
+        uuids[profile] = write_repeats(profile, pauses, runtime_s=runtime)
     failed = write_training_run("checkpoint-fast", [0.5], 50.0, fail="No space left on device")
     push = subprocess.run(
         [str(Path(sys.executable).with_name("polyaxon")), "ops", "push", "-a",
@@ -122,21 +127,21 @@ def test_runs_pushed_to_the_server(server: str, tmp_path: Path, runs_root: Path,
 
     args = ["--api-host", server, "--project", f"{OWNER}/{PROJECT}"]
     code, output, report = _report(
-        tmp_path, *args, *[a for p, u in uuids.items() for a in ("--run", f"{p}={u}")]
+        tmp_path, *args, *[a for p, us in uuids.items() for u in us for a in ("--run", f"{p}={u}")]
     )
     assert code == 0, output
     assert report["verdict"] == "checkpoint-throughput"
     base = report["profiles"]["checkpoint-baseline"]
     # per-checkpoint figures came through the server's metric events
-    assert [v for _, v in base["pause_per_checkpoint"]] == [2.0, 2.2, 1.8, 2.1, 1.9, 2.0]
+    assert [v for _, v in base["pause_per_checkpoint"]][:6] == [2.0, 2.2, 1.8, 2.1, 1.9, 2.0]
     assert base["stages"]["pause"]["min"] == 1.8
-    assert base["warmup_pause_s_median"] == 2.0
+    assert base["warmup_pause_s_median"] == pytest.approx(2.0, abs=0.02)
 
     code, output, _ = _report(tmp_path, *args, "--run", "0" * 32)
     assert code == 3 and "HTTP 404" in output
 
     code, output, _ = _report(
-        tmp_path, *args, "--run", uuids["checkpoint-baseline"], "--run", failed
+        tmp_path, *args, "--run", uuids["checkpoint-baseline"][0], "--run", failed
     )
     assert code == 3
     assert f"profile checkpoint-fast: run train-checkpoint-fast ({failed[:8]}) failed" in output
@@ -237,3 +242,71 @@ def test_children_of_a_pipeline(server: str, tmp_path: Path) -> None:
     pipeline.refresh_data()
     assert pipeline.run_data.readme == client.run_data.readme
     assert "**Recommended: none**" in pipeline.run_data.readme
+
+
+def test_the_verdict_is_the_readme_of_the_outermost_pipeline(server: str, tmp_path: Path) -> None:
+    """The profiles pipeline runs each stage as a pipeline of its own and gives the compare
+    op its runs by uuid (joins): the op still finds, from its own run on the server, the
+    pipeline the user started, and its page shows the verdict."""
+    from polyaxon.polyaxonfile import check_polyaxonfile
+
+    ops = "\n".join(
+        f"""          - name: {name}
+            cache: {{disable: true}}
+            component: {{run: {{kind: job, container: {{image: busybox, command: ["true"]}}}}}}"""
+        for name in ("train-baseline", "train-throughput", "compare")
+    )
+    dag = tmp_path / "outer.yaml"
+    dag.write_text(
+        "kind: component\nname: outer\nrun:\n  kind: dag\n  operations:\n"
+        "    - name: stage\n      cache: {disable: true}\n      component:\n"
+        f"        run:\n          kind: dag\n          operations:\n{ops}\n"
+    )
+    outer = _client(server, "")
+    outer.create(content=check_polyaxonfile(polyaxonfile=str(dag), is_cli=False, verbose=False))
+    deadline = time.monotonic() + 60
+    while not (stages := outer.list_children(limit=10).results or []):
+        assert time.monotonic() < deadline, "the outer pipeline's stage was never created"
+        time.sleep(0.3)
+    stage = _client(server, stages[0].uuid)
+    while len(children := stage.list_children(limit=10).results or []) < 3:
+        assert time.monotonic() < deadline, "the stage's operations were never created"
+        time.sleep(0.3)
+    compare_op = next(c for c in children if c.name == "compare")
+    runs = []
+    for child in children:
+        if child is compare_op:
+            continue
+        profile = "checkpoint-" + child.name.removeprefix("train-")
+        run = _client(server, child.uuid)
+        run.log_inputs(storage_profile=profile, model_size_bytes=2**20, checkpoint_format="raw",
+                       dataset_seed=0, durability="fsync")  # fmt: skip
+        run.log_outputs(runtime_s=100.0, checkpoint_count=4, ckpt_pause_s_median=1.0,
+                        ckpt_pause_s_min=0.9, ckpt_pause_s_max=1.1, final_loss=2.5)  # fmt: skip
+        run.log_status("succeeded", reason="Test")
+        _wait_for(server, child.uuid, "succeeded")
+        runs += ["--run", f"{profile}={child.uuid}"]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+    env |= {
+        "PYTHONPATH": str(REPO),
+        "POLYAXON_HOST": server,
+        "POLYAXON_IS_MANAGED": "true",
+        "POLYAXON_RUN_INSTANCE": f"{OWNER}.{PROJECT}.runs.{compare_op.uuid}",
+        "POLYAXON_CONTEXT_ROOT": str(tmp_path / "plx-context"),
+        "POLYAXON_TRACKING_FLUSH_DELAY": "0",
+    }
+    op = subprocess.run(
+        [sys.executable, "-m", "checkpoint_compare", *runs, "--baseline", "checkpoint-baseline"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert op.returncode == 0, op.stdout[-2000:] + op.stderr[-3000:]
+    assert f"the verdict is the readme of pipeline {outer.run_uuid}" in op.stdout
+    client = _client(server, compare_op.uuid)
+    deadline = time.monotonic() + 30
+    while client.refresh_data() or not client.run_data.readme:
+        assert time.monotonic() < deadline, "the compare op's readme never arrived"
+        time.sleep(0.3)
+    outer.refresh_data()
+    assert "**Verdict: no measurable difference**" in client.run_data.readme
+    assert outer.run_data.readme == client.run_data.readme
