@@ -549,7 +549,11 @@ def _parse_streams(value: str) -> tuple[int, ...]:
 @click.option("--size", default="1GiB", show_default=True, help="State size to checkpoint.")
 @click.option("--repeats", type=int, default=5, show_default=True)
 @click.option(
-    "--threads", type=int, default=os.cpu_count() or 1, show_default=True, help="torch CPU threads."
+    "--threads",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default=True,
+    help="torch CPU threads.",
 )
 @click.option(
     "--streams",
@@ -560,7 +564,7 @@ def _parse_streams(value: str) -> tuple[int, ...]:
 @click.option(
     "--train-rounds",
     "train_steps",
-    type=int,
+    type=click.IntRange(min=1),
     default=10,
     show_default=True,
     help="Rounds of (plain steps, async checkpoint + overlapped steps).",
@@ -606,6 +610,10 @@ def main(
         nbytes = parse_size(size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--size") from None
+    try:
+        parse_size(train_model_size)  # checked now, not after the whole benchmark ran
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--train-model-size") from None
     if repeats < 1:
         raise click.BadParameter("must be at least 1", param_hint="--repeats")
     if ranks < 1:

@@ -44,6 +44,11 @@ MAX_IO_STREAMS = 64
 MAX_CHECKPOINT_TIMEOUT_S = 7 * 24 * 3600
 """A week: a bound far above any checkpoint's wait, and one the process group's timeout
 (a ``timedelta``, then milliseconds) can hold; ``inf`` would overflow it on every rank."""
+MAX_TOKENS_PER_STEP = 2**28
+"""Sequences x tokens of one step: its logits alone (256 fp32 values a token) would take
+256 GiB, more than any one accelerator holds; far beyond, sizes overflow torch's tensors."""
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""The seeds torch's generators take."""
 
 
 @dataclass
@@ -141,7 +146,8 @@ class TrainConfig:
     checkpoint_timeout: float = 600.0
     """Under torchrun: seconds rank 0 waits for every rank to report its checkpoint shard
     durable (and a rank for rank 0's answer); past it nothing is committed and the run
-    fails (exit 7). At most 604800 (a week)."""
+    fails (exit 7). At most 604800 (a week); the process group counts whole
+    milliseconds, so less than one is one."""
 
     def __post_init__(self) -> None:
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -157,6 +163,16 @@ class TrainConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{flag(name)} must be positive, got {getattr(self, name)}")
+        if self.batch_size * self.seq_len > MAX_TOKENS_PER_STEP:
+            raise ConfigError(
+                f"--batch-size {self.batch_size} x --seq-len {self.seq_len} tokens a step is more "
+                f"than {MAX_TOKENS_PER_STEP:,}: its logits alone would not fit any accelerator"
+            )
+        if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ConfigError(
+                f"--seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]} (torch's "
+                f"generators), got {self.seed}"
+            )
         if self.io_streams > MAX_IO_STREAMS:
             raise ConfigError(
                 f"--io-streams must be at most {MAX_IO_STREAMS}, got {self.io_streams}"

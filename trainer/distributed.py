@@ -19,6 +19,7 @@ Two process groups:
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -304,6 +305,16 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def group_timeout(seconds: float) -> timedelta:
+    """A process group's timeout: whole milliseconds, rounded up (gloo refuses a timeout of
+    zero on every rank, which a sub-millisecond one would truncate to).
+
+    >>> group_timeout(0.0004), group_timeout(3.0)
+    (datetime.timedelta(microseconds=1000), datetime.timedelta(seconds=3))
+    """
+    return timedelta(milliseconds=math.ceil(seconds * 1000))
+
+
 def init(
     rank: int,
     world_size: int,
@@ -327,7 +338,7 @@ def init(
         world_size=world_size,
         **kwargs,
     )
-    ckpt_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    ckpt_group = dist.new_group(backend="gloo", timeout=group_timeout(timeout_s))
     return Ranks(rank, world_size, local_rank, parallel, device, ckpt_group, timeout_s)
 
 

@@ -94,10 +94,24 @@ class SyntheticTokens:
         self.successors = torch.randint(0, VOCAB, (VOCAB, branching), generator=gen)
 
     def batch(self, step: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        gen = torch.Generator().manual_seed(_batch_seed(self.seed, step))
         tokens = torch.empty(self.batch_size, self.seq_len + 1, dtype=torch.long)
         tokens[:, 0] = torch.randint(0, VOCAB, (self.batch_size,), generator=gen)
         choice = torch.randint(0, self.successors.shape[1], tokens.shape, generator=gen)
         for i in range(1, self.seq_len + 1):
             tokens[:, i] = self.successors[tokens[:, i - 1], choice[:, i]]
         return tokens
+
+
+def _batch_seed(seed: int, step: int) -> int:
+    """The generator seed of one batch: ``seed * 1_000_003 + step``, wrapped modulo 2**64
+    when it leaves the range torch's generators take (so every seed that fitted before
+    gives the same batches, and a large one, a nanosecond timestamp, still works).
+
+    >>> _batch_seed(7, 2)
+    7000023
+    >>> 0 <= _batch_seed(2**64 - 1, 1) < 2**64
+    True
+    """
+    value = seed * 1_000_003 + step
+    return value if -(2**63) <= value < 2**64 else value % 2**64

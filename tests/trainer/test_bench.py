@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+from click.testing import CliRunner
 
 from trainer import bench
 
@@ -50,3 +51,18 @@ def test_bench_rejects_bad_size(tmp_path):
 def test_bench_rejects_a_sweep_without_one_stream(tmp_path):
     with pytest.raises(Exception, match="must include 1"):
         bench.main.main(["--dir", str(tmp_path), "--streams", "2,4"], standalone_mode=False)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--threads", "0"],
+        ["--train-rounds", "0"],
+        ["--train-model-size", "huge"],
+    ],
+)
+def test_bench_refuses_bad_settings_before_it_runs(tmp_path, args):
+    result = CliRunner().invoke(bench.main, ["--dir", str(tmp_path / "vol"), *args])
+    assert result.exit_code == 2, result.output
+    assert "Error: Invalid value for" in result.output
+    assert not (tmp_path / "vol").exists()  # nothing measured, nothing written

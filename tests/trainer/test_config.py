@@ -7,6 +7,7 @@ from dataclasses import MISSING, dataclass, fields
 
 import click
 import pytest
+import torch
 from click.testing import CliRunner
 
 from checkpoint_storage_bench.config_cli import config_options, field_docs, flag
@@ -85,6 +86,10 @@ def test_every_error_has_a_listed_exit_code():
         (["--lr", "nan"], "--lr must be a positive number"),
         (["--keep", "0"], "--keep must be at least 1"),
         (["--model-size", "1k"], "--model-size must be at least 64KiB"),
+        (["--batch-size", str(2**70)], f"--batch-size {2**70} x --seq-len 64 tokens a step"),
+        (["--seq-len", str(2**70)], f"--batch-size 8 x --seq-len {2**70} tokens a step"),
+        (["--seed", str(2**64)], "--seed must be between"),
+        (["--seed", str(-(2**63) - 1)], "--seed must be between"),
     ],
 )
 def test_a_config_error_exits_2_with_the_programs_name(tmp_path, args, message):
@@ -173,3 +178,20 @@ def test_the_format_choices_are_the_formats_the_trainer_makes():
         assert formats.make_format(name).name == name
     with pytest.raises(ValueError, match="unknown checkpoint format 'zip'"):
         formats.make_format("zip")
+
+
+@pytest.mark.parametrize("seed", [18446744073709, 1_764_806_400_123_456_789, 2**64 - 1])
+def test_large_seeds_make_batches(seed):
+    from trainer.model import SyntheticTokens
+
+    data = SyntheticTokens(seed, batch_size=2, seq_len=16)
+    assert data.batch(3).shape == (2, 17)
+    assert torch.equal(data.batch(3), SyntheticTokens(seed, 2, 16).batch(3))  # deterministic
+
+
+def test_batches_of_seeds_that_fitted_are_unchanged():
+    from trainer.model import SyntheticTokens
+
+    gen = torch.Generator().manual_seed(5 * 1_000_003 + 7)
+    first = torch.randint(0, 256, (2,), generator=gen)
+    assert torch.equal(SyntheticTokens(5, 2, 16).batch(7)[:, 0], first)
