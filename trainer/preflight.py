@@ -5,8 +5,10 @@ offline root (or the project) that a later comparison would have to step over.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_DIR_PATTERN,
@@ -15,7 +17,7 @@ from checkpoint_storage_bench.contract import (
     VERDICT_WARMUP,
 )
 from trainer.config import TrainConfig
-from trainer.errors import CheckpointDirError
+from trainer.errors import CheckpointDirError, ConfigError
 
 
 def check_before_training(cfg: TrainConfig, warn: Callable[[str], None]) -> None:
@@ -24,12 +26,36 @@ def check_before_training(cfg: TrainConfig, warn: Callable[[str], None]) -> None
 
     Raises:
         CheckpointDirError: The directory is unusable or already holds checkpoints.
+        ConfigError: ``--summary-json`` cannot be written.
     """
     cfg.check_checkpoint_dir()
+    if cfg.summary_json is not None:
+        check_summary_path(cfg.summary_json)
     if cfg.resume == "never":
         refuse_existing(cfg)
     if (warning := few_checkpoints_warning(cfg)) is not None:
         warn(warning)
+
+
+def check_summary_path(path: Path) -> None:
+    """Refuse a ``--summary-json`` that cannot be written, before the run it would report
+    on: an existing directory, a path under a file, a directory not writable. Its parent
+    directories are made now (the summary would make them anyway).
+
+    Raises:
+        ConfigError: It cannot be written (exit 2).
+    """
+    if path.is_dir():
+        raise ConfigError(f"--summary-json {path} is a directory: name the file to write")
+    probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"--summary-json {path} cannot be written: {exc.strerror or exc} ({exc.filename})"
+        ) from None
 
 
 def refuse_existing(cfg: TrainConfig) -> None:

@@ -156,11 +156,20 @@ def utc_now() -> str:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON so a reader never sees half a file."""
+    """Write JSON so a reader never sees half a file: a temporary file beside it, fsynced,
+    then renamed over it; on failure the temporary file is removed and the old one kept."""
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def format_timeline(summary: RunSummary) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import typing
 from dataclasses import MISSING, dataclass, fields
 
@@ -195,3 +196,33 @@ def test_batches_of_seeds_that_fitted_are_unchanged():
     gen = torch.Generator().manual_seed(5 * 1_000_003 + 7)
     first = torch.randint(0, 256, (2,), generator=gen)
     assert torch.equal(SyntheticTokens(5, 2, 16).batch(7)[:, 0], first)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "a-directory"])
+def test_an_unwritable_summary_path_is_refused_before_training(tmp_path, where):
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    summary = tmp_path / ("a-file/summary.json" if where == "under-a-file" else "a-dir")
+    result = CliRunner().invoke(
+        cli.main, ["--checkpoint-dir", str(ckpt_dir), "--summary-json", str(summary)]
+    )
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.strip()]
+    assert line.startswith(f"trainer: error: --summary-json {summary}")
+    assert list(ckpt_dir.iterdir()) == []  # nothing trained
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no probe left
+    assert list((tmp_path / "a-dir").iterdir()) == []
+
+
+def test_a_summary_that_cannot_be_renamed_into_place_leaves_no_temp_file(tmp_path):
+    from trainer.summary import write_json_atomic
+
+    out = tmp_path / "out"
+    (out / "summary.json").mkdir(parents=True)  # appeared after the check
+    with pytest.raises(OSError):
+        write_json_atomic(out / "summary.json", {"a": 1})
+    assert [p.name for p in out.iterdir()] == ["summary.json"]
+    write_json_atomic(out / "other.json", {"a": 1})
+    assert json.loads((out / "other.json").read_text()) == {"a": 1}
