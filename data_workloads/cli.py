@@ -37,9 +37,10 @@ def scan(**settings: Any) -> None:
     records, an emulated compute step; accelerator utilization, throughput, batch waits."""
     cfg = ScanConfig(**settings)
     cfg.check_data_dir()
-    from data_workloads.commands import prepare_dataset, run_workload  # torch: not for --help
-    from data_workloads.scan import run_scan
+    from data_workloads.commands import dataset_spec, prepare_dataset, run_workload  # torch
+    from data_workloads.scan import check_ring_memory, run_scan
 
+    check_ring_memory(dataset_spec(cfg), cfg)  # before the dataset is generated or verified
     data = prepare_dataset(cfg)
 
     def measure() -> dict[str, Any]:

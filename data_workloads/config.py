@@ -28,6 +28,10 @@ Codec = Literal["none", "zlib"]
 
 MIN_RECORD_BYTES = 3 * 8 * 8
 MAX_WORKERS = 64
+MAX_ITEM_BYTES = 1024**3
+"""The most bytes of one record or one notebook: each is made in memory whole (and an
+image or a notebook of more is not one a workload reads)."""
+MAX_FILES = 1_000_000
 
 _SIZE = cli(click_type=str, metavar="SIZE")
 
@@ -70,13 +74,15 @@ class CommonConfig:
             if not value > 0:
                 raise ConfigError(f"{flag(name)} must be positive, got {value}")
 
-    def _size(self, name: str, minimum: int = 1) -> None:
+    def _size(self, name: str, minimum: int = 1, maximum: int | None = None) -> None:
         try:
             value = parse_size(getattr(self, name))
         except ValueError as exc:
             raise ConfigError(f"{flag(name)}: {exc}") from None
         if value < minimum:
             raise ConfigError(f"{flag(name)} must be at least {minimum} bytes, got {value}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"{flag(name)} must be at most {maximum} bytes, got {value}")
         setattr(self, name, value)
 
     def check_data_dir(self) -> None:
@@ -132,7 +138,7 @@ class DatasetConfig(CommonConfig):
             raise ConfigError(
                 f"unknown --codec {self.codec!r}; choose from {', '.join(get_args(Codec))}"
             )
-        self._size("record_size", MIN_RECORD_BYTES)
+        self._size("record_size", MIN_RECORD_BYTES, MAX_ITEM_BYTES)
         self._size("dataset_size", self.record_size)
         self._size("shard_size", self.record_size)
 
@@ -208,4 +214,6 @@ class WorkspaceConfig(CommonConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._positive("files", "rounds")
-        self._size("file_size", 1)
+        if self.files > MAX_FILES:
+            raise ConfigError(f"--files must be at most {MAX_FILES}, got {self.files}")
+        self._size("file_size", 1, MAX_ITEM_BYTES)

@@ -21,25 +21,27 @@ device (this process's ``ru_inblock`` and each worker's ``read_bytes`` in
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from checkpoint_storage_bench.units import format_bytes
 from data_workloads import dataset as ds
-from data_workloads.errors import DatasetCorruptError
+from data_workloads.errors import ConfigError, DatasetCorruptError
 from data_workloads.slots import SlotRing
 from data_workloads.stats import (
     NOTHING,
     Usage,
     block_reads_counted,
     median,
+    memory_available,
     own_usage,
     percentile,
     process_usage,
@@ -318,6 +320,113 @@ def samples_ahead(record_bytes: int, placed: bool) -> int:
     return ds.READ_CHUNK // ds.sample_span(record_bytes) + 2 if placed else 1
 
 
+MEMORY_SHARE = 0.5
+"""The most of the memory available to the run that the slot ring may take (the rest is the
+workers', torch's and the page cache's)."""
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """The slot ring a scan needs, and the loader settings as they take effect: a batch, a
+    shuffle window or a prefetch larger than the dataset behaves as one its size, so each
+    is clamped to it (the settings asked for are the run's config).
+
+    Attributes:
+        workers: Workers the ring has slots for (one without worker processes).
+        slots: Slots per worker.
+        batch_size: Records per batch (at most the dataset's records).
+        window: ``webdataset``: the shuffle window (at most the samples a worker reads).
+        prefetch: Batches each worker loads ahead (at most the batches of an epoch).
+        record_bytes: Bytes of one record's image.
+        placed: ``webdataset``: the records are read into place (else streamed).
+    """
+
+    workers: int
+    slots: int
+    batch_size: int
+    window: int
+    prefetch: int
+    record_bytes: int
+    placed: bool
+
+    @property
+    def nbytes(self) -> int:
+        """What :class:`~data_workloads.slots.SlotRing` maps for it."""
+        per_slot = self.batch_size * (self.record_bytes + 8) + 1
+        return self.workers * self.slots * per_slot
+
+
+def batches_being_filled(window: int, batch: int, ahead: int) -> int:
+    """At most how many of a worker's batches have a slot before they are complete, with
+    its samples shuffled in windows of ``window`` and placed up to ``ahead`` samples past
+    the last complete one: the batches of the window the first incomplete sample is in
+    (every earlier window is complete, and its batches handed out in order), and at most
+    one more for each sample placed beyond that window; never more than the batches of the
+    windows those samples can be in. About the window itself (what a shuffle buffer of
+    that many samples holds), not two windows.
+
+    >>> batches_being_filled(5000, 16, 9)
+    323
+    """
+    within = -(-window // batch) + 1
+    return min(within + ahead, -(-(ahead + 2 * window) // batch) + 1)
+
+
+def ring_plan(spec: ds.DatasetSpec, cfg: Any) -> RingPlan:
+    """The ring of a scan of ``spec`` with ``cfg``'s loader settings (nothing allocated)."""
+    records, record_bytes = spec.records, spec.record_bytes
+    batch = min(cfg.batch_size, records)
+    prefetch = min(cfg.prefetch_factor, -(-records // batch))
+    placed = False
+    window = 0
+    if spec.format == "webdataset":
+        shards = -(-records // spec.records_per_shard)
+        per_worker = min(records, -(-shards // max(1, cfg.num_workers)) * spec.records_per_shard)
+        window = min(cfg.shuffle_buffer, per_worker)
+        placed = spec.codec == "none" and pieces_per_read(record_bytes) <= IOV_MAX
+        ahead = min(samples_ahead(record_bytes, placed), spec.records_per_shard)
+        being_filled = batches_being_filled(window, batch, ahead)
+    else:
+        being_filled = 1
+    # Being filled, waiting in the queue (prefetch per worker), and held by the consumer:
+    # a worker then never waits for a slot while the queue has room.
+    queued = prefetch if cfg.num_workers else 0
+    return RingPlan(
+        workers=max(1, cfg.num_workers),
+        slots=being_filled + queued + 1,
+        batch_size=batch,
+        window=window,
+        prefetch=prefetch,
+        record_bytes=record_bytes,
+        placed=placed,
+    )
+
+
+def check_ring_memory(spec: ds.DatasetSpec, cfg: Any) -> RingPlan:
+    """The scan's ring, refused before anything is generated or read when it would take
+    more than :data:`MEMORY_SHARE` of the memory available to the run.
+
+    Raises:
+        ConfigError: It does not fit (exit 2), naming the settings that size it.
+    """
+    plan = ring_plan(spec, cfg)
+    available = memory_available()
+    if available is not None and plan.nbytes > MEMORY_SHARE * available:
+        shuffle = (
+            f"; --shuffle-buffer {cfg.shuffle_buffer} keeps that many records of each worker in it"
+            if spec.format == "webdataset"
+            else ""
+        )
+        raise ConfigError(
+            f"the scan's batch slots would take {format_bytes(plan.nbytes)} ({plan.workers} "
+            f"workers x {plan.slots} slots x {plan.batch_size} records of "
+            f"{format_bytes(plan.record_bytes)}{shuffle}), more than "
+            f"{MEMORY_SHARE:.0%} of the {format_bytes(available)} of memory available; lower "
+            "--shuffle-buffer, --batch-size, --prefetch-factor or --num-workers"
+        )
+    return plan
+
+
 class ScanLoader:
     """The scan's DataLoader: batches made in the dataset into a slot ring, persistent
     workers (started by the first epoch, kept for the others), one epoch per
@@ -325,24 +434,12 @@ class ScanLoader:
     Close it (or use it as a context manager) to stop the workers."""
 
     def __init__(self, data: ds.Dataset, cfg: Any) -> None:
-        workers = max(1, cfg.num_workers)
         side = data.spec.side
-        record_bytes = data.spec.record_bytes
-        if data.spec.format == "webdataset":
-            # The batches the samples being read can land in (their windows' places) and
-            # those waiting for a sample of theirs: all have a slot taken at once.
-            placed = data.spec.codec == "none" and pieces_per_read(record_bytes) <= IOV_MAX
-            ahead = min(samples_ahead(record_bytes, placed), data.spec.records_per_shard)
-            being_filled = math.ceil((ahead + 2 * cfg.shuffle_buffer) / cfg.batch_size) + 1
-        else:
-            being_filled = 1
-        # Being filled, waiting in the queue (prefetch_factor per worker), and held by the
-        # consumer: a worker then never waits for a slot while the queue has room.
-        queued = cfg.prefetch_factor if cfg.num_workers else 0
-        self.ring = SlotRing(workers, being_filled + queued + 1, cfg.batch_size, (3, side, side))
+        self.plan = plan = ring_plan(data.spec, cfg)
+        self.ring = SlotRing(plan.workers, plan.slots, plan.batch_size, (3, side, side))
         self.source: BatchSource
         if data.spec.format == "webdataset":
-            self.source = TarBatches(data, self.ring, cfg.seed, cfg.shuffle_buffer)
+            self.source = TarBatches(data, self.ring, cfg.seed, plan.window)
         else:
             self.source = FileBatches(data, self.ring, cfg.seed)
         extra: dict[str, Any] = {}
@@ -350,7 +447,7 @@ class ScanLoader:
             # fork: the workers inherit the ring's anonymous shared mapping (nothing of it
             # is pickled); persistent: the ring and the workers are set up once.
             extra = dict(
-                prefetch_factor=cfg.prefetch_factor,
+                prefetch_factor=plan.prefetch,
                 persistent_workers=True,
                 multiprocessing_context="fork",
             )
@@ -493,7 +590,7 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
                     f"epoch {epoch} loaded {result['samples']} records of {data.records}"
                 )
             epochs.append(result)
-        ring_bytes = loader.ring.nbytes
+        ring_bytes, plan = loader.ring.nbytes, loader.plan
     waits = [w for e in epochs for w in e["wait_s"]]
     # One epoch time, and every rate from it: with an even number of epochs the median is
     # between two epochs, and no single epoch's rates would match it.
@@ -531,5 +628,9 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
         "batches_in_dataset": True,
         "persistent_workers": bool(cfg.num_workers),
         "slot_ring_bytes": ring_bytes,
+        # The settings as they took effect (each at most what the dataset can use).
+        "batch_size": plan.batch_size,
+        "shuffle_window": plan.window or None,
+        "prefetch_factor": plan.prefetch,
     }
     return {"figures": figures, "epochs": epochs, "cache": cache, "loader": loader_details}

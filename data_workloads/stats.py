@@ -134,3 +134,49 @@ def process_usage(pid: int) -> Usage:
     except OSError:  # no task I/O accounting in this kernel, or not ours to read
         read = None
     return Usage(cpu, min(sys_s, cpu), read)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def _stat_field(path: str, name: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == name:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def memory_available() -> int | None:
+    """Bytes of memory this process may still take: the least of what the kernel says is
+    available (``MemAvailable``) and what is left under the container's limit (cgroup v2
+    ``memory.max``, or v1 ``memory.limit_in_bytes``; the page cache it counts is
+    reclaimable, so not used); None where neither can be read."""
+    candidates = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    candidates.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for base, limit, usage, cache in (
+        ("/sys/fs/cgroup", "memory.max", "memory.current", "file"),
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "cache"),
+    ):
+        cap, used = _read_int(f"{base}/{limit}"), _read_int(f"{base}/{usage}")
+        if cap is None or used is None or cap >= 1 << 60:  # v1's "no limit" is about 2**63
+            continue
+        used -= _stat_field(f"{base}/memory.stat", cache)
+        candidates.append(max(0, cap - max(0, used)))
+    return min(candidates) if candidates else None
