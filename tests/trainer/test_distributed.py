@@ -538,3 +538,25 @@ def test_doctests(module):
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_sharded_total_includes_the_wait_for_the_previous_checkpoint(tmp_path, monkeypatch):
+    # Step 2's write is held up 0.6 s; step 4, saved at once, waits for it: that wait is
+    # in its pause, and the total (from the save request) covers the pause.
+    monkeypatch.setenv(sharded.FAULT_ENV, "0:2:pause=0.6")
+    ranks = distributed.OneProcess(0, 1, 0, "none", torch.device("cpu"), None, 60.0)
+    ckpt = sharded.ShardedCheckpointer(
+        tmp_path, RawFormat(), LocalFS(), durable=True, keep=5, ranks=ranks, asynchronous=True
+    )
+
+    def state(step: int) -> dict[str, Any]:
+        return {"step": step, "model": {"w": torch.ones(4096)}, "rng": {}}
+
+    ckpt.save(2, lambda: state(2))
+    ckpt.save(4, lambda: state(4))
+    records = {r.step: r for r in ckpt.finish()}
+    assert records[4].pause_s >= 0.5
+    for record in records.values():
+        assert record.pause_s <= record.total_s, record
+        for rank in getattr(record, "ranks", []):
+            assert rank["pause_s"] <= rank["total_s"], rank

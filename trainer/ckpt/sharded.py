@@ -574,7 +574,7 @@ class ShardedCheckpointer(OneInFlight):
             fsync_s=report["fsync_s"],
             upload_s=None,
             pause_s=times.pause_s if times.pause_s is not None else t_end - times.t_request,
-            total_s=t_end - times.t0,
+            total_s=t_end - times.t_request,
             write_gbps=staged.nbytes / max(report["write_s"], 1e-9) / 1e9,
             upload_gbps=None,
             path=str(final),
@@ -608,7 +608,9 @@ class ShardedCheckpointer(OneInFlight):
                     "fsync_s": r["fsync_s"],
                     "upload_s": upload_s,
                     "pause_s": r["pause_s"] if r["pause_s"] is not None else end - r["w_request"],
-                    "total_s": end - r["w0"],
+                    # From the save request, as for one process: the wait for the previous
+                    # checkpoint is in the pause, so it is in the total too.
+                    "total_s": end - r["w_request"],
                     "write_gbps": r["bytes"] / max(r["write_s"], 1e-9) / 1e9,
                     "io_mode": r["io_mode"],
                 }
@@ -630,7 +632,7 @@ class ShardedCheckpointer(OneInFlight):
             fsync_s=max(r["fsync_s"] for r in per_rank) + commit_s,
             upload_s=upload_s,
             pause_s=slowest_pause,
-            total_s=w_end - min(r["w0"] for r in reports),
+            total_s=w_end - min(r["w_request"] for r in reports),
             write_gbps=nbytes / max(write_span, 1e-9) / 1e9,
             upload_gbps=upload_gbps,
             path=str(final),
