@@ -20,7 +20,7 @@ from checkpoint_compare.cost import DEFAULT_PRICING
 from checkpoint_compare.errors import EXIT_CODES
 from checkpoint_compare.figures import DEFAULT_WARMUP
 from checkpoint_compare.recommendation import Budget
-from checkpoint_compare.workloads import WorkloadBudget
+from checkpoint_compare.table import WorkloadBudget
 from checkpoint_storage_bench.errors import exit_codes_help
 
 

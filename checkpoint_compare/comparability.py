@@ -12,8 +12,8 @@ from typing import Any
 from checkpoint_compare.errors import NotComparable
 from checkpoint_compare.grouping import ProfileRuns
 from checkpoint_compare.records import RunRecord
+from checkpoint_compare.table import CHECKPOINT
 from checkpoint_storage_bench.contract import (
-    COMPARABLE_INPUTS,
     COMPARABLE_META,
     IMAGE_INPUT,
     REQUIRED_INPUTS,
@@ -83,7 +83,7 @@ def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> 
     if missing:
         raise NotComparable("runs are not comparable: " + "; ".join(missing))
     differences = provenance_differences(runs) + claim_differences(groups)
-    for key in COMPARABLE_INPUTS:
+    for key in CHECKPOINT.comparable:
         values = {label: run.inputs.get(key) for label, run in runs}
         if len({repr(v) for v in values.values()}) > 1:
             shown = ", ".join(f"{p}={v!r}" for p, v in values.items())

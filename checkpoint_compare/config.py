@@ -12,7 +12,7 @@ import click
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING
 from checkpoint_compare.recommendation import Budget
-from checkpoint_compare.workloads import WorkloadBudget
+from checkpoint_compare.table import WorkloadBudget
 from checkpoint_storage_bench.tracking import in_polyaxon_run
 
 

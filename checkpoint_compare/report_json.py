@@ -16,11 +16,11 @@ from typing import Any
 from checkpoint_compare.comparison import Difference
 from checkpoint_compare.figures import RunFigures
 from checkpoint_compare.intervals import Shift
+from checkpoint_compare.table import CHECKPOINT
 from checkpoint_compare.verdict import Candidate, Verdict, op_outputs
-from checkpoint_compare.workloads import ROWS, WorkloadProfile, WorkloadVerdict, outputs
+from checkpoint_compare.workloads import WorkloadProfile, WorkloadVerdict, outputs
 
 SCHEMA = "checkpoint-compare/3"
-CHECKPOINT = "checkpoint"
 
 
 def _shift(shift: Shift | None) -> dict[str, Any] | None:
@@ -66,7 +66,7 @@ def _checkpoint_difference(cand: Candidate) -> dict[str, Any]:
     claimed = c.pause.counts or c.faster is not None
     faster = c.faster if c.faster is not None else c.pause.estimate < 0
     direction = "better" if faster else "worse"
-    out = difference(c.pause.shift, c.pause, claimed, direction, ROWS[CHECKPOINT].unit)
+    out = difference(c.pause.shift, c.pause, claimed, direction, CHECKPOINT.unit)
     out["runs"] = {"profile": len(c.candidate.per_run), "baseline": len(c.baseline.per_run)}
     return out
 
@@ -154,7 +154,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
         )
     drift = verdict.drift
     rec = verdict.recommendation
-    row = ROWS[CHECKPOINT]
+    row = CHECKPOINT
     return {
         "schema": SCHEMA,
         "workload": row.name,

@@ -148,6 +148,19 @@ def test_runs_pushed_to_the_server(server: str, tmp_path: Path, runs_root: Path,
     assert "RuntimeError: No space left on device" in output
 
 
+def _op_env(server: str, tmp_path: Path, run_uuid: str) -> dict[str, str]:
+    """The environment an agent gives the op ``run_uuid``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+    return env | {
+        "PYTHONPATH": str(REPO),
+        "POLYAXON_HOST": server,
+        "POLYAXON_IS_MANAGED": "true",
+        "POLYAXON_RUN_INSTANCE": f"{OWNER}.{PROJECT}.runs.{run_uuid}",
+        "POLYAXON_CONTEXT_ROOT": str(tmp_path / "plx-context"),
+        "POLYAXON_TRACKING_FLUSH_DELAY": "0",
+    }
+
+
 def _wait_for(url: str, run_uuid: str, status: str) -> None:
     client = _client(url, run_uuid)
     deadline = time.monotonic() + 30
@@ -209,15 +222,7 @@ def test_children_of_a_pipeline(server: str, tmp_path: Path) -> None:
 
     # Inside the pipeline's compare op: no source given, the op compares its own pipeline's
     # runs and logs the verdict as its outputs.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
-    env |= {
-        "PYTHONPATH": str(REPO),
-        "POLYAXON_HOST": server,
-        "POLYAXON_IS_MANAGED": "true",
-        "POLYAXON_RUN_INSTANCE": f"{OWNER}.{PROJECT}.runs.{compare_op.uuid}",
-        "POLYAXON_CONTEXT_ROOT": str(tmp_path / "plx-context"),
-        "POLYAXON_TRACKING_FLUSH_DELAY": "0",
-    }
+    env = _op_env(server, tmp_path, compare_op.uuid)
     op = subprocess.run(
         [sys.executable, "-m", "checkpoint_compare", "--baseline", "checkpoint-baseline",
          "--max-pause-s", "5"],
@@ -287,15 +292,7 @@ def test_the_verdict_is_the_readme_of_the_outermost_pipeline(server: str, tmp_pa
         _wait_for(server, child.uuid, "succeeded")
         runs += ["--run", f"{profile}={child.uuid}"]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
-    env |= {
-        "PYTHONPATH": str(REPO),
-        "POLYAXON_HOST": server,
-        "POLYAXON_IS_MANAGED": "true",
-        "POLYAXON_RUN_INSTANCE": f"{OWNER}.{PROJECT}.runs.{compare_op.uuid}",
-        "POLYAXON_CONTEXT_ROOT": str(tmp_path / "plx-context"),
-        "POLYAXON_TRACKING_FLUSH_DELAY": "0",
-    }
+    env = _op_env(server, tmp_path, compare_op.uuid)
     op = subprocess.run(
         [sys.executable, "-m", "checkpoint_compare", *runs, "--baseline", "checkpoint-baseline"],
         env=env, capture_output=True, text=True, timeout=120, cwd=REPO,

@@ -1,0 +1,176 @@
+"""The table of workloads: what each one is judged by, one frozen row per workload.
+
+The checkpointing training run is the first row; the data workloads (scan, materialize,
+workspace) the others. A row names the headline figure and its unit (lower is better for
+every one), how a run's samples are read, the inputs that must match across runs, the budget
+test and the words the reports use. The verdict's engine (refusals, the run-level shift,
+the cost, the recommendation, the reports and the JSON schema) is the same for every row;
+this module holds only the table, so every part can read it without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from checkpoint_storage_bench.contract import (
+    CHECKPOINT_METRICS,
+    COMPARABLE_INPUTS,
+    MATERIALIZE_TOTAL_S,
+    SCAN_EPOCH_S,
+    WORKLOAD_INPUT,
+    WORKLOADS,
+    WORKSPACE_SAVE_P99_MS,
+)
+
+
+class Judged(Protocol):
+    """What a budget test reads of one profile's figures."""
+
+    median: float
+    au: float | None
+
+
+NONE_MEETS = "none"
+"""``recommended_profile`` when no profile can be recommended."""
+
+
+@dataclass(frozen=True)
+class WorkloadBudget:
+    """What the user needs: an AU floor for a scan, a p99 save latency for a workspace."""
+
+    min_au: float | None = None
+    max_p99_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadRow:
+    """What one workload is judged by.
+
+    Attributes:
+        name: The workload (``contract.WORKLOADS``).
+        headline: The output (and, per epoch or round, the metric) of the headline figure.
+        label: Its name for people.
+        unit: Its unit.
+        sample_metric: The metric a run logs once per epoch or round: its within-run
+            samples, the first ``--warmup`` of them left out; None: the run's headline
+            output is its one sample.
+        comparable: Inputs that must be equal across all runs.
+        format_bound: Inputs compared only for these dataset formats (a shard size means
+            nothing to a directory of files).
+        budget: The budget test of one profile: True/False, or None when the budget asked
+            cannot be judged on it (or none was asked).
+        budget_words: The budget in words, None when none was asked.
+        unjudgeable: Why no profile can be held to the budget asked (e.g. no AU
+            recorded), given the profiles; None when it can.
+        title: What the workload stands for, for a report's title.
+
+    The checkpoint row's budget (``--max-pause-s``, ``--max-pause-share``) is tested with
+    an upper confidence bound of the pause (:mod:`checkpoint_compare.recommendation`).
+    """
+
+    name: str
+    headline: str
+    label: str
+    unit: str
+    sample_metric: str | None
+    comparable: tuple[str, ...]
+    format_bound: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    budget: Callable[[Judged, WorkloadBudget], bool | None] = lambda p, b: None
+    budget_words: Callable[[WorkloadBudget], str | None] = lambda b: None
+    unjudgeable: Callable[[list[Judged], WorkloadBudget], str | None] = lambda ps, b: None
+    title: str = ""
+
+
+_DATA_COMMON = (WORKLOAD_INPUT, "seed")
+_DATASET = ("dataset_format", "codec", "dataset_size", "record_size", "shard_size")
+
+
+def _au_budget(p: Judged, b: WorkloadBudget) -> bool | None:
+    if b.min_au is None or p.au is None:
+        return None
+    return p.au >= b.min_au
+
+
+def _no_au(profiles: list[Judged], b: WorkloadBudget) -> str | None:
+    if b.min_au is None or any(p.au is not None for p in profiles):
+        return None
+    return (
+        "no run recorded an accelerator utilization (the scans ran with --compute-ms 0): "
+        f"there is no AU to judge against --min-au {b.min_au:g}"
+    )
+
+
+def _p99_budget(p: Judged, b: WorkloadBudget) -> bool | None:
+    return None if b.max_p99_ms is None else p.median <= b.max_p99_ms
+
+
+ROWS: dict[str, WorkloadRow] = {
+    row.name: row
+    for row in (
+        WorkloadRow(
+            name=WORKLOADS[0],
+            headline=CHECKPOINT_METRICS["pause_s"],
+            label="pause per checkpoint",
+            unit="s",
+            sample_metric=CHECKPOINT_METRICS["pause_s"],
+            comparable=COMPARABLE_INPUTS,
+            title="checkpoints of a training run",
+        ),
+        WorkloadRow(
+            name="scan",
+            headline=SCAN_EPOCH_S,
+            label="epoch time",
+            unit="s",
+            sample_metric=SCAN_EPOCH_S,
+            comparable=(
+                *_DATA_COMMON,
+                *_DATASET,
+                "epochs",
+                "num_workers",
+                "batch_size",
+                "prefetch_factor",
+                "shuffle_buffer",
+                "compute_ms",
+                "drop_cache",
+            ),  # fmt: skip
+            format_bound={"shard_size": ("webdataset",)},
+            budget=_au_budget,
+            budget_words=lambda b: (
+                None
+                if b.min_au is None
+                else f"accelerator utilization >= {b.min_au:.0%} (MLPerf: 90 %)"
+            ),
+            unjudgeable=_no_au,
+            title="reading the dataset as training does",
+        ),
+        WorkloadRow(
+            name="materialize",
+            headline=MATERIALIZE_TOTAL_S,
+            label="total time",
+            unit="s",
+            sample_metric=None,
+            comparable=(*_DATA_COMMON, *_DATASET, "output_shard_size"),
+            format_bound={"shard_size": ("webdataset",)},
+            title="building the preprocessed cache",
+        ),
+        WorkloadRow(
+            name="workspace",
+            headline=WORKSPACE_SAVE_P99_MS,
+            label="p99 save latency",
+            unit="ms",
+            sample_metric=WORKSPACE_SAVE_P99_MS,
+            comparable=(*_DATA_COMMON, "files", "file_size", "rounds"),
+            budget=_p99_budget,
+            budget_words=lambda b: (
+                None if b.max_p99_ms is None else f"p99 save latency <= {b.max_p99_ms:g} ms"
+            ),
+            title="a notebook workspace's saves",
+        ),
+    )
+}
+"""Every workload's row, the checkpoint's first."""
+
+CHECKPOINT = ROWS[WORKLOADS[0]]
+"""The training run's row."""
