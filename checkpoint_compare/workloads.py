@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint_compare.comparability import claim_differences, provenance_differences
-from checkpoint_compare.comparison import Difference, Thresholds
+from checkpoint_compare.comparison import NO_DIFFERENCE, Difference, Thresholds
 from checkpoint_compare.cost import Pricing, ProfileCost, profile_cost
 from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
 from checkpoint_compare.figures import _hook_figures
@@ -132,11 +132,15 @@ class WorkloadVerdict:
 
     @property
     def verdict(self) -> str:
-        """The profile to keep, as the checkpoint verdict says it: the recommended one when
-        a difference was measured, else ``no measurable difference``."""
-        if not any(p.significant for p in self.profiles):
-            return "no measurable difference"
-        return self.recommended or self.baseline
+        """The profile to keep, as the checkpoint verdict says it, whatever the budget: the
+        cheapest measurably better profile, else the baseline when a profile was measurably
+        worse, else ``no measurable difference``."""
+        better = [p for p in self.profiles if p.direction == "better"]
+        if better:
+            return min(better, key=lambda p: (*_monthly(p), p.median)).profile
+        if any(p.significant for p in self.profiles):
+            return self.baseline
+        return NO_DIFFERENCE
 
 
 def is_data_run(record: RunRecord) -> bool:

@@ -116,6 +116,7 @@ def test_the_au_budget_picks_the_cheapest_profile_that_meets_it() -> None:
     assert judge(slow_and_fast(), min_au=0.6).recommended == BASE  # cheaper, and enough
     none = judge(slow_and_fast(), min_au=0.99)
     assert none.recommended is None
+    assert none.verdict == FAST  # the verdict is about the difference, not the budget
     assert "none of the profiles meets the budget" in none.sentences[-1]
     assert "does not keep the GPUs fed" in none.sentences[0]
 
