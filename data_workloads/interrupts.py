@@ -4,10 +4,9 @@ out runs and the scratch on the claim (a dataset being generated, the cache, the
 workspace) is removed. Without it SIGTERM kills the process where it stands.
 
 The first signal raises :class:`~data_workloads.errors.Interrupted` (exit 128 + N); later
-ones are ignored, so that the cleanup it started is not cut short. A DataLoader worker,
-forked with these handlers, raises ``KeyboardInterrupt`` instead: torch's worker loop exits
-quietly on it, and the main process, which got the signal too or sees the worker gone,
-stops the run.
+ones are ignored, so that the cleanup it started is not cut short. The scan's DataLoader
+workers ignore both signals (the main process stops them); any other process forked with
+these handlers raises ``KeyboardInterrupt`` instead, as it would without them.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,6 +53,16 @@ CACHE_COVERAGE = 0.9
 
 Descriptor = tuple[int, int, int]
 """What a worker yields for a batch: (worker, slot, records)."""
+
+
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """A worker's init: SIGTERM and SIGINT are the main process's to act on. It stops the
+    workers through the DataLoader when it is stopped; a worker that died of the signal
+    itself (torch's worker handler re-raises a SIGTERM not sent by its parent) would be
+    reported by torch as a failed worker in the middle of that cleanup. A module-level
+    function, as the DataLoader's hooks must be."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _as_is(batch: Descriptor) -> Descriptor:
@@ -450,6 +461,7 @@ class ScanLoader:
                 prefetch_factor=plan.prefetch,
                 persistent_workers=True,
                 multiprocessing_context="fork",
+                worker_init_fn=_ignore_stop_signals,
             )
         self.loader: DataLoader | None = DataLoader(
             self.source, batch_size=None, collate_fn=_as_is, num_workers=cfg.num_workers, **extra

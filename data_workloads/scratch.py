@@ -68,6 +68,7 @@ class ScratchDir:
     def __init__(self, parent: Path, what: str) -> None:
         self.path = parent / f".{what}-{scratch_tag()}"
         self._fd: int | None = None
+        self._made = False
 
     def create(self) -> Path:
         """Make the directory and take its lock.
@@ -76,6 +77,7 @@ class ScratchDir:
             OSError: It cannot be made (the caller maps ENOSPC and the like).
         """
         self.path.mkdir()
+        self._made = True
         pending = self.path / f"{OWNER}.new"
         fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -86,6 +88,7 @@ class ScratchDir:
         except BaseException:
             os.close(fd)
             remove_tree(self.path)
+            self._made = False
             raise
         self._fd = fd
         return self.path
@@ -102,9 +105,12 @@ class ScratchDir:
             self._fd = None
 
     def remove(self) -> None:
-        """Remove the directory, the lock held until it is gone."""
+        """Remove the directory if this run made it (a name taken already is someone
+        else's), the lock held until it is gone."""
         try:
-            remove_tree(self.path)
+            if self._made:
+                remove_tree(self.path)
+                self._made = False
         finally:
             self.release()
 

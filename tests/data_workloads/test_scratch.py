@@ -172,3 +172,47 @@ def test_a_stopped_run_removes_its_scratch(
     assert "Traceback" not in err
     assert _hidden(data_dir) == []
     assert not (data_dir / "files").exists()
+
+
+def test_a_scratch_name_already_taken_is_not_removed(tmp_path: Path, monkeypatch) -> None:
+    taken = scratch.ScratchDir(tmp_path, "files.generating")
+    taken.create()
+    monkeypatch.setattr(scratch, "scratch_tag", lambda: taken.path.name.split("generating-")[1])
+    again = scratch.ScratchDir(tmp_path, "files.generating")
+    with pytest.raises(FileExistsError):
+        again.create()
+    again.remove()
+    assert (taken.path / scratch.OWNER).is_file()
+    taken.remove()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_scan_stopped_with_its_workers_exits_with_the_signals_code(data_dir: Path, sig: int):
+    # The whole process group signalled (Ctrl-C, or a container runtime that signals every
+    # process): the workers leave the stopping to the main process.
+    args = ["scan", *TINY, "--epochs", "100000", "--num-workers", "2", "--compute-ms", "1"]
+    assert run_cli(*args[:7], "--epochs", "1", "--data-dir", data_dir, "--no-track").exit_code == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "data_workloads", *args, "--data-dir", str(data_dir), "--no-track"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    try:
+        deadline = time.monotonic() + 60
+        while len(children.read_text().split()) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        workers = [int(pid) for pid in children.read_text().split()]
+        time.sleep(0.5)
+        os.killpg(proc.pid, sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert err.strip().splitlines() == [
+        f"data-workloads: error: interrupted by {signal.Signals(sig).name}"
+    ]
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
