@@ -9,7 +9,6 @@ loaded into the model and optimizer.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,22 +61,46 @@ def _bytes(directory: Path, step: int) -> int:
 
 
 def restore_figure(
-    directory: Path, step: int | None, seconds: float, measured: Measured
+    directory: Path, restored: Restored | None, measured: Measured
 ) -> RestoreFigure | None:
-    """The figure of a restore that took ``seconds`` and gave ``step`` (None: nothing was
-    restored, so nothing was measured)."""
-    if step is None:
+    """The figure of a restore (None: nothing was restored, so nothing was measured)."""
+    if restored is None:
         return None
-    return RestoreFigure(seconds, _bytes(Path(directory), step), step, measured)
+    step = restored.step
+    return RestoreFigure(restored.seconds, _bytes(Path(directory), step), step, measured)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The checkpoint a restore loaded, and the seconds its own read, verification and
+    load took (not those of newer ones it skipped as incomplete or corrupt)."""
+
+    step: int
+    seconds: float
+
+
+def drop_cached(directory: Path, drop: Callable[[Path], None]) -> None:
+    """Evict every published checkpoint's files from the page cache (``drop`` one file).
+
+    A restore after a failure reads from the volume, usually on another node; pages left
+    cached by the writes would make a library format's load (torch, safetensors, dcp)
+    a memory copy, and the figure the volume's profile is judged by would not be the
+    volume's.
+    """
+    from trainer.ckpt import store  # torch: only once a restore runs
+
+    for ref in store.list_checkpoints(Path(directory)):
+        for path in sorted(ref.path.rglob("*")):
+            if path.is_file():
+                drop(path)
 
 
 def check_restore(
-    restore: Callable[[], int | None], directory: Path, say: Callable[[str], None]
+    restore: Callable[[], Restored | None], directory: Path, say: Callable[[str], None]
 ) -> RestoreFigure | None:
     """``--restore-check``: time ``restore`` (load and verify the newest checkpoint)."""
-    start = time.monotonic()
-    step = restore()
-    figure = restore_figure(directory, step, time.monotonic() - start, "end")
+    restored = restore()
+    figure = restore_figure(directory, restored, "end")
     if figure is None:
         say("--restore-check: no checkpoint to load back (none was made)")
     return figure

@@ -24,7 +24,7 @@ from trainer.errors import CheckpointDirError, ConfigError
 from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
 from trainer.progress import PROGRESS_EVERY_S, StepProgress
 from trainer.provenance import image_ref, run_uuid
-from trainer.restore import RestoreFigure, check_restore, restore_figure
+from trainer.restore import Restored, RestoreFigure, check_restore, drop_cached, restore_figure
 from trainer.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -144,8 +144,10 @@ def train(
         curve: list[tuple[int, float]] = []
         loss_value: float | None = None
 
-        def load_newest(tell: Callable[[str], None]) -> int | None:
-            """Load the newest checkpoint every rank verifies into the model; returns its step."""
+        def load_newest(tell: Callable[[str], None]) -> Restored | None:
+            """Load the newest checkpoint every rank verifies into the model, read from the
+            device; returns its step and the seconds it took."""
+            drop_cached(cfg.checkpoint_dir, fs.drop_cached)
             return sharded.restore(
                 cfg.checkpoint_dir,
                 make_format(cfg.format),
@@ -175,13 +177,9 @@ def train(
         ranks.agree(
             distributed.refusal(check_resume_mode, cfg, store.list_checkpoints(cfg.checkpoint_dir))
         )
-        resumed = None
-        restore_started = time.monotonic()
-        if cfg.resume != "never":
-            resumed = load_newest(say)
-        restore = restore_figure(
-            cfg.checkpoint_dir, resumed, time.monotonic() - restore_started, "resume"
-        )
+        restored = load_newest(say) if cfg.resume != "never" else None
+        restore = restore_figure(cfg.checkpoint_dir, restored, "resume")
+        resumed = None if restored is None else restored.step
         if cfg.resume != "never" and resumed is None:
             say("resume: no complete checkpoint found; starting from step 0")
         if resumed is not None:
@@ -298,7 +296,7 @@ def end_of_run_restore(
     cfg: TrainConfig,
     ranks: distributed.Ranks,
     say: Callable[[str], None],
-    load_newest: Callable[[], int | None],
+    load_newest: Callable[[], Restored | None],
 ) -> RestoreFigure | None:
     """``--restore-check``: time ``load_newest`` (the newest checkpoint back into the model).
     The training is over, so replacing its state (and RNG) changes nothing it reports."""

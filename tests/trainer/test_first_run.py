@@ -7,8 +7,11 @@ import json
 import re
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
+
+import pytest
 
 from checkpoint_storage_bench.contract import (
     RESTORE_MEASURED,
@@ -16,7 +19,8 @@ from checkpoint_storage_bench.contract import (
     RUN_FINISHED_AT,
     RUN_STARTED_AT,
 )
-from tests.trainer.helpers import REPO, TINY, offline_runs, run_trainer, tiny_config
+from tests.trainer.helpers import REPO, TINY, flip_byte, offline_runs, run_trainer, tiny_config
+from trainer.ckpt.fs import LocalFS
 from trainer.preflight import few_checkpoints_warning
 from trainer.summary import format_timeline
 from trainer.train import train
@@ -121,3 +125,99 @@ def test_an_offline_run_warns_and_keeps_polyaxon_quiet(tmp_path: Path) -> None:
     assert "warning: --steps 6 with --checkpoint-every 2 makes 3 checkpoint(s)" in result.stderr
     # Polyaxon's INFO chatter does not reach the terminal.
     assert not re.search(r"\bINFO\b", result.stdout + result.stderr), result.stderr
+
+
+def resident_fraction(path: Path) -> float:
+    """The share of ``path``'s pages in the page cache (mincore)."""
+    import ctypes
+    import mmap
+    import os
+
+    size = path.stat().st_size
+    if size == 0:
+        return 0.0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        pages = -(-size // mmap.PAGESIZE)
+        vec = ctypes.create_string_buffer(pages)
+        try:
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw) / pages
+
+
+def _cached_at_restore(monkeypatch) -> list[float]:
+    """Record, each time a restore starts, the share of the checkpoints' bytes cached."""
+    from trainer.ckpt import sharded, store
+
+    seen: list[float] = []
+    real = sharded.restore
+
+    def spy(directory, *args, **kwargs):
+        files = [f for r in store.list_checkpoints(directory) for f in r.path.rglob("*")]
+        files = [f for f in files if f.is_file() and f.stat().st_size > 0]
+        sizes = [f.stat().st_size for f in files]
+        cached = sum(resident_fraction(f) * s for f, s in zip(files, sizes, strict=True))
+        seen.append(cached / sum(sizes))
+        return real(directory, *args, **kwargs)
+
+    monkeypatch.setattr(sharded, "restore", spy)
+    return seen
+
+
+@pytest.mark.parametrize("fmt", ["raw", "torch", "safetensors", "dcp"])
+def test_the_restore_reads_the_checkpoint_from_the_device(tmp_path: Path, monkeypatch, fmt):
+    ckpt = tmp_path / "ck"
+    seen = _cached_at_restore(monkeypatch)
+    train(tiny_config(ckpt, steps=4, format=fmt, restore_check=True), say=lambda _: None)
+    train(tiny_config(ckpt, steps=6, format=fmt, resume="always"), say=lambda _: None)
+    assert len(seen) == 2 and seen == [0.0, 0.0], seen  # at the end, and on resume
+
+
+class SlowStep4(LocalFS):
+    """Reads of step 4's files take a second longer."""
+
+    def __init__(self) -> None:
+        self.slow: set[int] = set()
+
+    def open_read(self, path: Path, direct: bool) -> int:
+        fd = super().open_read(path, direct)
+        if path.parent.name == "step-00000004":
+            self.slow.add(fd)
+        return fd
+
+    def preadinto(self, fd: int, buf: memoryview, offset: int) -> int:
+        if fd in self.slow:
+            self.slow.discard(fd)
+            time.sleep(1.0)
+        return super().preadinto(fd, buf, offset)
+
+    def close(self, fd: int) -> None:
+        self.slow.discard(fd)
+        super().close(fd)
+
+
+def test_a_resume_past_a_corrupt_checkpoint_times_only_the_one_it_loaded(tmp_path: Path):
+    ckpt = tmp_path / "ck"
+    train(tiny_config(ckpt, steps=4, keep=3), say=lambda _: None)
+    flip_byte(ckpt / "step-00000004" / "state.ckpt")
+    lines: list[str] = []
+    cfg = tiny_config(ckpt, steps=6, keep=3, resume="always")
+    resumed = train(cfg, fs=SlowStep4(), say=lines.append)
+    assert any("skipping step-00000004" in line for line in lines), lines
+    restore = resumed.restore
+    assert restore is not None and restore.step == 2
+    # The second spent reading the skipped checkpoint is not step 2's restore.
+    assert restore.seconds < 1.0, restore
+    assert restore.bytes == sum(f.stat().st_size for f in (ckpt / "step-00000002").iterdir())

@@ -147,3 +147,16 @@ class LocalFS:
 
     def rmtree(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+    def drop_cached(self, path: Path) -> None:
+        """Evict a file's pages from the page cache, so its next read comes from the device.
+
+        fsync first: dirty pages cannot be dropped (a checkpoint written with
+        ``--durability none``, or one just copied in).
+        """
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -77,6 +77,7 @@ from trainer.errors import (
     WorldSizeError,
 )
 from trainer.provenance import run_uuid
+from trainer.restore import Restored
 
 log = logging.getLogger(__name__)
 
@@ -738,8 +739,9 @@ def restore(
     ranks: Ranks,
     say: Callable[[str], None],
     check_config: Callable[[dict[str, Any], str], None],
-) -> int | None:
-    """Load the newest checkpoint every rank verifies; returns its step (None: none exist).
+) -> Restored | None:
+    """Load the newest checkpoint every rank verifies; returns its step and the seconds it
+    took from its manifest to its state loaded (None: none exist).
 
     Anything incomplete or corrupt is skipped with a message, never loaded. Every rank
     takes the same decision at each checkpoint: rank 0 lists them and shares each
@@ -756,6 +758,7 @@ def restore(
         [ref.path.name for ref in store.list_checkpoints(directory)] if ranks.is_main else None
     )
     for name in names:
+        started = time.monotonic()  # the loaded checkpoint's time, not the skipped ones'
         path = directory / name
         head = ranks.broadcast(_head(path) if ranks.is_main else None)
         if "error" in head:
@@ -792,9 +795,10 @@ def restore(
         torch.set_rng_state(state["rng"]["torch"].clone())  # needs its own storage
         if "cuda" in state["rng"] and ranks.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"].clone(), ranks.device)
+        seconds = time.monotonic() - started
         shards = f", {ranks.world_size} shards verified" if many else ""
         say(f"resume: continuing from {name} (step {state['step']}){shards}")
-        return int(state["step"])
+        return Restored(int(state["step"]), seconds)
     if names:
         ranks.agree(
             CheckpointCorruptError(
