@@ -90,8 +90,23 @@ class CommonConfig:
         unusable; then remove the scratch that runs stopped without cleaning up left there
         (only what is provably abandoned: :mod:`data_workloads.scratch`)."""
         ensure_writable_dir(self.data_dir, "data dir", DataDirError)
+        self._check_summary_json()
         for path in remove_stale(self.data_dir):
             logging.getLogger(__name__).warning("removed %s, left by a run that is gone", path)
+
+    def _check_summary_json(self) -> None:
+        """A summary path that can never be written is found before the measurement, not
+        after it: an existing directory, or a path under a file."""
+        path = self.summary_json
+        if path is None:
+            return
+        if path.is_dir():
+            raise ConfigError(f"--summary-json {path} is a directory; give a file's path")
+        parent = path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ConfigError(f"--summary-json {path}: {parent} is not a directory")
 
     def record(self) -> dict[str, Any]:
         """The settings as plain JSON values (the run's inputs and the summary's config)."""

@@ -233,3 +233,21 @@ def test_a_symlinked_dataset_dir_is_refused_and_nothing_is_written_into_its_targ
     assert "is a symbolic link" in result.output and "Traceback" not in result.output
     assert (list(elsewhere.iterdir()) == []) if target == "empty" else not elsewhere.exists()
     assert sorted(p.name for p in data_dir.iterdir()) == ["files"]
+
+
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_a_summary_path_that_cannot_be_written_is_refused_before_measuring(
+    data_dir: Path, tmp_path: Path, where: str
+) -> None:
+    summary = tmp_path / "out"
+    if where == "a directory":
+        summary.mkdir()
+    else:
+        summary.write_text("not a directory")
+        summary = summary / "sub" / "summary.json"
+    result = run_cli("workspace", "--data-dir", data_dir, "--no-track", "--files", "5",
+                     "--rounds", "1", "--summary-json", summary)  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--summary-json" in result.output and "workspace_save_p99_ms" not in result.output
+    out = tmp_path / "out"
+    assert list(out.iterdir()) == [] if out.is_dir() else out.read_text() == "not a directory"
