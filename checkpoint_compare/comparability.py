@@ -17,6 +17,8 @@ from checkpoint_storage_bench.contract import (
     COMPARABLE_META,
     IMAGE_INPUT,
     REQUIRED_INPUTS,
+    SANDBOX_DRIVER,
+    SANDBOX_EMULATED_DRIVER,
     WORLD_SIZE,
 )
 
@@ -109,16 +111,24 @@ def provenance_differences(runs: list[tuple[str, RunRecord]]) -> list[str]:
     return differences
 
 
+SANDBOX_DRIVERS = (SANDBOX_DRIVER, SANDBOX_EMULATED_DRIVER)
+"""The sandbox hook's drivers: a profile there is a directory of its own (its volume handle)
+behind the one claim path, so only the claim is compared."""
+
+
 def claim_differences(groups: list[ProfileRuns]) -> list[str]:
     """The volume measured, as the profiles' hook runs recorded it: a profile measured on
     another claim (namespace/claim) or another volume (its handle) says nothing about a
-    class change of this one. Among the profiles whose hook recorded it."""
+    class change of this one. Among the profiles whose hook recorded it (the volume not for
+    the sandbox's profiles, each a directory by design)."""
     differences = []
     for what, keys in (("claim", ("namespace", "claim")), ("volume", ("volume_handle",))):
         seen = {
             g.profile: "/".join(str(g.hook.inputs.get(k)) for k in keys)
             for g in groups
-            if g.hook is not None and all(_recorded(g.hook.inputs.get(k)) for k in keys)
+            if g.hook is not None
+            and all(_recorded(g.hook.inputs.get(k)) for k in keys)
+            and not (what == "volume" and g.hook.inputs.get("driver") in SANDBOX_DRIVERS)
         }
         if len(set(seen.values())) > 1:
             shown = ", ".join(f"{p}={v}" for p, v in seen.items())

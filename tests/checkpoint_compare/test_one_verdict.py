@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from checkpoint_storage_bench.contract import SANDBOX_DRIVER, SANDBOX_EMULATED_DRIVER
 from checkpoint_storage_bench.tracking import tracked_run
 from tests.checkpoint_compare.recorded import write_hook_run, write_training_run
 from tests.checkpoint_compare.test_profiles import run_cli
@@ -36,10 +37,10 @@ def test_no_saving_is_claimed_against_an_unpriced_baseline(runs_root: Path, pric
     assert "nvme-local not priced, so no saving against it is claimed" in reason
 
 
-def _hook(target: str, claim: str, handle: str) -> None:
+def _hook(target: str, claim: str, handle: str, driver: str = "ebs.csi.aws.com") -> None:
     with tracked_run(f"hook-{target}", tags=["hook"]) as t:
         t.log_inputs(claim=claim, namespace="ml-team", target_class=target,
-                     previous_class=BASE, driver="ebs.csi.aws.com", volume_handle=handle)  # fmt: skip
+                     previous_class=BASE, driver=driver, volume_handle=handle)  # fmt: skip
         t.log_outputs(applied_class=target)
 
 
@@ -55,6 +56,17 @@ def test_runs_of_another_claim_or_volume_are_refused_naming_both(
     assert "the claim differs" in output
     assert "ml-team/training-checkpoints" in output and "ml-team/other-team-claim" in output
     assert "the volume differs" in output and "vol-1" in output and "vol-2" in output
+
+
+def test_the_sandbox_profiles_are_directories_behind_one_claim(
+    runs_root: Path, pricing_file
+) -> None:
+    # The sandbox's hook records each profile's directory as its volume handle: by design.
+    for profile, driver in ((BASE, SANDBOX_DRIVER), (FAST, SANDBOX_EMULATED_DRIVER)):
+        _hook(profile, "training-checkpoints", f"/sandbox/profiles/{profile}", driver)
+        write_training_run(profile, [1.0] * 6, runtime_s=50.0)
+    code, output, _ = run_cli(runs_root, pricing_file())
+    assert code == 0, output
 
 
 def test_one_claim_one_volume_is_compared(runs_root: Path, pricing_file) -> None:
