@@ -69,7 +69,7 @@ def write_summary(path: Path, summary: dict[str, Any]) -> None:
         DataDirError: The directory is not writable.
     """
     data = (json.dumps(summary, indent=2) + "\n").encode()
-    tmp = path.with_name(f".{path.name}.{scratch_tag()}.tmp")
+    tmp = path.with_name(f".{path.name[:120]}.{scratch_tag()}.tmp")  # a name fits in 255
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -87,9 +87,14 @@ def open_data_file(path: str | Path) -> int:
     try:
         return os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise DatasetCorruptError(
-            f"dataset file {path} is gone: deleted after the dataset was verified"
-        ) from None
+        raise gone(path) from None
+
+
+def gone(path: str | Path) -> DatasetCorruptError:
+    """The error for a file of the verified dataset that is not there any more."""
+    return DatasetCorruptError(
+        f"dataset file {path} is gone: deleted after the dataset was verified"
+    )
 
 
 @dataclass(frozen=True)

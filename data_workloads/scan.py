@@ -592,7 +592,10 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     Raises:
         ValueError: An epoch did not see every record once (a loader defect, not a figure).
     """
-    counted = block_reads_counted(data.files[0])
+    try:
+        counted = block_reads_counted(data.files[0])
+    except FileNotFoundError:
+        raise ds.gone(data.files[0]) from None
     epochs = []
     with ScanLoader(data, cfg) as loader:
         for epoch in range(cfg.epochs):

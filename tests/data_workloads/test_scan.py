@@ -244,13 +244,16 @@ def test_the_headline_figures_come_from_the_same_epoch_time(
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "files"])
-@pytest.mark.parametrize(("workers", "drop_cache"), [(0, True), (2, False)])
+@pytest.mark.parametrize(
+    ("workers", "drop_cache", "first"), [(0, True, False), (2, False, False), (2, False, True)]
+)
 def test_a_file_deleted_after_verification_stops_the_scan_with_exit_6_naming_it(
-    data_dir: Path, fmt: str, workers: int, drop_cache: bool
+    data_dir: Path, fmt: str, workers: int, drop_cache: bool, first: bool
 ) -> None:
-    # Found by the cache drop before the epoch, or (not dropping) by the reader in a worker.
+    # Found by the cache drop before the epoch, or (not dropping) by the reader in a
+    # worker, or (the first file) by the probe of the block-read accounting.
     data, cfg = prepared(data_dir, fmt, num_workers=workers, epochs=1, drop_cache=drop_cache)
-    victim = data.files[len(data.files) // 2]
+    victim = data.files[0 if first else len(data.files) // 2]
     victim.unlink()
     with pytest.raises(DatasetCorruptError, match="deleted after the dataset was verified") as e:
         scan.run_scan(data, cfg)
