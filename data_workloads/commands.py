@@ -85,6 +85,9 @@ def write_summary(path: Path, summary: dict[str, Any]) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise ds.storage_error(exc, f"the summary {path}") from None
+    except BaseException:  # stopped (SIGTERM) half-way: no temporary file left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def run_workload(

@@ -586,8 +586,9 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int, loader: ScanLoader) -> dic
 
 def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     """Every epoch, then the figures: the median epoch time and the rates over it (AU: the
-    median compute time over it), batch waits over all epochs, and the cache check. The workers start in the first epoch (its time to the first batch
-    includes their start) and serve every epoch.
+    median compute time over it), batch waits over all epochs, and the cache check. The
+    workers start in the first epoch (its time to the first batch includes their start)
+    and serve every epoch.
 
     Raises:
         ValueError: An epoch did not see every record once (a loader defect, not a figure).

@@ -118,8 +118,8 @@ def test_a_rerun_with_the_pid_of_an_interrupted_generation_succeeds(data_dir: Pa
     theirs = data_dir / f".files.generating-{os.getpid()}"
     theirs.mkdir()
     (theirs / "0000").mkdir()
-    result = run_cli("scan", "--data-dir", data_dir, "--no-track", *TINY,
-                     "--dataset-format", "files", "--epochs", "1", "--num-workers", "0")  # fmt: skip
+    args = ["--dataset-format", "files", "--epochs", "1", "--num-workers", "0"]
+    result = run_cli("scan", "--data-dir", data_dir, "--no-track", *TINY, *args)
     assert result.exit_code == 0, result.output
     assert (theirs / "0000").is_dir()  # not ours to delete
 
