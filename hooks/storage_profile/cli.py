@@ -253,10 +253,15 @@ def _profiles_list(ctx: click.Context, param: click.Parameter, value: str) -> li
     help="The run ends with a switch back to the first profile (A…B…A, measures drift).",
 )
 @click.option(
-    "--restore-to",
+    "--restore-after",
+    is_flag=True,
+    help="The run ends by switching the claim to --restore-class (the pipeline's restore): "
+    "counted as one more modification when the claim is not already on it by then.",
+)
+@click.option(
+    "--restore-class",
     metavar="CLASS",
-    help="The run ends by switching the claim to CLASS (the pipeline's restore): counted "
-    "as one more modification when the claim is not already on it by then.",
+    help="The class the restore switches the claim to (counted only with --restore-after).",
 )
 @_file("--summary-json", "Write the plan here.")
 @_read_timeout

@@ -252,6 +252,8 @@ class PlanConfig(Target):
     Attributes:
         profiles: The classes (sandbox profiles) the run switches to, in order.
         return_to_first: The run ends with a switch back to the first profile.
+        restore_after: The run ends by switching the claim to ``restore_class``.
+        restore_class: The class of the restore (counted only with ``restore_after``).
         summary_json: Where to write the plan as JSON.
         timeout: Overall deadline in seconds.
         backoff: Retry schedule for throttled or failing API calls.
@@ -259,7 +261,8 @@ class PlanConfig(Target):
 
     profiles: list[str]
     return_to_first: bool = False
-    restore_to: str | None = None
+    restore_after: bool = False
+    restore_class: str | None = None
     summary_json: Path | None = None
     timeout: float = 60.0
     backoff: Backoff = field(default_factory=Backoff)
@@ -269,15 +272,20 @@ class PlanConfig(Target):
         if not self.profiles or any(not p for p in self.profiles):
             raise ValueError(f"--profiles must name at least one class, got {self.profiles!r}")
         check_comparable(self.profiles)
-        if self.restore_to is not None and not self.restore_to:
-            raise ValueError("--restore-to must not be empty")
+        if self.restore_after and not self.restore_class:
+            raise ValueError("--restore-after needs --restore-class: the class it restores")
         if self.backend == "kubernetes":
             # Class names become URL paths, as --to does for switch.
             for name in self.profiles:
                 check_subdomain("--profiles", name)
             if self.restore_to is not None:
-                check_subdomain("--restore-to", self.restore_to)
+                check_subdomain("--restore-class", self.restore_to)
         check_seconds("--timeout", self.timeout)
+
+    @property
+    def restore_to(self) -> str | None:
+        """The class the run ends on after its restore (None: no restore)."""
+        return self.restore_class if self.restore_after else None
 
 
 def check_comparable(profiles: list[str]) -> None:

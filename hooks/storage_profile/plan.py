@@ -8,7 +8,7 @@ parses into ``config.PlanConfig`` and ``commands.run_plan`` calls this module; a
 :class:`~hooks.storage_profile.errors.PlanRefused` (exit 3).
 
 Counting: the run visits the profiles in order (then the first again with
-``--return-to-first``, then the restore class with ``--restore-to``), starting from the
+``--return-to-first``, then the restore class with ``--restore-after``), starting from the
 claim's class; a step to the class the claim is already on is no modification. Judging: the provider allows ``count`` modifications per
 rolling ``window`` (``contract.MODIFICATION_WINDOWS``). The plan does not know how long the
 run takes, so it assumes the worst case, that every switch of the run falls inside one

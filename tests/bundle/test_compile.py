@@ -82,7 +82,8 @@ PIPELINE_ARGV = {
     f"{GENERAL}/plan": [
         *HOOK,
         *["plan", *CLAIM_ARGS, "--profiles", "checkpoint-baseline,checkpoint-throughput"],
-        *["--backend", "kubernetes"],
+        # The restore's class; counted only with --restore-after (restore_after is off).
+        *["--backend", "kubernetes", "--restore-class=checkpoint-baseline"],
     ],
     **stage_argv(0, "checkpoint-baseline"),
     **stage_argv(1, "checkpoint-throughput"),
@@ -243,7 +244,8 @@ def test_small_pipeline_inputs_reach_the_ops() -> None:
         ]
     assert tmpfs.compile_op("switch").argv[9] == "checkpoint-tmpfs"
     for op in ("plan", "release"):
-        assert general.compile_op(op).argv[-3:] == [
+        argv = [a for a in general.compile_op(op).argv if not a.startswith("--restore-class")]
+        assert argv[-3:] == [
             "--backend",
             "local",
             "--profiles-file=connections/sandbox-profiles.yaml",

@@ -100,7 +100,8 @@ def test_a_refused_plan_stops_the_comparison_before_any_switch(three) -> None:
 def test_the_plan_counts_the_restore_switch_when_one_is_asked_for(path) -> None:
     # The restore is one more modification in the same window: the plan must count it.
     params = {"profiles": THREE} if path == PROFILES_PIPELINE else {}
-    for restore, expected in ((False, []), (True, ["--restore-to=gp3-old"])):
+    counted = ["--restore-after", "--restore-class=gp3-old"]
+    for restore, expected in ((False, counted[1:]), (True, counted)):
         asked = {**params, "restore_after": restore, "restore_class": "gp3-old"}
         (plan,) = [p for p in pipeline_jobs(path, asked).values() if p.run_name == "plan"]
         assert [a for a in plan.argv if a.startswith("--restore")] == expected, restore

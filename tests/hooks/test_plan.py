@@ -156,7 +156,7 @@ def test_the_restore_switch_is_counted_with_the_stages(fake: FakeKube, tmp_path:
     stages = "checkpoint-throughput,checkpoint-io2"
     assert plan(stages).exit_code == 0  # 2 + 2 switches: fits
     out = tmp_path / "plan.json"
-    result = plan(stages, "--restore-to", "checkpoint-baseline", summary=out)
+    result = plan(stages, "--restore-after", "--restore-class", "checkpoint-baseline", summary=out)
     assert result.exit_code == 3, result.output
     assert ", then restored to checkpoint-baseline, needs 3 modifications" in result.stderr
     data = load(out)
@@ -166,8 +166,13 @@ def test_the_restore_switch_is_counted_with_the_stages(fake: FakeKube, tmp_path:
         result.stdout
     )
     # A restore to the class the run ends on is no modification.
-    result = plan(stages, "--restore-to", "checkpoint-io2", summary=out)
+    result = plan(stages, "--restore-after", "--restore-class", "checkpoint-io2", summary=out)
     assert result.exit_code == 0 and load(out)["modifications_needed"] == 2
+    # The class alone, without --restore-after, counts nothing; --restore-after needs it.
+    result = plan(stages, "--restore-class", "checkpoint-baseline", summary=out)
+    assert result.exit_code == 0 and load(out)["restore_to"] is None
+    result = plan(stages, "--restore-after")
+    assert result.exit_code == 2 and "--restore-after needs --restore-class" in result.stderr
     assert fake.requested == []
 
 
@@ -175,9 +180,9 @@ def test_a_restore_class_that_is_missing_or_of_another_driver_is_refused(fake: F
     cluster(fake)
     make_class(fake, "hyperdisk-fast", driver=GKE, iops="6000", throughput="290Mi")
     stages = "checkpoint-baseline,checkpoint-throughput"
-    result = plan(stages, "--restore-to", "checkpoint-gold")
+    result = plan(stages, "--restore-after", "--restore-class", "checkpoint-gold")
     assert result.exit_code == 3 and "not found: checkpoint-gold" in result.stderr
-    result = plan(stages, "--restore-to", "hyperdisk-fast")
+    result = plan(stages, "--restore-after", "--restore-class", "hyperdisk-fast")
     assert result.exit_code == 3 and f"hyperdisk-fast is for {GKE}" in result.stderr
 
 
