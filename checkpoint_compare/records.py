@@ -109,20 +109,22 @@ class RunRecord:
 
     def check_numbers(self) -> None:
         """Refuse non-finite numbers (NaN, ±inf, or ``1e400`` read as inf) anywhere but the
-        loss, and, in a training run, a negative figure or a runtime that is not positive
-        (``contract.SIGNED_FIGURES``): the trainer writes null for what it cannot tell, so a
-        negative one is made up, and it would be ranked as the fastest.
+        loss, and, in a training or data-workload run, a negative figure, a time of a run,
+        epoch or build that is not positive (``POSITIVE_FIGURES``) or a share above 1
+        (``SHARES``; the loss is signed, ``contract.SIGNED_FIGURES``): the writers record
+        null for what they cannot tell, so such a figure is made up, and it would be ranked
+        as the fastest.
 
         Raises:
             ValueError: Naming the field and the value.
         """
-        training = self.kind in (RunKind.TRAINING, RunKind.DATA)
+        measured = self.kind in (RunKind.TRAINING, RunKind.DATA)
         for section, values in (("inputs", self.inputs), ("outputs", self.outputs),
                                 ("meta", self.meta)):  # fmt: skip
             for key, value in values.items():
                 if key not in LOSS_KEYS and not _finite(value):
                     raise ValueError(f"{section} {key} = {value!r} is not a finite number")
-                if training and section == "outputs" and (why := _unsigned_problem(key, value)):
+                if measured and section == "outputs" and (why := _unsigned_problem(key, value)):
                     raise ValueError(f"{section} {key} = {value!r} {why}")
         for name, series in self.metrics.items():
             for step, value in series:
@@ -130,7 +132,7 @@ class RunRecord:
                     raise ValueError(
                         f"metric {name} at step {step} = {value!r} is not a finite number"
                     )
-                if training and (why := _unsigned_problem(name, value)):
+                if measured and (why := _unsigned_problem(name, value)):
                     raise ValueError(f"metric {name} at step {step} = {value!r} {why}")
 
     def _step_output(self, name: str) -> int | None:
@@ -187,7 +189,7 @@ def _finite(value: Any) -> bool:
 
 
 def _unsigned_problem(key: str, value: Any) -> str | None:
-    """Why a training run's figure cannot be what it says (None: it can)."""
+    """Why a measured run's figure cannot be what it says (None: it can)."""
     if key in LOSS_KEYS or isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if key in POSITIVE_FIGURES and not value > 0:
