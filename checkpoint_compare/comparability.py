@@ -16,7 +16,6 @@ from checkpoint_compare.table import CHECKPOINT
 from checkpoint_storage_bench.contract import (
     COMPARABLE_META,
     IMAGE_INPUT,
-    REQUIRED_INPUTS,
     SANDBOX_DRIVER,
     SANDBOX_EMULATED_DRIVER,
     WORLD_SIZE,
@@ -79,7 +78,7 @@ def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> 
     missing = [
         f"{label} ({run.label}) does not record {key}"
         for label, run in runs
-        for key in REQUIRED_INPUTS
+        for key in CHECKPOINT.required
         if run.inputs.get(key) is None
     ]
     if missing:

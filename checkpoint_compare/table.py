@@ -18,6 +18,7 @@ from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
     COMPARABLE_INPUTS,
     MATERIALIZE_TOTAL_S,
+    REQUIRED_INPUTS,
     SCAN_EPOCH_S,
     WORKLOAD_INPUT,
     WORKLOADS,
@@ -57,6 +58,8 @@ class WorkloadRow:
             samples, the first ``--warmup`` of them left out; None: the run's headline
             output is its one sample.
         comparable: Inputs that must be equal across all runs.
+        required: Inputs every run must record: without them a comparison cannot be
+            vouched for (the others count as equal when no run recorded them).
         format_bound: Inputs compared only for these dataset formats (a shard size means
             nothing to a directory of files).
         budget: The budget test of one profile: True/False, or None when the budget asked
@@ -76,6 +79,7 @@ class WorkloadRow:
     unit: str
     sample_metric: str | None
     comparable: tuple[str, ...]
+    required: tuple[str, ...] = ()
     format_bound: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     budget: Callable[[Judged, WorkloadBudget], bool | None] = lambda p, b: None
     budget_words: Callable[[WorkloadBudget], str | None] = lambda b: None
@@ -85,6 +89,7 @@ class WorkloadRow:
 
 _DATA_COMMON = (WORKLOAD_INPUT, "seed")
 _DATASET = ("dataset_format", "codec", "dataset_size", "record_size", "shard_size")
+_DATASET_REQUIRED = ("dataset_format", "dataset_size")
 
 
 def _au_budget(p: Judged, b: WorkloadBudget) -> bool | None:
@@ -116,6 +121,7 @@ ROWS: dict[str, WorkloadRow] = {
             unit="s",
             sample_metric=CHECKPOINT_METRICS["pause_s"],
             comparable=COMPARABLE_INPUTS,
+            required=REQUIRED_INPUTS,
             title="checkpoints of a training run",
         ),
         WorkloadRow(
@@ -136,6 +142,7 @@ ROWS: dict[str, WorkloadRow] = {
                 "drop_cache",
             ),  # fmt: skip
             format_bound={"shard_size": ("webdataset",)},
+            required=_DATASET_REQUIRED,
             budget=_au_budget,
             budget_words=lambda b: (
                 None
@@ -153,6 +160,7 @@ ROWS: dict[str, WorkloadRow] = {
             sample_metric=None,
             comparable=(*_DATA_COMMON, *_DATASET, "output_shard_size"),
             format_bound={"shard_size": ("webdataset",)},
+            required=_DATASET_REQUIRED,
             title="building the preprocessed cache",
         ),
         WorkloadRow(
@@ -162,6 +170,7 @@ ROWS: dict[str, WorkloadRow] = {
             unit="ms",
             sample_metric=WORKSPACE_SAVE_P99_MS,
             comparable=(*_DATA_COMMON, "files", "file_size", "rounds"),
+            required=("files",),
             budget=_p99_budget,
             budget_words=lambda b: (
                 None if b.max_p99_ms is None else f"p99 save latency <= {b.max_p99_ms:g} ms"

@@ -260,6 +260,14 @@ def _refuse_incomparable(row: WorkloadRow, groups: list[ProfileRuns]) -> None:
     """
     # Each run named by its profile and its file or uuid: which run to look at.
     runs = [(f"{g.profile} ({r.label})", r) for g in groups for r in g.trainings]
+    missing = [
+        f"{label} does not record {key}"
+        for label, r in runs
+        for key in row.required
+        if r.inputs.get(key) is None
+    ]
+    if missing:
+        raise NotComparable(f"{row.name} runs are not comparable: " + "; ".join(missing))
     problems = provenance_differences(runs) + claim_differences(groups)
     formats = {r.inputs.get("dataset_format") for _, r in runs}
     for key in row.comparable:

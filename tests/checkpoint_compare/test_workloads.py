@@ -221,6 +221,15 @@ def test_runs_of_other_loader_settings_or_images_are_refused(change: dict, named
         judge(runs)
 
 
+def test_a_run_that_does_not_record_its_dataset_is_refused() -> None:
+    unknown = scan_run(FAST, [1.0, 1.0], [0.5] * 2)
+    del unknown.inputs["dataset_size"]
+    with pytest.raises(
+        NotComparable, match=r"checkpoint-throughput \(.*\) does not record dataset_size"
+    ):
+        judge([scan_run(BASE, [1.0, 1.0], [0.5] * 2), unknown])
+
+
 def test_a_scan_served_by_the_page_cache_is_never_compared() -> None:
     kept_in = scan_run(FAST, [0.1, 0.1], [0.9] * 2)
     kept_in.outputs["scan_cache_kept_out"] = False
