@@ -19,7 +19,7 @@ EXIT_CODES = {
     EXIT_UNEXPECTED: "unexpected error",
     EXIT_USAGE: "bad arguments",
     EXIT_CHECKPOINT_DIR: "checkpoint dir missing or not writable, access refused mid-run "
-    "(EACCES/EPERM/EROFS), or holding another run's checkpoints",
+    "(EACCES/EPERM/EROFS), holding another run's checkpoints, or in use by another trainer",
     EXIT_STORAGE_FULL: "no space left on the checkpoint volume (ENOSPC/EDQUOT)",
     EXIT_UPLOAD: "upload to the artifact store failed after retries (local checkpoint kept)",
     EXIT_CORRUPT: "no usable checkpoint to resume, or corrupt data",

@@ -18,6 +18,7 @@ from trainer.ckpt import sharded, store
 from trainer.ckpt.checkpointer import Checkpointer, CheckpointRecord
 from trainer.ckpt.formats import WriteOptions, make_format
 from trainer.ckpt.fs import LocalFS
+from trainer.ckpt.lock import DirLock
 from trainer.ckpt.upload import DEFAULT_BACKOFF, Uploader
 from trainer.config import RUN_ARTIFACTS_TARGETS, TrainConfig
 from trainer.errors import CheckpointDirError, ConfigError
@@ -127,7 +128,10 @@ def train(
     fs = fs or LocalFS()
     cfg.check_checkpoint_dir()
     ranks = distributed.join(cfg)
+    lock = DirLock(cfg.checkpoint_dir)
     try:
+        # One trainer per directory; rank 0 holds the lock for the job's ranks.
+        ranks.agree(distributed.refusal(lock.acquire) if ranks.is_main else None)
         device = ranks.device
         torch.manual_seed(cfg.seed)
         shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
@@ -260,6 +264,7 @@ def train(
     finally:
         # Every way out, a refusal included: a rank that leaves its process group to the
         # interpreter's exit can abort there (SIGABRT) instead of exiting with its code.
+        lock.release()
         ranks.close()
 
 
