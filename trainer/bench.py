@@ -55,10 +55,12 @@ from trainer.ckpt.checkpointer import Checkpointer
 from trainer.ckpt.formats import Format, RawFormat, WriteOptions, load_verified, make_format
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer
+from trainer.shape import shape_for_bytes
 
 GB = 1e9
 CPU = torch.device("cpu")
 STREAMS = (1, 2, 4, 8)
+TRAIN_SEQ_LEN = 64
 TARGETS: dict[str, tuple[float, str]] = {
     "raw-sync whole save vs fio write": (0.9, ">="),
     "raw-sync vs dcp-sync": (2.0, ">="),
@@ -283,7 +285,7 @@ def steps_per_s(
     from trainer.model import VOCAB, SyntheticTokens, TinyGPT, shape_for_bytes
 
     torch.manual_seed(0)
-    seq = 64
+    seq = TRAIN_SEQ_LEN
     model = TinyGPT(shape_for_bytes(parse_size(model_size), seq), seq).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     data = SyntheticTokens(0, 8, seq)
@@ -605,8 +607,8 @@ def main(
         nbytes = parse_size(size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--size") from None
-    try:
-        parse_size(train_model_size)  # checked now, not after the whole benchmark ran
+    try:  # checked now, not after the whole benchmark ran
+        shape_for_bytes(parse_size(train_model_size), TRAIN_SEQ_LEN)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--train-model-size") from None
     if repeats < 1:

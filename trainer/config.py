@@ -20,6 +20,7 @@ from checkpoint_storage_bench.config_cli import cli, flag
 from checkpoint_storage_bench.contract import PARALLEL_MODES
 from checkpoint_storage_bench.units import parse_size
 from trainer.errors import CheckpointDirError, ConfigError
+from trainer.shape import smallest_model_bytes
 
 Device = Literal["auto", "cpu", "cuda"]
 Format = Literal["raw", "torch", "dcp", "safetensors"]
@@ -39,7 +40,6 @@ RUN_ARTIFACTS_TARGETS = {"run-artifacts": False, "run-artifacts-store": True}
 """``--upload-to`` names for the tracked run's own outputs → whether the upload goes straight
 to the artifacts store (True) or into the local outputs directory Polyaxon syncs (False)."""
 
-MIN_MODEL_BYTES = 64 * 1024
 MAX_IO_STREAMS = 64
 MAX_CHECKPOINT_TIMEOUT_S = 7 * 24 * 3600
 """A week: a bound far above any checkpoint's wait, and one the process group's timeout
@@ -89,7 +89,8 @@ class TrainConfig:
     """Write the run's figures and per-checkpoint timeline to this JSON file."""
 
     model_size: int | str = field(default="16MiB", metadata=cli(click_type=str, metavar="SIZE"))
-    """fp32 parameter bytes (e.g. 2MiB, 1GiB); a checkpoint is about three times this."""
+    """fp32 parameter bytes (e.g. 2MiB, 1GiB), an upper bound the model fits (fewer layers
+    below about 280KB); a checkpoint is about three times this."""
 
     seed: int = 0
     """Seed of the model initialisation and the synthetic dataset."""
@@ -185,8 +186,11 @@ class TrainConfig:
             self.model_size = parse_size(self.model_size)
         except ValueError as exc:
             raise ConfigError(f"--model-size: {exc}") from None
-        if self.model_size < MIN_MODEL_BYTES:
-            raise ConfigError(f"--model-size must be at least 64KiB, got {self.model_size} bytes")
+        if self.model_size < (smallest := smallest_model_bytes(self.seq_len)):
+            raise ConfigError(
+                f"--model-size must be at least {smallest} bytes at --seq-len {self.seq_len} "
+                f"(the smallest model: one layer of width 32), got {self.model_size} bytes"
+            )
         for name, allowed in (
             ("device", DEVICES),
             ("format", FORMATS),

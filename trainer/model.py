@@ -8,41 +8,13 @@ of ``(seed, step)`` so a resumed run sees exactly the batches an uninterrupted o
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-VOCAB = 256
-HEAD_DIM = 32
+from trainer.shape import HEAD_DIM, VOCAB, ModelShape, shape_for_bytes
 
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Width and depth of the transformer."""
-
-    d_model: int
-    n_layers: int
-    n_heads: int
-
-    def param_count(self, seq_len: int) -> int:
-        d, layers = self.d_model, self.n_layers
-        per_layer = 12 * d * d + 13 * d  # attention 4d², MLP 8d², biases and norms
-        return layers * per_layer + VOCAB * d + seq_len * d + 2 * d + d * VOCAB
-
-
-def shape_for_bytes(param_bytes: int, seq_len: int, n_layers: int = 4) -> ModelShape:
-    """Pick the widest model (multiple of HEAD_DIM) whose fp32 parameters fit the budget.
-
-    The checkpoint is about three times ``param_bytes``: parameters plus AdamW's two moments.
-    """
-    budget = max(param_bytes // 4, 1)
-    d = max(HEAD_DIM, int(math.sqrt(budget / (12 * n_layers))) // HEAD_DIM * HEAD_DIM)
-    while d > HEAD_DIM and ModelShape(d, n_layers, d // HEAD_DIM).param_count(seq_len) > budget:
-        d -= HEAD_DIM
-    return ModelShape(d_model=d, n_layers=n_layers, n_heads=d // HEAD_DIM)
+__all__ = ["HEAD_DIM", "VOCAB", "ModelShape", "SyntheticTokens", "TinyGPT", "shape_for_bytes"]
 
 
 class Block(nn.Module):

@@ -59,6 +59,7 @@ def test_bench_rejects_a_sweep_without_one_stream(tmp_path):
         ["--threads", "0"],
         ["--train-rounds", "0"],
         ["--train-model-size", "huge"],
+        ["--train-model-size", "64KiB"],
     ],
 )
 def test_bench_refuses_bad_settings_before_it_runs(tmp_path, args):

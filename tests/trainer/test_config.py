@@ -86,7 +86,8 @@ def test_every_error_has_a_listed_exit_code():
         (["--steps", "0"], "--steps must be positive"),
         (["--lr", "nan"], "--lr must be a positive number"),
         (["--keep", "0"], "--keep must be at least 1"),
-        (["--model-size", "1k"], "--model-size must be at least 64KiB"),
+        (["--model-size", "1k"], "--model-size must be at least 124800 bytes at --seq-len 64"),
+        (["--model-size", "64KiB"], "--model-size must be at least 124800 bytes at --seq-len 64"),
         (["--batch-size", str(2**70)], f"--batch-size {2**70} x --seq-len 64 tokens a step"),
         (["--seq-len", str(2**70)], f"--batch-size 8 x --seq-len {2**70} tokens a step"),
         (["--seed", str(2**64)], "--seed must be between"),
@@ -226,3 +227,21 @@ def test_a_summary_that_cannot_be_renamed_into_place_leaves_no_temp_file(tmp_pat
     assert [p.name for p in out.iterdir()] == ["summary.json"]
     write_json_atomic(out / "other.json", {"a": 1})
     assert json.loads((out / "other.json").read_text()) == {"a": 1}
+
+
+@pytest.mark.parametrize("size", ["122KiB", "128KiB", "256KiB", "300KiB", "1MiB", "3MiB"])
+@pytest.mark.parametrize("seq_len", [16, 64])
+def test_the_model_fits_the_size_asked_for(size, seq_len):
+    from checkpoint_storage_bench.units import parse_size
+    from trainer.model import TinyGPT, shape_for_bytes
+    from trainer.shape import smallest_model_bytes
+
+    budget = parse_size(size)
+    if budget < smallest_model_bytes(seq_len):
+        with pytest.raises(ConfigError, match="--model-size must be at least"):
+            TrainConfig(checkpoint_dir="x", model_size=size, seq_len=seq_len)
+        return
+    model = TinyGPT(shape_for_bytes(budget, seq_len), seq_len)
+    built = sum(p.numel() for p in model.parameters()) * 4
+    assert built <= budget
+    assert built > budget / 2  # not a token model either
