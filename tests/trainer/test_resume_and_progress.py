@@ -295,3 +295,15 @@ def test_resume_trains_at_the_new_lr_and_records_it(tmp_path):
     # What the checkpoint says it trained with is what the optimizer used.
     assert state["config"]["lr"] == 1e-2
     assert {g["lr"] for g in state["optimizer"]["param_groups"]} == {1e-2}
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused_not_a_traceback(tmp_path, monkeypatch):
+    import trainer.train
+    from trainer.model import ModelShape
+
+    train(tiny_config(tmp_path, steps=2), say=quiet)
+    # The same settings building another shape (another trainer version).
+    monkeypatch.setattr(trainer.train, "shape_for_bytes", lambda size, seq: ModelShape(32, 1, 1))
+    with pytest.raises(ConfigError, match="step-00000002 holds a model of another shape") as no:
+        train(tiny_config(tmp_path, steps=4, resume="always"), say=quiet)
+    assert no.value.exit_code == 2

@@ -785,12 +785,12 @@ def restore(
         try:
             state = build()
             check_config(state.get("config", {}), name)
+            _load_model(model, state["model"], name)
         except TrainerError as exc:
             refused: TrainerError | None = exc
         else:
             refused = None
         ranks.agree(refused)
-        model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"].clone())  # needs its own storage
         if "cuda" in state["rng"] and ranks.device.type == "cuda":
@@ -807,6 +807,23 @@ def restore(
             )
         )
     return None
+
+
+def _load_model(model: torch.nn.Module, saved: dict[str, Any], name: str) -> None:
+    """Load the saved weights, or refuse a checkpoint of another model shape (one the same
+    settings built in another version of the trainer): exit 2, not a traceback.
+
+    Raises:
+        ConfigError: The saved tensors do not fit the model.
+    """
+    try:
+        model.load_state_dict(saved)
+    except RuntimeError as exc:
+        first = " ".join(str(exc).split())[:200]
+        raise ConfigError(
+            f"--resume: {name} holds a model of another shape than this run builds ({first}); "
+            "use a new checkpoint dir"
+        ) from None
 
 
 def _check_resumable(manifest: dict[str, Any], name: str, fmt: Format, ranks: Ranks) -> None:
