@@ -440,9 +440,11 @@ def score(
     workload: str,
     confidence: float,
     use_repeats: int | None = None,
+    verdicts: Path | None = None,
 ) -> dict[str, Any]:
     """Judge one comparison with the verdict (``python -m checkpoint_compare``) from its
-    runs' summaries under ``directory``; with ``use_repeats``, the first K runs of each
+    runs' summaries under ``directory``, its JSON written into ``verdicts`` (default
+    ``directory/workload``); with ``use_repeats``, the first K runs of each
     block of repeats only (a return to the first profile is a block of its own)."""
     args = [sys.executable, "-m", "checkpoint_compare", "--no-track",
             "--confidence", str(confidence), "--baseline", comp.baseline]  # fmt: skip
@@ -455,7 +457,7 @@ def score(
             if run.exit_code != 0 or run.summary is None:
                 return {"status": "run failed", "run": i}
             args += ["--summary", f"{name}={directory / run.summary}"]
-    out = directory / workload / f"verdict-{comp.index:04d}.json"
+    out = (verdicts or directory / workload) / f"verdict-{comp.index:04d}.json"
     args += ["--json", str(out)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -621,8 +623,9 @@ def _plain(value: Any) -> Any:
 
 
 def rescore(directory: Path, use_repeats: int | None, confidence: float | None) -> dict[str, Any]:
-    """Judge the kept runs of ``directory`` again; the scores go to a new file beside the
-    manifest (the manifest keeps the scores of the time they were run)."""
+    """Judge the kept runs of ``directory`` again. The scores and the verdicts go to a new
+    directory ``rescore-<time>`` beside the manifest, which keeps the scores (and the
+    verdicts) of the time the runs were made."""
     path = directory / "manifest.json"
     try:
         manifest = json.loads(path.read_text())
@@ -631,17 +634,23 @@ def rescore(directory: Path, use_repeats: int | None, confidence: float | None) 
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         raise CalibrationError(f"--rescore {directory}: {path} is not a {SCHEMA} manifest", 2)
     confidence = confidence or manifest["settings"]["confidence"]
+    manifest["rescored_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = manifest["rescored_at"].replace(":", "").replace("-", "")
+    into, n = directory / f"rescore-{stamp}", 1
+    while into.exists():
+        n += 1
+        into = directory / f"rescore-{stamp}-{n}"
     for workload, entry in manifest["workloads"].items():
+        (into / workload).mkdir(parents=True)
         by_index = {r["index"]: PlannedRun(**r) for r in entry["runs"]}
         runs = _dense(by_index)
         for c in entry["comparisons"]:
             comp = Comparison(**{**c, "score": None})
-            c["score"] = score(comp, runs, directory, workload, confidence, use_repeats)
-    manifest["rescored_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            c["score"] = score(comp, runs, directory, workload, confidence, use_repeats,
+                               into / workload)  # fmt: skip
     manifest["rescored_with"] = {"use_repeats": use_repeats, "confidence": confidence,
                                  "revision": _revision()}  # fmt: skip
-    stamp = manifest["rescored_at"].replace(":", "").replace("-", "")
-    _write_json(directory / f"rescore-{stamp}.json", manifest)
+    _write_json(into / "manifest.json", manifest)
     return manifest
 
 

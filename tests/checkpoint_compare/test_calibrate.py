@@ -193,10 +193,18 @@ def test_a_small_a_a_calibration_on_a_directory_is_scored_and_rescored(tmp_path)
     again = _cli("--rescore", str(out), "--use-repeats", "1")
     assert again.returncode == 0, again.stderr
     assert "use_repeats': 1" in again.stdout
-    (rescored,) = out.glob("rescore-*.json")
-    assert json.loads(rescored.read_text())["workloads"]["workspace"]["comparisons"][0]["score"]
-    one_a_side = json.loads((out / "workspace" / "verdict-0000.json").read_text())
+    (rescored,) = out.glob("rescore-*")
+    assert (
+        json.loads((rescored / "manifest.json").read_text())["workloads"]["workspace"][
+            "comparisons"
+        ][0]["score"]["status"]
+        == "scored"
+    )
+    one_a_side = json.loads((rescored / "workspace" / "verdict-0000.json").read_text())
     assert [len(p["runs"]) for p in one_a_side["profiles"].values()] == [1, 1]
+    # What the runs were first judged with is kept as it was.
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    assert json.loads((out / "workspace" / "verdict-0000.json").read_text()) == verdict
 
 
 def _can_make_loop_volumes() -> bool:
