@@ -428,7 +428,8 @@ def _price(p: WorkloadProfile) -> str:
 def _recommend(v: WorkloadVerdict) -> tuple[str | None, str]:
     """The cheapest profile that meets the budget; without one, the cheapest profile that is
     not measurably slower (of the measurably faster ones when there are any: the others
-    are measurably slower than them). Ties keep the order, baseline first."""
+    are measurably slower than them). Priced before unpriced; ties keep the order, baseline
+    first."""
     row, profiles, budget = v.row, v.profiles, v.budget
     if why := row.unjudgeable(profiles, budget):
         return None, why
@@ -437,14 +438,26 @@ def _recommend(v: WorkloadVerdict) -> tuple[str | None, str]:
         if not fits:
             return None, "none of the profiles meets the budget"
         best = min(fits, key=_monthly)
-        return best.profile, f"the cheapest profile that meets the budget ({_price(best)})"
+        return best.profile, _choice(best, fits, "meets the budget")
     better = [p for p in profiles if p.direction == "better"]
     pool = better or [p for p in profiles if p.direction != "worse"]
     best = min(pool, key=lambda p: (*_monthly(p), p.median if better else 0.0))
-    what = "measurably faster" if better else "not measurably slower"
-    priced = "" if _monthly(best)[0] else f" ({_price(best)})"
-    cheapest = "the cheapest" if not _monthly(best)[0] else "the first (none is priced)"
-    return best.profile, f"{cheapest} profile that is {what}{priced}"
+    return best.profile, _choice(
+        best, pool, "is measurably faster" if better else "is not measurably slower"
+    )
+
+
+def _choice(best: WorkloadProfile, pool: list[WorkloadProfile], what: str) -> str:
+    """Why ``best`` of ``pool``: the cheapest, when it is priced; no cost claim about an
+    unpriced profile."""
+    unpriced = [p.profile for p in pool if _monthly(p)[0] and p is not best]
+    if _monthly(best)[0]:
+        return (
+            f"the first profile that {what}, in the pipeline's order; not priced: nothing "
+            "is said of what it costs"
+        )
+    others = f"; {', '.join(unpriced)} not priced: nothing is said of its cost" if unpriced else ""
+    return f"the cheapest profile that {what} ({_price(best)}){others}"
 
 
 def _figure(value: float, unit: str) -> str:

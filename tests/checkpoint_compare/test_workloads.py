@@ -143,6 +143,16 @@ def test_min_au_without_any_au_says_there_is_no_au_to_judge() -> None:
     assert "meets the budget" not in verdict.sentences[-1]
 
 
+def test_an_unpriced_profile_is_never_called_the_cheapest() -> None:
+    runs = [scan_run(BASE, [1.0] * 3, [0.5] * 3), scan_run("nvme-local", [1.0] * 3, [0.95] * 3)]
+    verdict = judge(runs, min_au=0.9)
+    assert verdict.recommended == "nvme-local"
+    assert "cheapest" not in verdict.reason and "nothing is said of what it costs" in verdict.reason
+    both = judge(runs, min_au=0.4)
+    assert both.recommended == BASE  # priced before unpriced
+    assert "nvme-local not priced: nothing is said of its cost" in both.reason
+
+
 def test_noise_is_no_difference_and_the_cheapest_is_recommended() -> None:
     runs = [
         scan_run(BASE, [12.0, 10.0, 10.4, 9.7, 10.2, 9.9], [0.7] * 6),
