@@ -512,6 +512,12 @@ def terminal(v: WorkloadVerdict) -> str:
             f"sample(s) from {len(p.runs)} run(s){au}{noise}"
         )
     lines += [f"  {s}" for s in v.sentences]
+    # The checkpoint report's last lines, so a log reads the same for every workload.
+    lines += [
+        "",
+        f"VERDICT: {v.verdict}",
+        f"RECOMMENDED: {v.recommended or NONE_MEETS} — {v.reason}",
+    ]
     return "\n".join(lines) + "\n"
 
 

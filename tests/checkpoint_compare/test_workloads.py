@@ -436,6 +436,7 @@ def test_the_cli_judges_real_scan_summaries(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "scan verdict, baseline checkpoint-baseline" in done.stdout
+    assert "\nVERDICT: " in done.stdout and "\nRECOMMENDED: " in done.stdout
     assert "epoch time" in done.stdout and "AU" in done.stdout
     verdict = json.loads(out.read_text())
     assert verdict["workload"] == "scan" and len(verdict["profiles"]) == 2
