@@ -75,23 +75,35 @@ def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> 
             per run, and every resumed run ranked against an uninterrupted one.
     """
     runs = _runs(groups)
-    missing = [
-        f"{label} ({run.label}) does not record {key}"
-        for label, run in runs
-        for key in CHECKPOINT.required
-        if run.inputs.get(key) is None
-    ]
-    if missing:
+    if missing := missing_inputs([(f"{lb} ({r.label})", r) for lb, r in runs], CHECKPOINT.required):
         raise NotComparable("runs are not comparable: " + "; ".join(missing))
     differences = provenance_differences(runs) + claim_differences(groups)
-    for key in CHECKPOINT.comparable:
+    differences += input_differences(runs, CHECKPOINT.comparable)
+    if differences:
+        raise NotComparable("runs are not comparable: " + "; ".join(differences))
+    return _resumed(runs, allow_resumed)
+
+
+def missing_inputs(runs: list[tuple[str, RunRecord]], keys: tuple[str, ...]) -> list[str]:
+    """``label does not record key`` for each of ``keys`` a run did not record."""
+    return [
+        f"{label} does not record {key}"
+        for label, run in runs
+        for key in keys
+        if run.inputs.get(key) is None
+    ]
+
+
+def input_differences(runs: list[tuple[str, RunRecord]], keys: tuple[str, ...]) -> list[str]:
+    """``key differs (label=value, …)`` for each of ``keys`` the runs do not agree on (a run
+    that did not record it counts as one more value, None)."""
+    differences = []
+    for key in keys:
         values = {label: run.inputs.get(key) for label, run in runs}
         if len({repr(v) for v in values.values()}) > 1:
             shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
             differences.append(f"{key} differs ({shown})")
-    if differences:
-        raise NotComparable("runs are not comparable: " + "; ".join(differences))
-    return _resumed(runs, allow_resumed)
+    return differences
 
 
 def provenance_differences(runs: list[tuple[str, RunRecord]]) -> list[str]:

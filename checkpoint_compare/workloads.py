@@ -25,7 +25,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from checkpoint_compare.comparability import claim_differences, provenance_differences
+from checkpoint_compare.comparability import (
+    claim_differences,
+    input_differences,
+    missing_inputs,
+    provenance_differences,
+)
 from checkpoint_compare.comparison import NO_DIFFERENCE, Difference, Thresholds
 from checkpoint_compare.cost import Pricing, ProfileCost, profile_cost
 from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
@@ -260,24 +265,14 @@ def _refuse_incomparable(row: WorkloadRow, groups: list[ProfileRuns]) -> None:
     """
     # Each run named by its profile and its file or uuid: which run to look at.
     runs = [(f"{g.profile} ({r.label})", r) for g in groups for r in g.trainings]
-    missing = [
-        f"{label} does not record {key}"
-        for label, r in runs
-        for key in row.required
-        if r.inputs.get(key) is None
-    ]
-    if missing:
+    if missing := missing_inputs(runs, row.required):
         raise NotComparable(f"{row.name} runs are not comparable: " + "; ".join(missing))
-    problems = provenance_differences(runs) + claim_differences(groups)
     formats = {r.inputs.get("dataset_format") for _, r in runs}
-    for key in row.comparable:
-        bound = row.format_bound.get(key)
-        if bound is not None and not formats & set(bound):
-            continue
-        values = {label: r.inputs.get(key) for label, r in runs}
-        if len({repr(v) for v in values.values()}) > 1:
-            shown = ", ".join(f"{p}={v!r}" for p, v in values.items())
-            problems.append(f"{key} differs ({shown})")
+    keys = tuple(
+        k for k in row.comparable if k not in row.format_bound or formats & set(row.format_bound[k])
+    )
+    problems = provenance_differences(runs) + claim_differences(groups)
+    problems += input_differences(runs, keys)
     cached = [
         label
         for label, r in runs
