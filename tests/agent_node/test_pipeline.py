@@ -23,6 +23,7 @@ from sandbox import commands
 from sandbox.errors import FollowTimeoutError, RunFailedError, SandboxError
 from sandbox.on_node import NODE_DEMO_OVERRIDES, apply_bundle, import_image, project_image
 from sandbox.pipeline import (
+    DONE_STATUSES,
     follow,
     get_run,
     log_lines,
@@ -302,7 +303,13 @@ def test_a_pipeline_cut_short_is_stopped_and_frees_the_claim(
     # claim free.
     sb = sandbox_on_node
     uuid, _ = submit(sb, image_in_node, PRICE_ORDER[:2])
-    wait_for("a stage holding the claim", lambda: lease_holder(node), timeout=600, interval=2.0)
+
+    def held() -> str | None:
+        status = get_run(sb.client, OWNER, PROJECT, uuid).status
+        assert status not in DONE_STATUSES, f"pipeline {uuid} ended {status} before a switch"
+        return lease_holder(node)
+
+    wait_for("a stage holding the claim", held, timeout=600, interval=2.0)
     with pytest.raises(FollowTimeoutError):
         run_to_end(sb, node, uuid, timeout=0)
     assert get_run(sb.client, OWNER, PROJECT, uuid).status in ("stopping", "stopped")
