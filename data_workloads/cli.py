@@ -15,9 +15,9 @@ import click
 
 from checkpoint_storage_bench.config_cli import config_options
 from checkpoint_storage_bench.errors import exit_codes_help
+from checkpoint_storage_bench.interrupts import signals_raise
 from data_workloads.config import MaterializeConfig, ScanConfig, WorkspaceConfig
-from data_workloads.errors import EXIT_CODES
-from data_workloads.interrupts import signals_raise_interrupted
+from data_workloads.errors import EXIT_CODES, Interrupted
 
 _SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -27,7 +27,7 @@ _SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def main(ctx: click.Context) -> None:
     """Measure a claim with the operation that matters to a data workload."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    ctx.with_resource(signals_raise_interrupted())
+    ctx.with_resource(signals_raise(Interrupted))
 
 
 @main.command(epilog=exit_codes_help(EXIT_CODES))

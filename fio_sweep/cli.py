@@ -13,10 +13,10 @@ from pathlib import Path
 import click
 
 from checkpoint_storage_bench.errors import exit_codes_help
+from checkpoint_storage_bench.interrupts import signals_raise
 from checkpoint_storage_bench.tracking import tracked_run
 from fio_sweep.commands import Config, prepare, run_sweep
-from fio_sweep.errors import EXIT_CODES
-from fio_sweep.interrupts import signals_raise_interrupted
+from fio_sweep.errors import EXIT_CODES, Interrupted
 from fio_sweep.spec import MAX_WRITERS, WRITERS_CASE, shipped_specs
 
 
@@ -94,7 +94,7 @@ def main(
         allow_raw_device=allow_raw_device,
         writers=writers,
     )
-    with signals_raise_interrupted():
+    with signals_raise(Interrupted):
         plan = prepare(config)
         tags = ["fio-sweep", f"spec:{Path(plan.spec.source).stem}"]
         with tracked_run("fio-sweep", tags=tags, enabled=track) as tracker:

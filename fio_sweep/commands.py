@@ -23,10 +23,10 @@ from checkpoint_storage_bench.fio import (
     parse_jobs,
     run_fio,
 )
+from checkpoint_storage_bench.interrupts import deferred_signals
 from checkpoint_storage_bench.tracking import Tracker
 from checkpoint_storage_bench.units import format_bytes
 from fio_sweep.errors import FioJobError
-from fio_sweep.interrupts import deferred_signals
 from fio_sweep.runner import (
     Target,
     check_directory,

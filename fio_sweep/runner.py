@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from checkpoint_storage_bench.interrupts import deferred_signals
 from checkpoint_storage_bench.units import format_bytes
 from fio_sweep.errors import FioMissingError, NoSpaceError, UnsafeTargetError
-from fio_sweep.interrupts import deferred_signals
 
 # Space kept free beyond the largest case, so the sweep never fills a claim to the brim.
 SPACE_RESERVE = 64 * 1024**2

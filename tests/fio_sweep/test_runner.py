@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_storage_bench.interrupts import deferred_signals, signals_raise
 from fio_sweep.commands import Progress
 from fio_sweep.errors import Interrupted, NoSpaceError, UnsafeTargetError
-from fio_sweep.interrupts import deferred_signals, signals_raise_interrupted
 from fio_sweep.runner import (
     SPACE_RESERVE,
     Target,
@@ -137,7 +137,7 @@ def test_progress_counts_cases_and_estimates_the_rest():
 
 def test_a_signal_during_cleanup_is_raised_after_it():
     seen: list[str] = []
-    with pytest.raises(Interrupted, match="SIGTERM"), signals_raise_interrupted():
+    with pytest.raises(Interrupted, match="SIGTERM"), signals_raise(Interrupted):
         with deferred_signals():
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGINT)  # a repeat is ignored: SIGTERM is reported
@@ -148,7 +148,7 @@ def test_a_signal_during_cleanup_is_raised_after_it():
 
 
 def test_a_signal_outside_cleanup_interrupts_at_once():
-    with pytest.raises(Interrupted) as caught, signals_raise_interrupted():
+    with pytest.raises(Interrupted) as caught, signals_raise(Interrupted):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
     assert caught.value.exit_code == 130
