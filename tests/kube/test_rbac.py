@@ -146,6 +146,8 @@ NEEDED = [
     ("list", "", "pods", NAMESPACE, None),
     ("get", "", "persistentvolumes", None, "pvc-anything"),
     ("get", "storage.k8s.io", "volumeattributesclasses", None, THROUGHPUT),
+    # an unbound claim's StorageClass: its provisioner must be the class's driver
+    ("get", "storage.k8s.io", "storageclasses", None, "gp3"),
     ("get", "coordination.k8s.io", "leases", NAMESPACE, LEASE),
     ("update", "coordination.k8s.io", "leases", NAMESPACE, LEASE),
     # create cannot be restricted by name (the name is in the body): any Lease of ml-team
@@ -163,6 +165,9 @@ NOT_GRANTED = [
     ("patch", "", "persistentvolumes", None, "pvc-anything"),
     ("list", "storage.k8s.io", "volumeattributesclasses", None, None),
     ("create", "storage.k8s.io", "volumeattributesclasses", None, None),
+    ("list", "storage.k8s.io", "storageclasses", None, None),
+    ("watch", "storage.k8s.io", "storageclasses", None, None),
+    ("patch", "storage.k8s.io", "storageclasses", None, "gp3"),
     ("get", "", "secrets", NAMESPACE, "artifacts-store-s3"),
     ("get", "coordination.k8s.io", "leases", NAMESPACE, "storage-profile-scratch"),
     ("update", "coordination.k8s.io", "leases", NAMESPACE, "storage-profile-scratch"),
