@@ -32,6 +32,7 @@ from trainer.ckpt.checkpointer import CheckpointRecord
 from trainer.ckpt.formats import RawFormat, flatten
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer, write_file
+from trainer.ckpt.lock import LOCK_NAME
 from trainer.config import PARALLEL, TrainConfig
 from trainer.errors import CheckpointCorruptError, ConfigError, WorldSizeError
 from trainer.summary import RunSummary
@@ -78,7 +79,11 @@ def rank_exit_codes(text: str) -> dict[int, int]:
 
 
 def hidden(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+    """The hidden entries a checkpoint left (in progress, replaced); not the trainers' lock
+    file, which a rank killed by torchrun's SIGTERM leaves unlocked for the next to take."""
+    return sorted(
+        p.name for p in directory.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME
+    )
 
 
 def shard_tensors(step_dir: Path) -> list[list[torch.Tensor]]:
