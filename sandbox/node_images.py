@@ -8,7 +8,7 @@ artifacts store). On a cluster their images are ``polyaxon/polyaxon-init`` and
 ``polyaxon/polyaxon-sidecar`` from Docker Hub, which cannot be pulled here. What they are
 is the ``polyaxon`` package with ``POLYAXON_SERVICE`` set (the CLI registers the
 ``initializer`` / ``sidecar`` commands only for that service): so these images are the node's
-Debian base (``tests/kube/node.py``) plus one layer with the pinned ``polyaxon`` and the
+Debian base (``localcluster/node.py``) plus one layer with the pinned ``polyaxon`` and the
 extras those commands import (``k8s-async``: the sidecar reads its pod through the API;
 ``sidecar``: pandas, anyio; ``fsspec``: its sync to the store), tagged once per service with
 its ``POLYAXON_SERVICE``.
@@ -57,7 +57,7 @@ def build(base_archive: Path, cache: Path) -> Path:
     """The OCI archive with a tag per service (``init-2.18.0``, ``sidecar-2.18.0``), to be
     imported with the base name :data:`IMAGE`; built when not cached.
 
-    ``base_archive``: the Debian base's OCI archive (``tests.kube.node.debian_base_image``),
+    ``base_archive``: the Debian base's OCI archive (``localcluster.node.debian_base_image``),
     its one tag ``bookworm``. Needs network for pip (the build machine's, not the node's).
     """
     archive = archive_path(base_archive, cache)

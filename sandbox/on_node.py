@@ -1,7 +1,7 @@
 """The sandbox on the local node: Polyaxon's own agent and the operator stand-in, not the
 process-based agent (docs/agent-on-node.md).
 
-What runs, beside the node (``python -m tests.kube.node start``, which owns the bridge
+What runs, beside the node (``python -m localcluster start --node``, which owns the bridge
 ``10.244.0.1`` and the API server on it):
 
 - the sandbox's haupt server, listening on the bridge's address (the one address of this
@@ -45,10 +45,10 @@ PROCESSES = ("plx-agent", "operator")
 
 
 def node_state_dir() -> Path:
-    """Where ``python -m tests.kube.node start`` keeps its state by default."""
-    from tests.kube.node import default_state_dir
+    """Where ``python -m localcluster start --node`` keeps its state by default."""
+    from localcluster.state import default_state_dir
 
-    return default_state_dir()
+    return default_state_dir(node=True)
 
 
 def node_kubeconfig(state_dir: Path) -> Path:
@@ -58,7 +58,7 @@ def node_kubeconfig(state_dir: Path) -> Path:
     if not kubeconfig.exists() or not pids.exists():
         raise ConfigError(
             f"no node runs with state in {state_dir}: start it first with "
-            '`python -m tests.kube.node start --bin-dir "$(scripts/controlplane.sh bin-dir)"`'
+            "`python -m localcluster start --node`"
         )
     return kubeconfig
 
@@ -246,7 +246,7 @@ def store_volume_name(namespace: str, claim: str) -> str:
 
 def import_image(state_dir: Path, archive: Path, base_name: str) -> None:
     """Import an OCI archive into the running node's containerd (in the node's mount
-    namespace, as ``tests.kube.node.Node.import_image`` does)."""
+    namespace, as ``localcluster.node.Node.import_image`` does)."""
     pids = json.loads((state_dir / "node-pids.json").read_text())
     (holder,) = [p["pid"] for p in pids["procs"] if p["name"] == "holder"]
     done = subprocess.run(
@@ -273,8 +273,8 @@ def import_image(state_dir: Path, archive: Path, base_name: str) -> None:
 
 def import_images(state_dir: Path) -> list[str]:
     """The Debian base and Polyaxon's init/sidecar images, built (cached) and imported."""
+    from localcluster.node import BASE_IMAGE, debian_base_image, image_cache
     from sandbox import node_images
-    from tests.kube.node import BASE_IMAGE, debian_base_image, image_cache
 
     base = debian_base_image()
     aux = node_images.build(base, image_cache())

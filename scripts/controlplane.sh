@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane on 127.0.0.1, built from Go modules (docs/controlplane.md).
+# A real Kubernetes control plane on 127.0.0.1, built from the Go modules in localcluster/go
+# (docs/controlplane.md); start and stop are `python -m localcluster start|stop`.
 #
 #   scripts/controlplane.sh build [NAME...]  build the missing or stale binaries (once; cached)
 #   scripts/controlplane.sh build --node     the same, with the node's too (kubelet,
@@ -24,9 +25,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-MODS=$ROOT/scripts/controlplane
+MODS=$ROOT/localcluster/go
 
-# shellcheck source=controlplane/versions.env
+# shellcheck source=../localcluster/go/versions.env
 . "$MODS/versions.env"
 SET="k8s-$K8S_VERSION-etcd-$ETCD_VERSION-prov-$PROVISIONER_VERSION-rsz-$RESIZER_VERSION-hp-$HOSTPATH_VERSION"
 BIN_DIR=${CONTROLPLANE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/checkpoint-storage-bench/controlplane/$SET/bin}
@@ -35,7 +36,7 @@ STATE_DIR=${CONTROLPLANE_STATE_DIR:-${TMPDIR:-/tmp}/csb-controlplane-$(id -u)}
 # The Kubernetes binaries come from one wrapper module and are built by one `go build`, so
 # the packages they share (most of them) are compiled once.
 K8S_NAMES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
-# The control plane's; the node (tests/kube/node.py) needs NODE_NAMES as well.
+# The control plane's; the node (localcluster/node.py) needs NODE_NAMES as well.
 NAMES=(etcd csi-hostpath-lite csi-resizer csi-provisioner kube-apiserver kube-controller-manager)
 NODE_NAMES=(kube-scheduler kubelet kube-proxy)
 
@@ -152,9 +153,9 @@ case ${1:-} in
   bin-dir) echo "$BIN_DIR" ;;
   start)
     cmd_check
-    exec "$(python_cmd)" -m tests.kube.controlplane start --bin-dir "$BIN_DIR" --state-dir "$STATE_DIR"
+    exec "$(python_cmd)" -m localcluster start --bin-dir "$BIN_DIR" --state-dir "$STATE_DIR"
     ;;
-  stop) exec "$(python_cmd)" -m tests.kube.controlplane stop --state-dir "$STATE_DIR" ;;
+  stop) exec "$(python_cmd)" -m localcluster stop --state-dir "$STATE_DIR" ;;
   env)
     if [ -f "$STATE_DIR/pids.json" ] && [ -f "$STATE_DIR/admin.kubeconfig" ]; then
       echo "export KUBECONFIG=$STATE_DIR/admin.kubeconfig"

@@ -49,7 +49,7 @@ revision() {
 }
 
 base_archive() {
-  "$PY" -c 'from tests.kube.node import debian_base_image; print(debian_base_image())'
+  "$PY" -c 'from localcluster.node import debian_base_image; print(debian_base_image())'
 }
 
 archive_for() { echo "$CACHE/project-$VERSION-$(context_key "$1").tar"; }
@@ -69,7 +69,7 @@ cmd_build() {
   flock 9
   [ -f "$archive" ] && { echo "$archive"; return; }
   # The base under the name the build names; buildah reads the OCI archive directly.
-  base_name=$("$PY" -c 'from tests.kube.node import BASE_IMAGE; print(BASE_IMAGE)')
+  base_name=$("$PY" -c 'from localcluster.node import BASE_IMAGE; print(BASE_IMAGE)')
   if ! buildah inspect --type image "$base_name" >/dev/null 2>&1; then
     buildah tag "$(buildah pull --quiet "oci-archive:$base")" "$base_name"
   fi

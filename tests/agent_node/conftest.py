@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.node import Node
 from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
 from sandbox.on_node import server_settings, start_on_node
 from sandbox.server import Sandbox, free_port
-from tests.kube.node import Node
 from tests.node.conftest import skip_tier_unless_ready, started_node
 
 PROJECT = "agent-node"

@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from checkpoint_storage_bench.contract import lease_name
+from localcluster.node import Node
 from sandbox import commands
 from sandbox.errors import FollowTimeoutError, RunFailedError, SandboxError
 from sandbox.on_node import NODE_DEMO_OVERRIDES, apply_bundle, import_image, project_image
@@ -36,7 +37,6 @@ from tests.agent_node.conftest import PROJECT
 from tests.agent_node.test_polyaxon_agent import OWNER, RUN_CREATED, pods_of, polyaxon
 from tests.browser import chromium, render, runs_table
 from tests.kube.cluster import CLAIM, NAMESPACE, wait_for
-from tests.kube.node import Node
 
 PIPELINE = commands.REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-profiles.yaml"
 # A whole pipeline runs inside one module fixture, so the first test of each pipeline pays

@@ -15,12 +15,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from localcluster.node import Node
 from operator_standin import crd
 from sandbox.pipeline import get_run, log_lines, run_client
 from sandbox.server import Sandbox
 from tests.agent_node.conftest import PROJECT
 from tests.kube.cluster import NAMESPACE, wait_for
-from tests.kube.node import Node
 
 HERE = Path(__file__).parent
 OWNER = "default"

@@ -1,11 +1,10 @@
-"""Helpers for the tier that runs against the real control plane (tests/kube/controlplane.py).
+"""Helpers for the tier that runs against the real control plane (localcluster/controlplane.py).
 
 Objects are handled as the API's JSON (camelCase dicts), like the hook does.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
-from kubernetes.dynamic import DynamicClient
 
-from tests.kube.controlplane import NODE_NAME, ControlPlane, write_kubeconfig
+from localcluster.client import AdminClient
+from localcluster.controlplane import NODE_NAME, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTIONS = REPO / "connections"
@@ -34,7 +33,6 @@ STORAGE_CLASS_FILE = CONNECTIONS / "storageclass-hostpath.yaml"
 CLASSES_FILE = CONNECTIONS / "vac-hostpath.yaml"
 RBAC_FILE = CONNECTIONS / "rbac-storage-profile.yaml"
 CLAIM_FILE = CONNECTIONS / "claim-training-checkpoints.yaml"
-FIELD_MANAGER = "checkpoint-storage-bench-tests"
 
 
 def load_docs(path: Path) -> list[dict]:
@@ -73,37 +71,8 @@ class HookRun:
         return f"$ {' '.join(self.argv)}\nexit {self.exit_code}\n{self.output}"
 
 
-class Cluster:
-    """The admin's view of a started :class:`ControlPlane`, plus what the tests share."""
-
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
-        self.api = config.new_client_from_config(str(plane.admin_kubeconfig))
-        self.core = client.CoreV1Api(self.api)
-        self.storage = client.StorageV1Api(self.api)
-        self.dynamic = DynamicClient(self.api)
-
-    # -- raw JSON access -----------------------------------------------------------------------
-
-    def request(self, method: str, path: str, body: Any = None, **query: str) -> Any:
-        """One API call as the admin; returns the decoded JSON body (raises ApiException)."""
-        headers = {"Accept": "application/json"}
-        if method == "PATCH":
-            headers["Content-Type"] = "application/merge-patch+json"
-        elif body is not None:
-            headers["Content-Type"] = "application/json"
-        resp = self.api.call_api(
-            path,
-            method,
-            query_params=list(query.items()),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-        )
-        data = resp.data
-        return json.loads(data) if data else None
+class Cluster(AdminClient):
+    """The admin's view of a started control plane, plus what the tests share."""
 
     def claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> dict | None:
         try:
@@ -137,18 +106,6 @@ class Cluster:
         return listing["items"]
 
     # -- manifests -------------------------------------------------------------------------------
-
-    def apply(self, doc: dict, *, dry_run: bool = False, strict: bool = True) -> dict:
-        """Server-side apply one object (fieldValidation=Strict: unknown fields are errors)."""
-        resource = self.dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        kwargs: dict[str, Any] = {
-            "field_manager": FIELD_MANAGER,
-            "force_conflicts": True,
-            "query_params": [("fieldValidation", "Strict" if strict else "Ignore")],
-        }
-        if dry_run:
-            kwargs["dry_run"] = "All"
-        return self.dynamic.server_side_apply(resource, body=doc, **kwargs).to_dict()
 
     def apply_file(self, path: Path, **kwargs: Any) -> list[dict]:
         return [self.apply(doc, **kwargs) for doc in load_docs(path) if is_manifest(doc)]

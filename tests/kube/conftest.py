@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.controlplane import ControlPlane, ControlPlaneError, stop_recorded
 from tests.kube.cluster import BASELINE, CLAIM, NAMESPACE, REPO, Cluster, wait_for
-from tests.kube.controlplane import ControlPlane, ControlPlaneError, stop_recorded
 
 SCRIPT = REPO / "scripts" / "controlplane.sh"
 # Per-session state dirs live under here (short: the CSI socket is in them).

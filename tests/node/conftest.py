@@ -1,4 +1,4 @@
-"""The `node` tier: a real kubelet, containerd and the bundle's pods (tests/kube/node.py).
+"""The `node` tier: a real kubelet, containerd and the bundle's pods (localcluster/node.py).
 
 Needs root, the binaries of scripts/controlplane.sh (kubelet, kube-scheduler and kube-proxy
 among them) and Debian's containerd, runc, containernetworking-plugins, umoci and
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.cluster import CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, wait_for
+from localcluster.controlplane import stop_recorded
+from localcluster.node import Node, NodeError, sweep
+from tests.kube.cluster import CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, Cluster, wait_for
 from tests.kube.conftest import _binaries, _missing
-from tests.kube.controlplane import stop_recorded
-from tests.kube.node import Node, NodeError, sweep
 
 STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
 TOOLS = (
@@ -116,7 +116,7 @@ def started_node(name: str, tier: str = "node") -> Iterator[Node]:
     bin_dir = _binaries("--node")
     clean_stale_sessions()
     state = state_dir(name)
-    node = Node(bin_dir, state, die_with_parent=True)
+    node = Node(bin_dir, state, die_with_parent=True, client_class=Cluster)
     try:
         node.start()
     except NodeError as exc:

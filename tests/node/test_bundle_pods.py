@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from localcluster.controlplane import NODE_NAME
+from localcluster.node import Node
 from sandbox.on_node import NODE_RESOURCES
 from tests.bundle.bundle import compile_component, current, op_uuid
 from tests.kube.cluster import (
@@ -29,8 +31,6 @@ from tests.kube.cluster import (
     RBAC_FILE,
     REPO,
 )
-from tests.kube.controlplane import NODE_NAME
-from tests.kube.node import Node
 from tests.node.conftest import platform_namespace
 
 MIB = 2**20

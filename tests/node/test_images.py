@@ -3,8 +3,8 @@ node's containerd under its name, runs Python and fio in a pod as a non-root use
 
 from __future__ import annotations
 
+from localcluster.node import BASE_IMAGE, Node, debian_base_image
 from tests.kube.cluster import wait_for
-from tests.kube.node import BASE_IMAGE, Node, debian_base_image
 from tests.node.test_lifecycle import NAMESPACE, smoke_pod
 
 FIO = (

@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from localcluster.controlplane import NODE_NAME, stop_recorded
+from localcluster.node import BRIDGE_IP, Node, busybox_image, leftovers, sweep
 from tests.kube.cluster import REPO, wait_for
-from tests.kube.controlplane import NODE_NAME, stop_recorded
-from tests.kube.node import BRIDGE_IP, Node, busybox_image, leftovers, sweep
 from tests.node.conftest import done_with, state_dir
 
 IMAGE = "localhost/csb-busybox:1"
@@ -158,10 +158,10 @@ def test_start_run_a_pod_stop_clean(bin_dir: Path) -> None:
 CHILD = """
 import sys, time
 from pathlib import Path
-from tests.kube.cluster import CLASSES_FILE, STORAGE_CLASS_FILE
-from tests.kube.node import Node
+from tests.kube.cluster import CLASSES_FILE, STORAGE_CLASS_FILE, Cluster
+from localcluster.node import Node
 from tests.node.test_lifecycle import prepare, smoke_pod
-node = Node(Path(sys.argv[1]), Path(sys.argv[2]), die_with_parent=True).start()
+node = Node(Path(sys.argv[1]), Path(sys.argv[2]), die_with_parent=True, client_class=Cluster).start()
 prepare(node)
 node.cluster.apply_file(STORAGE_CLASS_FILE)
 node.cluster.apply_file(CLASSES_FILE)

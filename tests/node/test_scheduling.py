@@ -3,9 +3,9 @@ and no test setting ``volume.kubernetes.io/selected-node``."""
 
 from __future__ import annotations
 
+from localcluster.controlplane import NODE_NAME
+from localcluster.node import Node
 from tests.kube.cluster import CLAIM, CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, wait_for
-from tests.kube.controlplane import NODE_NAME
-from tests.kube.node import Node
 from tests.node.test_lifecycle import IMAGE
 
 

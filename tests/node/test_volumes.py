@@ -14,21 +14,21 @@ from pathlib import Path
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.kube.cluster import (
-    BASELINE,
-    CLAIM,
-    NAMESPACE,
-    THROUGHPUT,
-    wait_for,
-)
-from tests.kube.controlplane import DRIVER_NAME, NODE_NAME
-from tests.kube.node import (
+from localcluster.controlplane import DRIVER_NAME, NODE_NAME
+from localcluster.node import (
     BASE_IMAGE,
     VOLUME_BACKING_DIR,
     VOLUME_PREFIX,
     Node,
     debian_base_image,
     volume_devices,
+)
+from tests.kube.cluster import (
+    BASELINE,
+    CLAIM,
+    NAMESPACE,
+    THROUGHPUT,
+    wait_for,
 )
 from tests.node.conftest import platform_namespace
 

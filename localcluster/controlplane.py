@@ -3,7 +3,7 @@
 Starts, in this order, each in its own process group with its log in the state directory:
 
 1. ``csi-hostpath-lite`` (the CSI driver, on a unix socket; first, because the sidecars exit
-   when the socket goes away): its controller side here; with a node (tests/kube/node.py)
+   when the socket goes away): its controller side here; with a node (localcluster/node.py)
    the node starts it, in its mount namespace and with the node service on,
 2. ``etcd`` (``--unsafe-no-fsync``),
 3. ``kube-apiserver`` (generated certificates, RBAC, a service-account issuer and key),
@@ -11,24 +11,20 @@ Starts, in this order, each in its own process group with its log in the state d
    controllers),
 5. ``csi-provisioner`` and 6. ``csi-resizer`` (leader election off, fast retries).
 
-``python -m tests.kube.controlplane start|stop`` is what ``scripts/controlplane.sh start|stop``
-runs; the pytest tier uses :class:`ControlPlane` directly (tests/kube/conftest.py). Every
-port is a free port on 127.0.0.1; nothing listens elsewhere.
+``python -m localcluster start|stop`` is what ``scripts/controlplane.sh start|stop`` runs;
+the pytest tier uses :class:`ControlPlane` directly (tests/kube/conftest.py). Every port is a
+free port on 127.0.0.1; nothing listens elsewhere.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
-import shutil
 import signal
 import socket
 import ssl
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -52,6 +48,7 @@ PROCESSES = (
     "csi-resizer",
 )
 PIDS_FILE = "pids.json"
+ADMIN_KUBECONFIG = "admin.kubeconfig"
 CONTROLLERS = (
     "persistentvolume-binder-controller",
     "persistentvolumeclaim-protection-controller",
@@ -71,7 +68,7 @@ NODE_CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
     "pod-garbage-collector-controller",
 )
-# Client certificates a node needs (tests/kube/node.py): file names in the PKI directory.
+# Client certificates a node needs (localcluster/node.py): file names in the PKI directory.
 KUBELET_CLIENT = "kubelet"
 APISERVER_KUBELET_CLIENT = "apiserver-kubelet-client"
 
@@ -327,7 +324,7 @@ class ControlPlane:
         die_with_parent: Linux: each process gets SIGKILL when the thread that started it
             exits (PR_SET_PDEATHSIG), so a killed test session leaves nothing running.
         bind_address: Where the API server listens and what it advertises. A node
-            (tests/kube/node.py) passes its bridge's address: pods cannot reach the host's
+            (localcluster/node.py) passes its bridge's address: pods cannot reach the host's
             loopback, and the `kubernetes` Service's endpoint must be an address they reach.
         node: Also the controllers a Job's pods need, and the API server's kubelet client
             certificate (logs, exec).
@@ -451,7 +448,7 @@ class ControlPlane:
             ],
         )
         self.admin_kubeconfig = write_kubeconfig(
-            self.state_dir / "admin.kubeconfig",
+            self.state_dir / ADMIN_KUBECONFIG,
             self.server,
             pki.ca_crt,
             user={
@@ -671,46 +668,3 @@ def stop_recorded(state_dir: Path) -> list[str]:
             _stop_group(rec["pid"], rec.get("start_time"), None)
     pids.unlink(missing_ok=True)
     return stopped
-
-
-def default_state_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"csb-controlplane-{os.getuid()}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.kube.controlplane")
-    sub = parser.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", help="start the control plane and leave it running")
-    start.add_argument("--bin-dir", type=Path, required=True)
-    start.add_argument("--state-dir", type=Path, default=default_state_dir())
-    stop = sub.add_parser("stop", help="stop what `start` started (pid file in the state dir)")
-    stop.add_argument("--state-dir", type=Path, default=default_state_dir())
-    args = parser.parse_args(argv)
-
-    if args.command == "stop":
-        stopped = stop_recorded(args.state_dir)
-        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
-        return 0
-    state = args.state_dir
-    if (state / PIDS_FILE).exists():
-        left = stop_recorded(state)
-        if left:
-            print(f"stopped a previous start's processes: {', '.join(left)}", file=sys.stderr)
-    shutil.rmtree(state, ignore_errors=True)
-    plane = ControlPlane(args.bin_dir, state)
-    try:
-        plane.start()
-    except ControlPlaneError as exc:
-        print(f"controlplane: {exc}", file=sys.stderr)
-        return 1
-    for proc in plane.procs:
-        proc.popen = None  # detach: `stop` finds them through the pid file
-    print(f"started in {plane.timings['total']} s: {plane.timings}")
-    print(f"server: {plane.server}")
-    print(f"export KUBECONFIG={plane.admin_kubeconfig}")
-    print(f"logs: {plane.logs}; stop with scripts/controlplane.sh stop")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

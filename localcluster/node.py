@@ -34,14 +34,12 @@ directories it created, and restores ``ip_forward`` if it changed.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -49,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint_storage_bench import loop_volume
-from tests.kube.controlplane import (
+from localcluster.client import AdminClient
+from localcluster.controlplane import (
     DRIVER_NAME,
     KUBELET_CLIENT,
     NODE_NAME,
@@ -59,6 +58,7 @@ from tests.kube.controlplane import (
     _alive,
     _b64,
     _die_with_parent,
+    _http_ok,
     _proc_start_time,
     _stop_group,
     free_port,
@@ -448,6 +448,8 @@ class Node:
     """The control plane (bound to the bridge's address) and a node registered with it.
 
     ``start()`` / ``stop()``, or a context manager. ``stop`` is :func:`sweep`.
+    ``cluster`` is the admin's client once started: a ``client_class`` instance
+    (:class:`localcluster.client.AdminClient` unless a subclass with more helpers is given).
     """
 
     bin_dir: Path
@@ -457,6 +459,7 @@ class Node:
     procs: list[Proc] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     lock: Any = None
+    client_class: Any = None
 
     def __enter__(self) -> Node:
         return self.start()
@@ -520,9 +523,7 @@ class Node:
             driver_spawner=self._spawn_driver,
         )
         self.plane.start()
-        from tests.kube.cluster import Cluster
-
-        self.cluster = Cluster(self.plane)
+        self.cluster = (self.client_class or AdminClient)(self.plane)
         self.cluster.apply(csi_driver_object())
         self._start_containerd()
         self._start_kubelet()
@@ -713,8 +714,6 @@ class Node:
                 "--v=2",
             ],
         )
-        from tests.kube.controlplane import _http_ok
-
         self._wait(
             "kubelet", lambda: _http_ok(f"http://127.0.0.1:{self.kubelet_healthz}/healthz"), 90
         )
@@ -1038,41 +1037,3 @@ def debian_base_image(cache: Path | None = None) -> Path:
 def build_pause_image(out_dir: Path) -> Path:
     """The sandbox image: busybox sleeping (killed with SIGKILL when the pod stops)."""
     return busybox_image(out_dir, PAUSE_IMAGE.rsplit(":", 1)[1], ["/bin/sleep", "infinity"])
-
-
-def default_state_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"csb-node-{os.getuid()}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.kube.node")
-    sub = parser.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", help="start the control plane and the node, leave them running")
-    start.add_argument("--bin-dir", type=Path, required=True)
-    start.add_argument("--state-dir", type=Path, default=default_state_dir())
-    stop = sub.add_parser("stop", help="stop and sweep what `start` left (also after a crash)")
-    stop.add_argument("--bin-dir", type=Path)
-    stop.add_argument("--state-dir", type=Path, default=default_state_dir())
-    args = parser.parse_args(argv)
-
-    if args.command == "stop":
-        report = sweep(args.state_dir, args.bin_dir)
-        report["plane"] = stop_recorded(args.state_dir)
-        print(json.dumps(report))
-        left = {k: v for k, v in report["left"].items() if v}
-        return 1 if left else 0
-    node = Node(args.bin_dir, args.state_dir)
-    try:
-        node.start()
-    except ControlPlaneError as exc:
-        print(f"node: {exc}", file=sys.stderr)
-        return 1
-    for proc in [*node.procs, *(node.plane.procs if node.plane else [])]:
-        proc.popen = None  # detach: `stop` finds them through the pid files
-    print(f"started in {node.timings['total']} s: {node.timings}")
-    print(f"export KUBECONFIG={node.plane.admin_kubeconfig if node.plane else ''}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
