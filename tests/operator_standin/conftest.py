@@ -1,6 +1,6 @@
 """The operator stand-in against a real API server and controller manager (no kubelet).
 
-A control plane of the kube tier (tests/kube/controlplane.py) with the Job controller and the
+A control plane of the kube tier (localcluster/controlplane.py) with the Job controller and the
 garbage collector (``node=True``), on loopback; the tests play the kubelet's part by writing
 pod statuses, so that the Job controller, not the test, decides the Job's outcome. Skips
 (one line) when the control plane's binaries are not built, like the kube tier.
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from localcluster.controlplane import ControlPlane, ControlPlaneError
 from tests.kube.cluster import NAMESPACE, wait_for
 from tests.kube.conftest import STATE_ROOT, _binaries, _missing
-from tests.kube.controlplane import ControlPlane, ControlPlaneError
 
 
 @pytest.hookimpl(tryfirst=True)
