@@ -107,7 +107,7 @@ def _on_node_options(fn):
     fn = click.option(
         "--node-state",
         type=click.Path(file_okay=False, path_type=Path),
-        help="The node's state dir (default: that of `python -m tests.kube.node start`).",
+        help="The node's state dir (default: that of `python -m localcluster start --node`).",
     )(fn)
     return click.option(
         "--on-node",

@@ -46,7 +46,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-# The address of the node's bridge (tests/kube/node.py, BRIDGE_IP): the one address of this
+# The address of the node's bridge (localcluster/node.py, BRIDGE_IP): the one address of this
 # machine that the node's pods reach. The server may listen there, and nowhere else but
 # loopback, so that Polyaxon's containers in those pods (init, sidecar, tracking) reach it.
 NODE_BRIDGE_ADDRESS = "10.244.0.1"
@@ -83,7 +83,7 @@ def check_loopback(host: str) -> str:
         if NODE_BRIDGE_ADDRESS not in local_addresses():
             raise ConfigError(
                 f"--host {host} is the node's bridge address, but no interface of this machine "
-                "has it: start the node first (python -m tests.kube.node start --bin-dir ...)"
+                "has it: start the node first (python -m localcluster start --node)"
             )
         return host
     raise ConfigError(
