@@ -459,7 +459,7 @@ class Node:
     procs: list[Proc] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     lock: Any = None
-    client_class: Any = None
+    client_class: type[AdminClient] | None = None
 
     def __enter__(self) -> Node:
         return self.start()
