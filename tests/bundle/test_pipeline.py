@@ -361,7 +361,7 @@ def test_placement_is_the_same_for_every_pod_that_mounts_the_claim() -> None:
             assert spec.get("affinity") == placement["affinity"], path
         else:  # API-only ops go wherever there is room
             assert not {"nodeSelector", "tolerations", "affinity"} & set(spec), path
-    assert measuring == 3 * 2  # fio and training of every stage
+    assert measuring == 3 * (1 + 2)  # fio and the default 2 training runs of every stage
 
 
 def test_resources_reach_every_measuring_pod_and_no_other() -> None:
@@ -371,7 +371,8 @@ def test_resources_reach_every_measuring_pod_and_no_other() -> None:
             PROFILES_PIPELINE, {"profiles": THREE, "resources": small, "workload": workload}
         )
         measuring = [pod for pod in dag.jobs().values() if pod.mounts()]
-        assert len(measuring) == 3 * 2, workload  # fio and the workload of every stage
+        # fio and the workload's default 2 runs of every stage
+        assert len(measuring) == 3 * (1 + 2), workload
         assert all(pod.main["resources"] == small for pod in measuring), workload
         others = [pod for pod in dag.jobs().values() if not pod.mounts()]
         assert others and all(pod.main["resources"] != small for pod in others)
@@ -386,8 +387,8 @@ def test_upload_is_off_by_default_and_reaches_every_training_run() -> None:
             if pod.run_name == "train"
         ]
 
-    assert uploads({}) == [None] * 3
-    assert uploads({"upload_to": "s3://bucket/x"}) == ["--upload-to=s3://bucket/x"] * 3
+    assert uploads({}) == [None] * 3 * 2  # three stages, two training runs each
+    assert uploads({"upload_to": "s3://bucket/x"}) == ["--upload-to=s3://bucket/x"] * 3 * 2
 
 
 def test_restoring_the_claim_is_optional_and_off_by_default(three) -> None:
@@ -469,7 +470,7 @@ def test_the_two_profile_pipeline_runs_the_seeds_ops() -> None:
     names = [pod.run_name for pod in pipeline_jobs().values()]
     assert names == [
         "plan",
-        *["switch", "fio", "renew", "train"] * 2,
+        *["switch", "fio", "renew", "train", "train"] * 2,  # the default 2 runs a profile
         "compare",
         "restore",
         "release",
