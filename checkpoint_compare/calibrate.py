@@ -57,6 +57,8 @@ CLASS_B = "checkpoint-throughput"
 COPY_OF_A = "checkpoint-baseline-copy"
 """The second name of class A in an A/A comparison."""
 CLASSES_FILE = Path(__file__).resolve().parent.parent / "connections" / "vac-ebs-gp3.yaml"
+NO_DIFFERENCE = "no measurable difference"
+"""The verdict's word when it keeps no profile."""
 GOAL_FALSE_CLAIMS = 0.05
 GOAL_DETECTION = 0.95
 
@@ -465,10 +467,14 @@ def score(
         status = "refused" if done.returncode == 3 else "verdict failed"
         return {"status": status, "exit_code": done.returncode, "error": last}
     try:
-        claimed, direction = claim_of(json.loads(out.read_text()), comp.candidate)
+        report = json.loads(out.read_text())
+        claimed, direction = claim_of(report, comp.candidate)
     except (OSError, ValueError) as exc:
         return {"status": "verdict failed", "exit_code": 0, "error": str(exc)}
-    return {"status": "scored", "claimed": claimed, "direction": direction}
+    # The difference may be claimed while the whole verdict still keeps no profile (the
+    # checkpoint verdict also asks the whole run to be measurably faster): both are kept.
+    kept = report.get("verdict") if isinstance(report.get("verdict"), str) else None
+    return {"status": "scored", "claimed": claimed, "direction": direction, "verdict": kept}
 
 
 @dataclass(frozen=True)
@@ -667,6 +673,9 @@ class Rates:
     ab_detected: int = 0
     ab_wrong_way: int = 0
     ab_scored: int = 0
+    aa_kept_a_profile: int = 0
+    ab_kept_faster: int = 0
+    verdicts_read: int = 0
     not_scored: dict[str, int] = field(default_factory=dict)
 
 
@@ -679,10 +688,15 @@ def rates(manifest: dict[str, Any]) -> list[Rates]:
             if s["status"] != "scored":
                 key = f"{c['kind']} {s['status']}"
                 r.not_scored[key] = r.not_scored.get(key, 0) + 1
-            elif c["kind"] == "aa":
+                continue
+            kept = s.get("verdict")
+            r.verdicts_read += kept is not None
+            if c["kind"] == "aa":
                 r.aa_scored += 1
                 r.aa_claims += bool(s["claimed"])
+                r.aa_kept_a_profile += kept is not None and kept != NO_DIFFERENCE
             else:
+                r.ab_kept_faster += kept == CLASS_B
                 r.ab_scored += 1
                 r.ab_detected += bool(s["claimed"]) and s["direction"] == "better"
                 r.ab_wrong_way += bool(s["claimed"]) and s["direction"] == "worse"
@@ -722,6 +736,9 @@ def table(manifest: dict[str, Any]) -> str:
                          + _rate(r.ab_detected, r.ab_scored, GOAL_DETECTION, False) + wrong)  # fmt: skip
         for key, n in sorted(r.not_scored.items()):
             lines.append(f"  {key}: {n}")
+        if r.verdicts_read:
+            lines.append(f"  the verdict (whole run) kept a profile in {r.aa_kept_a_profile} "
+                         f"A/A and kept the faster class in {r.ab_kept_faster} A/B")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -141,6 +141,23 @@ def test_the_table_counts_false_claims_detections_wrong_ways_and_what_was_not_ju
     assert "80/80 = 100% (95% Wilson 95%–100%): goal shown" in clean
     few = table(_manifest([("aa", no)] * 3))
     assert "goal met (not yet shown)" in few
+    assert "the verdict (whole run)" not in few  # scores of a verdict that did not say
+
+
+def test_the_table_says_how_often_the_whole_verdict_kept_a_profile():
+    def scored(claimed: bool, direction: str, kept: str) -> dict:
+        return {"status": "scored", "claimed": claimed, "direction": direction, "verdict": kept}
+
+    text = table(_manifest([
+        ("aa", scored(False, "none", "no measurable difference")),
+        ("aa", scored(True, "worse", CLASS_A)),
+        ("ab", scored(True, "better", CLASS_B)),
+        ("ab", scored(True, "better", "no measurable difference")),
+    ]))  # fmt: skip
+    assert "A/B detected (goal ≥ 95%): 2/2" in text
+    assert (
+        "the verdict (whole run) kept a profile in 1 A/A and kept the faster class in 1 A/B" in text
+    )
 
 
 def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
