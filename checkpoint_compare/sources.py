@@ -44,6 +44,7 @@ from checkpoint_storage_bench.contract import (
     SUMMARY_SCHEMA,
 )
 from checkpoint_storage_bench.retry import Backoff, TemporaryError, retry
+from checkpoint_storage_bench.tracking import outermost_run, polyaxon_run
 
 log = logging.getLogger(__name__)
 
@@ -372,12 +373,28 @@ class ApiSource:
             )
         return pipeline.uuid
 
-    def _pipeline_of(self, run_uuid: str | None) -> tuple[str, str | None]:
-        """A run's uuid (None: this run) and the uuid of the pipeline it is an operation of."""
-        client = self._run_client(run_uuid)
-        _with_retries(f"fetching run {run_uuid or 'this run'}", client.refresh_data, self.backoff)
+    def _parent_of(self, owner: str, project: str, run_uuid: str) -> str | None:
+        """The uuid of the pipeline ``run_uuid`` is an operation of (None: of none)."""
+        from polyaxon.client import RunClient
+
+        client = RunClient(owner=owner, project=project, run_uuid=run_uuid, client=self._client())
+        _with_retries(f"fetching run {run_uuid}", client.refresh_data, self.backoff)
         pipeline = client.run_data.pipeline
-        return client.run_uuid, pipeline.uuid if pipeline and pipeline.uuid else None
+        return pipeline.uuid if pipeline and pipeline.uuid else None
+
+    def _this_or(self, run_uuid: str | None) -> tuple[str, str, str]:
+        """``(owner, project, uuid)`` of ``run_uuid`` in this source's project, or of the run
+        this process runs in (``POLYAXON_RUN_INSTANCE``: its own project, whatever
+        ``--project`` says)."""
+        if run_uuid is None:
+            here = polyaxon_run()
+            if here is None:
+                raise RunsMissing("not inside a Polyaxon run: give --pipeline")
+            return here
+        if not self.project or "/" not in self.project:
+            raise RunsMissing(f"run {run_uuid}: give --project OWNER/NAME")
+        owner, name = self.project.split("/", 1)
+        return owner, name, run_uuid
 
     def outermost_pipeline(self, run_uuid: str | None = None) -> str | None:
         """The outermost pipeline a run (None: this run) belongs to, following each
@@ -385,18 +402,12 @@ class ApiSource:
         its own); None when the run is no pipeline's operation.
 
         Raises:
-            RunsMissing: The server refused (4xx).
+            RunsMissing: The server refused (4xx), or the run cannot be named.
             SourceUnavailable: The server did not answer.
         """
-        _, pipeline = self._pipeline_of(run_uuid)
-        seen: set[str] = set()
-        while pipeline and pipeline not in seen:  # a cycle would be the server's error
-            seen.add(pipeline)
-            _, parent = self._pipeline_of(pipeline)
-            if parent is None:
-                return pipeline
-            pipeline = parent
-        return pipeline
+        owner, project, uuid = self._this_or(run_uuid)
+        top = outermost_run(owner, project, uuid, self._parent_of)
+        return None if top == uuid else top
 
     def topmost(self, pipeline_uuid: str) -> str:
         """A pipeline's outermost ancestor (itself when it is no operation of another)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,34 @@ DEFAULT_PROJECT = "checkpoint-storage"
 def in_polyaxon_run() -> bool:
     """Whether this process was started by a Polyaxon agent for a run."""
     return bool(os.environ.get("POLYAXON_RUN_INSTANCE"))
+
+
+def polyaxon_run(environ: dict[str, str] | None = None) -> tuple[str, str, str] | None:
+    """``(owner, project, run uuid)`` inside a Polyaxon run (``POLYAXON_RUN_INSTANCE`` =
+    ``owner.project.runs.uuid``), else None."""
+    environ = os.environ if environ is None else environ
+    parts = (environ.get("POLYAXON_RUN_INSTANCE") or "").split(".")
+    if len(parts) == 4 and parts[2] == "runs" and parts[3]:
+        return parts[0], parts[1], parts[3]
+    return None
+
+
+def outermost_run(
+    owner: str,
+    project: str,
+    run_uuid: str,
+    parent_of: Callable[[str, str, str], str | None],
+) -> str:
+    """The run at the top of ``run_uuid``'s tree: its pipeline's pipeline, and so on (the
+    run itself when it has none). A pipeline may nest another (the two-profile pipeline
+    wraps the general one, whose stages nest a DAG each), so only the top is the
+    ``controller`` of every run below it."""
+    seen = {run_uuid}
+    current = run_uuid
+    while (parent := parent_of(owner, project, current)) is not None and parent not in seen:
+        seen.add(parent)
+        current = parent
+    return current
 
 
 def offline_root() -> Path:

@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from checkpoint_storage_bench.contract import lease_name
 from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded, within
+from checkpoint_storage_bench.tracking import outermost_run, polyaxon_run
 from hooks.storage_profile.config import LEASE_DURATION
 from hooks.storage_profile.errors import (
     ApiError,
@@ -94,16 +95,6 @@ def pipeline_of_run(owner: str, project: str, run_uuid: str) -> str | None:
         return None
 
 
-def polyaxon_run(environ: dict[str, str] | None = None) -> tuple[str, str, str] | None:
-    """``(owner, project, run uuid)`` inside a Polyaxon run (``POLYAXON_RUN_INSTANCE`` =
-    ``owner.project.runs.uuid``), else None."""
-    environ = os.environ if environ is None else environ
-    parts = (environ.get("POLYAXON_RUN_INSTANCE") or "").split(".")
-    if len(parts) == 4 and parts[2] == "runs" and parts[3]:
-        return parts[0], parts[1], parts[3]
-    return None
-
-
 def ask_polyaxon(
     fn: Callable[[], T], what: str, deadline: Deadline | None, otherwise: str
 ) -> T | None:
@@ -148,24 +139,6 @@ def failed_runs_below(owner: str, project: str, root: str) -> list[str]:
         query=f"controller:{root}, status:failed", limit=100
     )
     return [r.name or r.uuid for r in found.results or []]
-
-
-def outermost_run(
-    owner: str,
-    project: str,
-    run_uuid: str,
-    parent_of: Callable[[str, str, str], str | None],
-) -> str:
-    """The run at the top of ``run_uuid``'s tree: its pipeline's pipeline, and so on (the
-    run itself when it has none). A pipeline may nest another (the two-profile pipeline
-    wraps the general one, whose stages nest a DAG each), so only the top is the
-    ``controller`` of every run below it."""
-    seen = {run_uuid}
-    current = run_uuid
-    while (parent := parent_of(owner, project, current)) is not None and parent not in seen:
-        seen.add(parent)
-        current = parent
-    return current
 
 
 def refuse_after_failure(

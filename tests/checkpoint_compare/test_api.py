@@ -294,7 +294,9 @@ def test_the_verdict_is_the_readme_of_the_outermost_pipeline(server: str, tmp_pa
 
     env = _op_env(server, tmp_path, compare_op.uuid)
     op = subprocess.run(
-        [sys.executable, "-m", "checkpoint_compare", *runs, "--baseline", "checkpoint-baseline"],
+        # --project as the compiled compare op gives it (its own project, by name)
+        [sys.executable, "-m", "checkpoint_compare", "--project", f"{OWNER}/{PROJECT}", *runs,
+         "--baseline", "checkpoint-baseline"],
         env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
     assert op.returncode == 0, op.stdout[-2000:] + op.stderr[-3000:]
