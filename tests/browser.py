@@ -40,3 +40,11 @@ def runs_table(dom: str) -> list[dict[str, str]]:
         text = re.sub(r"<[^>]+>", " ", content).strip()
         rows.setdefault(row, {})[column] = re.sub(r"\s+", " ", text)
     return list(rows.values())
+
+
+def readme_on_page(url: str) -> str:
+    """A run's overview page as the UI renders it: what it shows of the run's readme (the
+    page says "Add a Readme" when the run has none)."""
+    dom = render(url, "--dump-dom")
+    assert "Add a Readme" not in dom, f"{url} shows no readme"
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))

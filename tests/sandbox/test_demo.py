@@ -34,6 +34,7 @@ from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.pipeline import get_run, labels, list_runs, log_lines, pipeline_ops
 from sandbox.server import free_port
+from tests.browser import chromium, readme_on_page
 
 from .conftest import needs_throttle, shm_dir, sweep_emulation, wait_gone, write_profiles
 
@@ -166,6 +167,12 @@ def test_the_demo_emulates_the_classes_and_the_verdict_names_the_faster_one():
         assert f"recommended profile: {verdict['recommended_profile']}" in out
         assert verdict["recommended_profile"] in [*profiles.profiles, "none"]
         assert "checkpoint-baseline" != verdict["recommended_profile"]  # misses 0.6 s
+        # The verdict is the pipeline's readme too, so the pipeline's page shows it.
+        readme = get_run(client, DEFAULT_OWNER, "demo", pipeline.uuid).readme
+        assert readme and readme == jobs["compare"].readme, readme
+        if chromium():
+            page = f"http://127.0.0.1:{port}/ui/{DEFAULT_OWNER}/demo/runs/{pipeline.uuid}"
+            assert "Verdict" in readme_on_page(page)
     finally:
         stop = _stop_emulated(common, root, group, profiles)
     assert f"claim cgroup {group.path}" in stop.stdout, stop.stdout + stop.stderr
