@@ -275,3 +275,12 @@ def test_runs_use_one_committed_snapshot_of_the_workloads_code(tmp_path):
         env=env, cwd=code.cwd, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert found.stdout.strip().startswith(str(tmp_path / "code"))
+
+
+def test_help_and_docs_list_every_exit_code():
+    done = _cli("--help")
+    assert done.returncode == 0
+    docs = (ROOT / "docs" / "compare.md").read_text()
+    for code, text in calibrate.EXIT_CODES.items():
+        assert f"{code}  {text}" in done.stdout
+        assert f"| `{code}` | {text} |" in docs
