@@ -23,11 +23,11 @@ from __future__ import annotations
 import enum
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
 from checkpoint_compare.formatting import seconds
-from checkpoint_compare.intervals import Shift, hodges_lehmann, pairwise_range, run_level_shift
+from checkpoint_compare.intervals import Shift, run_level_shift
 from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
 
 
@@ -232,26 +232,11 @@ class Comparison:
 
 
 def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
-    floor = t.runtime_floor * max(base.runtime_s, cand.runtime_s)
-    if len(base.runtimes) >= 2 and len(cand.runtimes) >= 2:
-        shift = hodges_lehmann(cand.runtimes, base.runtimes, t.confidence)
-        if shift.has_interval:
-            return shift
-        return replace(pairwise_range(cand.runtimes, base.runtimes), asked=t.confidence)
-    # A single run on one side at least: the difference ± the runtime floor, or ± the other
-    # side's between-run spread when its repeats vary more than that.
-    delta = cand.runtime_s - base.runtime_s
-    spread = max(base.runtime_spread_s, cand.runtime_spread_s)
-    half = max(floor, spread)
-    why = (
-        f"the difference ± the runtime floor ({t.runtime_floor:.0%} of the longer run)"
-        if half == floor
-        else "the difference ± the between-run spread of the repeats"
-    )
-    return Shift(
-        delta, delta - half, delta + half, None, len(cand.runtimes), len(base.runtimes),
-        f"a single run on one side: {why}",
-    )  # fmt: skip
+    """The runs' runtimes against each other, each run one value: Student's t between runs
+    as for the pause (a range of the differences between 2 and 2 runs is a 67 % interval,
+    which calls run-to-run noise a difference about every other time); one run a side has
+    no interval."""
+    return run_level_shift([[r] for r in cand.runtimes], [[r] for r in base.runtimes], t.confidence)
 
 
 def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
@@ -274,13 +259,7 @@ def _restore_difference(
     x, y = cand.restores, base.restores
     if not x or not y:
         return None
-    shift = hodges_lehmann(x, y, t.confidence)
-    if not shift.has_interval:
-        shift = replace(
-            shift,
-            method=f"too few restores for a {t.confidence:.0%} interval ({len(y)} and "
-            f"{len(x)}, one per run; a rank interval at 95 % needs e.g. 4 and 4 runs)",
-        )
+    shift = run_level_shift([[v] for v in x], [[v] for v in y], t.confidence)
     return Difference.judge(shift, t.practical_floor_s, "restore")
 
 

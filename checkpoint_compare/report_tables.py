@@ -224,9 +224,10 @@ def comparison_lines(verdict: Verdict) -> list[str]:
             f"  pause per checkpoint {interval(c.pause.shift, say_why=False)}: "
             f"{_counts(c.pause)}{speedup}"
         )
+        # The method once: a reason without an interval is the comparison's note already.
+        method = f" ({c.runtime.shift.method})" if c.runtime.shift.has_interval else ""
         lines.append(
-            f"  whole run {interval(c.runtime.shift, say_why=False)} ({c.runtime.shift.method}): "
-            f"{_counts(c.runtime)}"
+            f"  whole run {interval(c.runtime.shift, say_why=False)}{method}: {_counts(c.runtime)}"
         )
         if c.restore is not None:
             lines.append(

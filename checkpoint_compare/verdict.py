@@ -140,9 +140,14 @@ def _judge(comp: Comparison, delta: CostDelta | None) -> tuple[Outcome, str]:
     name, base = comp.candidate.profile, comp.baseline.profile
     faster = comp.faster
     if faster is None:
+        # The same reason for no interval (one run a side) is said once, at the pause.
+        same_why = not comp.runtime.shift.has_interval and (
+            comp.runtime.shift.method == comp.pause.shift.method
+        )
         return Outcome.NO_DIFFERENCE, (
             f"{name} vs {base}: pause per checkpoint {interval(comp.pause.shift)}, "
-            f"{_counted(comp.pause)}; whole run {interval(comp.runtime.shift)}, "
+            f"{_counted(comp.pause)}; whole run "
+            f"{interval(comp.runtime.shift, say_why=not same_why)}, "
             f"{_counted(comp.runtime)}"
             + (
                 "; the checkpoints cannot account for the run's difference"

@@ -140,8 +140,8 @@ def test_one_run_a_side_is_no_evidence(runs_root: Path, pricing_file) -> None:
 def test_a_shorter_run_that_checkpoints_cannot_explain_is_not_credited(
     runs_root: Path, pricing_file
 ) -> None:
-    write_training_run(BASE, [1.00, 1.01] * 3, runtime_s=100.0)
-    write_training_run(FAST, [0.90, 0.91] * 3, runtime_s=90.0)  # 0.6 s saved, 10 s shorter
+    write_repeats(BASE, [1.00, 1.01] * 3, runtime_s=100.0)
+    write_repeats(FAST, [0.90, 0.91] * 3, runtime_s=90.0)  # 0.6 s saved, 10 s shorter
     code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
     assert code == 0
     assert report["verdict"] == "no measurable difference"
@@ -151,8 +151,8 @@ def test_a_shorter_run_that_checkpoints_cannot_explain_is_not_credited(
 def test_a_longer_run_with_equal_checkpoints_is_not_blamed_on_storage(
     runs_root: Path, pricing_file
 ) -> None:
-    write_training_run(BASE, [0.07, 0.06, 0.09], runtime_s=10.0)
-    write_training_run(FAST, [0.05, 0.04, 0.08], runtime_s=10.5)  # training noise, not storage
+    write_repeats(BASE, [0.07, 0.06, 0.09], runtime_s=10.0)
+    write_repeats(FAST, [0.05, 0.04, 0.08], runtime_s=10.5)  # training noise, not storage
     code, _, report, _ = run_cli("--offline-root", str(runs_root), "--pricing", str(pricing_file()))
     assert code == 0
     assert report["verdict"] == "no measurable difference"
