@@ -147,7 +147,7 @@ ROWS: dict[str, WorkloadRow] = {
             budget_words=lambda b: (
                 None
                 if b.min_au is None
-                else f"accelerator utilization >= {b.min_au:.0%} (MLPerf: 90 %)"
+                else f"accelerator utilization (AU) >= {b.min_au:.0%} (MLPerf: 90 %)"
             ),
             unjudgeable=_no_au,
             title="reading the dataset as training does",
