@@ -136,7 +136,8 @@ def test_accelerator_utilization_from_the_emulated_step(data_dir: Path) -> None:
     result = scan.run_scan(data, cfg)
     (epoch,) = result["epochs"]
     assert epoch["samples"] == data.records and epoch["batches"] == -(-data.records // 8)
-    assert epoch["compute_s"] >= epoch["batches"] * 0.020
+    # The accelerator's time is its steps', whatever the sleep overshoots on a busy host.
+    assert epoch["compute_s"] == pytest.approx(epoch["batches"] * 0.020)
     figures = result["figures"]
     assert 0 < figures["scan_au"] <= 1
     assert figures["scan_au"] == pytest.approx(epoch["compute_s"] / epoch["epoch_s"])
