@@ -50,9 +50,10 @@ pytestmark = [
 TWO_PROFILE_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-pipeline.yaml"
 
 # The jobs of one run, in the order they ran (the nested stages' jobs by their labels).
+# The pipeline's default repeats: two training runs a stage, one after the other.
 ORDER = ["plan", "stages[0]/switch", "stages[0]/fio", "stages[0]/renew", "stages[0]/train[0]",
-         "stages[1]/switch", "stages[1]/fio", "stages[1]/renew", "stages[1]/train[0]", "compare",
-         "release"]  # fmt: skip
+         "stages[0]/train[1]", "stages[1]/switch", "stages[1]/fio", "stages[1]/renew",
+         "stages[1]/train[0]", "stages[1]/train[1]", "compare", "release"]  # fmt: skip
 TINY = ["-P", "steps=4", "-P", "checkpoint_every=2", "-P", "model_size=1MiB",
         "-P", "size_scale=0.01", "-P", "fio_runtime=1"]  # fmt: skip
 
