@@ -61,13 +61,7 @@ def timestamp(value: Any) -> str:
 
 
 def level(achieved: float | None, asked: float | None) -> str:
-    """An interval's confidence: the one asked for, and the one an exact rank interval
-    actually has when that differs (its levels are discrete: the first at or above the
-    one asked)."""
-    if achieved is None:
-        return "" if asked is None else f"{asked:.0%}"
-    if asked is None or abs(achieved - asked) < 0.0005:
-        return f"{achieved:.0%}" if asked is None else f"{asked:.0%}"
-    if achieved < asked:  # a range of the differences: as sure as its runs allow
-        return f"{achieved:.0%} (fewer runs than a {asked:.0%} interval needs)"
-    return f"{asked:.0%} (exact: {achieved:.1%}, the nearest rank interval at or above it)"
+    """An interval's confidence as asked for (the verdict's intervals between runs have
+    exactly that level), else the one it has."""
+    shown = asked if asked is not None else achieved
+    return "" if shown is None else f"{shown:.0%}"

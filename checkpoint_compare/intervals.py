@@ -69,8 +69,8 @@ class Shift:
         n_x: Size of ``x``.
         n_y: Size of ``y``.
         method: How the interval was made, for the reader.
-        asked: The confidence asked for, which the report names (``confidence`` may be
-            above it; a range of the differences between few runs may be below it).
+        asked: The confidence asked for, which the report names (a rank interval's
+            ``confidence`` may be above it).
     """
 
     estimate: float
@@ -171,21 +171,6 @@ def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float = 0
     k, achieved = found
     method = "exact rank interval" if len(x) * len(y) <= EXACT_PAIRS else "normal approximation"
     return Shift(estimate, diffs[k - 1], diffs[-k], achieved, len(x), len(y), method, confidence)
-
-
-def pairwise_range(x: Sequence[float], y: Sequence[float]) -> Shift:
-    """The Hodges–Lehmann shift with the range of all differences as its interval: it
-    excludes zero only when every value of one sample is above every value of the other.
-    Used for the runtime when there are too few runs for a rank interval at the confidence
-    asked for; its own confidence is 1 − 2 / C(n+m, n) (e.g. 67 % for 2 and 2 runs)."""
-    if not x or not y:
-        raise ValueError("both samples need at least one value")
-    diffs = sorted(a - b for a in x for b in y)
-    achieved = 1 - 2 / math.comb(len(x) + len(y), len(x))
-    return Shift(
-        statistics.median(diffs), diffs[0], diffs[-1], max(achieved, 0.0), len(x), len(y),
-        "range of the differences between runs",
-    )  # fmt: skip
 
 
 def median_upper_bound(values: Sequence[float], confidence: float = 0.95) -> float | None:
