@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -33,6 +34,7 @@ def cli(
     metavar: str | None = None,
     click_type: Any = None,
     flag_value: Any = None,
+    multiple: bool = False,
 ) -> dict[str, Any]:
     """Field metadata for the generated click option, where the field alone does not say it.
 
@@ -42,6 +44,7 @@ def cli(
         metavar: What ``--help`` shows for the value.
         click_type: The click type when the field's own type is not what the user types.
         flag_value: The value of the option given without one.
+        multiple: The option may be repeated; the field (a tuple) gets every value given.
     """
     return {
         "cli": {
@@ -50,6 +53,7 @@ def cli(
             "metavar": metavar,
             "type": click_type,
             "flag_value": flag_value,
+            "multiple": multiple,
         }
     }
 
@@ -118,7 +122,34 @@ def option_for(f: Field, annotation: Any, doc: str) -> Callable[[F], F]:
         kwargs["metavar"] = extra["metavar"]
     if extra.get("flag_value") is not None:
         kwargs.update(is_flag=False, flag_value=extra["flag_value"])
+    if extra.get("multiple"):
+        kwargs.update(multiple=True, show_default=False)
     return click.option(decl, f.name, **kwargs)
+
+
+class FiniteFloat(click.ParamType):
+    """A float that is finite and within bounds: click's FloatRange lets ``nan`` through
+    (every comparison with NaN is false) and ``inf`` through an open upper bound.
+
+    >>> FiniteFloat(0, 1).convert("0.5", None, None)
+    0.5
+    """
+
+    name = "float"
+
+    def __init__(self, low: float = 0.0, high: float = math.inf, high_open: bool = False):
+        self.low, self.high, self.high_open = low, high, high_open
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):  # noqa: ANN201
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        above = number >= self.high if self.high_open else number > self.high
+        if not math.isfinite(number) or number < self.low or above:
+            bound = f"{self.low:g} ≤ x {'<' if self.high_open else '≤'} {self.high:g}"
+            self.fail(f"{value!r} is not a finite number with {bound}", param, ctx)
+        return number
 
 
 def config_options(cls: type) -> Callable[[F], F]:
