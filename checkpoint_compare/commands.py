@@ -32,30 +32,30 @@ def judge(
     Raises:
         CompareError: A subclass carrying the exit code (bad input, runs missing, ...).
     """
-    pricing = load_pricing(config.pricing_path, config.gpu_hourly, config.volume_gib)
+    pricing = load_pricing(config.prices.pricing_path, config.prices.gpu_hourly, config.prices.volume_gib)
     loaded = loaded or load_runs(config.sources)
     if is_data_comparison(loaded.records):
         verdict = judge_workloads(
             loaded.records,
             pricing,
             config.thresholds,
-            baseline=config.baseline,
+            baseline=config.selection.baseline,
             budget=config.workload_budget,
-            expected=config.expected,
+            expected=config.selection.expected,
         )
         return verdict, loaded
-    groups, failed = group_by_profile(loaded.records, expected=config.expected)
+    groups, failed = group_by_profile(loaded.records, expected=config.selection.expected)
     for run in failed:
         log.warning("run %s %s and is not used: %s", run.label, run.status, run.message)
     return build_verdict(
         groups,
         pricing,
         config.thresholds,
-        baseline=config.baseline,
+        baseline=config.selection.baseline,
         failed_runs=failed,
         budget=config.budget,
         hook_runs=[r for r in loaded.records if r.kind is RunKind.HOOK],
-        allow_resumed=config.allow_resumed,
+        allow_resumed=config.selection.allow_resumed,
     ), loaded
 
 
@@ -99,14 +99,14 @@ def run(config: CompareConfig) -> Verdict | WorkloadVerdict:
     click.echo(render_text(verdict), nl=False)
     markdown = render_markdown(verdict)
     written: list[Path] = []
-    if config.json_path:
-        written.append(_write(config.json_path, dumps(verdict)))
-    if config.markdown_path:
-        written.append(_write(config.markdown_path, markdown))
-    if config.html_path:
+    if config.reports.json_path:
+        written.append(_write(config.reports.json_path, dumps(verdict)))
+    if config.reports.markdown_path:
+        written.append(_write(config.reports.markdown_path, markdown))
+    if config.reports.html_path:
         if not plots_available():
-            click.echo(f"warning: {config.html_path}: {NO_PLOTS}", err=True)
-        written.append(_write(config.html_path, render_html(verdict)))
+            click.echo(f"warning: {config.reports.html_path}: {NO_PLOTS}", err=True)
+        written.append(_write(config.reports.html_path, render_html(verdict)))
     tags, inputs = _record_inputs(verdict)
     results = outputs(verdict) if isinstance(verdict, WorkloadVerdict) else op_outputs(verdict)
     _record(config, loaded, tags, inputs, results, written, markdown)
@@ -125,13 +125,13 @@ def _record(
     """Log the verdict as a Polyaxon run (inputs, outputs, the reports as artifacts, the
     markdown as its readme and, for the runs of a pipeline on a server, the pipeline's),
     then say which files were written."""
-    with tracked_run("compare", tags=tags, enabled=config.track) as tracker:
+    with tracked_run("compare", tags=tags, enabled=config.reports.track) as tracker:
         tracker.log_inputs(**inputs)
         tracker.log_outputs(**results)
         for path in written:
             tracker.log_artifact(path, name=f"compare_{path.suffix.lstrip('.')}")
         tracker.set_readme(markdown)
-    if config.track:
+    if config.reports.track:
         _set_pipeline_readme(loaded, markdown)
     for path in written:
         click.echo(f"wrote {path}")

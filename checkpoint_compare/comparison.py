@@ -6,11 +6,10 @@ run together, so the checkpoints of one run are not independent draws for a comp
 between profiles: the pause difference is the shift between the runs' median pauses with
 its between-run interval (``intervals.run_level_shift``), and with one run a side there is
 none: no pause difference counts and the report asks for repeats. It counts when the
-interval excludes zero and the shift is larger than a practical floor. The whole run is one measurement: with repeats on both sides the
-runtime difference gets a rank interval too (or, with too few runs for one, the range of
-the differences between runs: the between-run spread); with a single run on a side it is
-the difference ± the runtime floor (or ± the other side's between-run spread, if larger). It counts when its interval excludes zero, it is larger than
-the runtime floor, and the checkpoints can account for it.
+interval excludes zero and the shift is larger than a practical floor. The whole run is one
+measurement: its runtimes are compared the same way, each run one value (Student's t
+between runs), so one run a side gives no runtime interval. It counts when its interval
+excludes zero, it is larger than the runtime floor, and the checkpoints can account for it.
 
 Every rule is symmetric: swapping baseline and candidate swaps the sign of each difference
 and nothing else, and a slower profile needs the same evidence as a faster one. When the
@@ -25,9 +24,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+import click
+
 from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
 from checkpoint_compare.formatting import seconds
 from checkpoint_compare.intervals import Shift, run_level_shift
+from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
 
 
@@ -46,25 +48,27 @@ NO_DIFFERENCE = "no measurable difference"
 
 @dataclass(frozen=True)
 class Thresholds:
-    """What makes a difference count.
+    """What makes a difference count (one section of the verdict's settings: each field is
+    an option of ``python -m checkpoint_compare``)."""
 
-    Attributes:
-        runtime_floor: Relative runtime change below which whole runs count as equal,
-            for the variation that checkpoints do not explain (data loading, scheduling).
-        practical_floor_s: A checkpoint pause difference smaller than this never counts,
-            however steady the pauses: below it a difference is clock and scheduler
-            jitter on one node, and worth nothing in GPU time.
-        loss_tolerance: Relative final-loss difference tolerated; beyond it the runs did
-            not train the same model and no profile is declared better.
-        confidence: Confidence of every interval.
-        warmup: Checkpoints at the start of each run left out of the comparison.
-    """
-
-    runtime_floor: float = 0.02
-    practical_floor_s: float = 0.01
-    loss_tolerance: float = 1e-3
-    confidence: float = VERDICT_CONFIDENCE
-    warmup: int = DEFAULT_WARMUP
+    runtime_floor: float = field(
+        default=0.02, metadata=cli(click_type=FiniteFloat(0, 1, high_open=True))
+    )
+    """Relative runtime change treated as noise: below it whole runs count as equal (the
+    variation checkpoints do not explain: data loading, scheduling)."""
+    practical_floor_s: float = field(default=0.01, metadata=cli(click_type=FiniteFloat()))
+    """A checkpoint pause difference below this many seconds never counts (clock and
+    scheduler jitter on one node, worth nothing in GPU time)."""
+    loss_tolerance: float = field(default=1e-3, metadata=cli(click_type=FiniteFloat()))
+    """Relative final-loss difference tolerated; beyond it the runs did not train the same
+    model and no profile is declared better."""
+    confidence: float = field(
+        default=VERDICT_CONFIDENCE, metadata=cli(click_type=FiniteFloat(0.5, 1, high_open=True))
+    )
+    """Confidence of the intervals."""
+    warmup: int = field(default=DEFAULT_WARMUP, metadata=cli(click_type=click.IntRange(min=0)))
+    """Checkpoints (or epochs, rounds) at the start of each run reported as warm-up and left
+    out."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.runtime_floor < 1:

@@ -24,6 +24,7 @@ from checkpoint_compare.cost import Pricing, ProfileCost
 from checkpoint_compare.figures import ProfileFigures
 from checkpoint_compare.formatting import seconds, usd
 from checkpoint_compare.intervals import median_upper_bound
+from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 
 NONE_MEETS = "none"
 """``recommended_profile`` when no profile meets the budget."""
@@ -31,17 +32,17 @@ NONE_MEETS = "none"
 
 @dataclass(frozen=True)
 class Budget:
-    """What the team can accept and how often it checkpoints.
+    """What the team can accept and how often it checkpoints (one section of the verdict's
+    settings: each field is an option of ``python -m checkpoint_compare``)."""
 
-    Attributes:
-        max_pause_s: The longest pause per checkpoint (the median, warm-up excluded).
-        max_pause_share: The largest share of the runtime spent paused.
-        checkpoints_per_month: The team's cadence, for the net cost.
-    """
-
-    max_pause_s: float | None = None
-    max_pause_share: float | None = None
-    checkpoints_per_month: float | None = None
+    max_pause_s: float | None = field(default=None, metadata=cli(click_type=FiniteFloat()))
+    """Pause budget: the longest acceptable (median) pause per checkpoint, seconds."""
+    max_pause_share: float | None = field(default=None, metadata=cli(click_type=FiniteFloat(0, 1)))
+    """Pause budget: the largest acceptable share of the runtime spent paused (0-1)."""
+    checkpoints_per_month: float | None = field(
+        default=None, metadata=cli(click_type=FiniteFloat())
+    )
+    """The team's checkpoint cadence, for the net cost (GPU time paused + storage)."""
 
     def __post_init__(self) -> None:
         for name in ("max_pause_s", "max_pause_share", "checkpoints_per_month"):

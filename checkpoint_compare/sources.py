@@ -505,15 +505,15 @@ def load_runs(sources: Sources) -> Loaded:
     if sources.offline_root:
         records = load_offline(sources.offline_root)
         if sources.runs:
-            return Loaded(_select(records, sources.runs, str(sources.offline_root)))
+            return Loaded(_select(records, sources.run_profiles, str(sources.offline_root)))
         return Loaded(records)
     api = ApiSource(host=sources.api_host, project=sources.project, token=sources.token)
     pipeline = sources.pipeline or (None if sources.runs else api.own_pipeline())
     records = api.pipeline_runs(pipeline) if pipeline else []
     if sources.runs:
         known = {r.uuid for r in records}
-        records += api.runs({u: p for u, p in sources.runs.items() if u not in known})
-        records = _select(records, sources.runs, "the pipeline")
+        records += api.runs({u: p for u, p in sources.run_profiles.items() if u not in known})
+        records = _select(records, sources.run_profiles, "the pipeline")
     return Loaded(records, pipeline, api)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
     COMPARABLE_INPUTS,
@@ -39,10 +40,13 @@ NONE_MEETS = "none"
 
 @dataclass(frozen=True)
 class WorkloadBudget:
-    """What the user needs: an AU floor for a scan, a p99 save latency for a workspace."""
+    """What the user needs of a data workload (one section of the verdict's settings: each
+    field is an option of ``python -m checkpoint_compare``)."""
 
-    min_au: float | None = None
-    max_p99_ms: float | None = None
+    min_au: float | None = field(default=None, metadata=cli(click_type=FiniteFloat(0, 1)))
+    """Data workload scan: the lowest acceptable accelerator utilization (0-1; MLPerf: 0.9)."""
+    max_p99_ms: float | None = field(default=None, metadata=cli(click_type=FiniteFloat()))
+    """Data workload workspace: the highest acceptable p99 save latency, ms."""
 
 
 @dataclass(frozen=True)
