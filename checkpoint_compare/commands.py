@@ -32,7 +32,9 @@ def judge(
     Raises:
         CompareError: A subclass carrying the exit code (bad input, runs missing, ...).
     """
-    pricing = load_pricing(config.prices.pricing_path, config.prices.gpu_hourly, config.prices.volume_gib)
+    pricing = load_pricing(
+        config.prices.pricing_path, config.prices.gpu_hourly, config.prices.volume_gib
+    )
     loaded = loaded or load_runs(config.sources)
     if is_data_comparison(loaded.records):
         verdict = judge_workloads(
