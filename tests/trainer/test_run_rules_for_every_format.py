@@ -1,11 +1,10 @@
-"""Every writer path of issue 15 under the trainer's run rules (issues 13 and 19).
+"""The trainer's run rules hold for every way a checkpoint is written.
 
-The merge of perf into the trainer branch brought new ways to write a checkpoint: a state
-striped over ``--io-streams`` files, and the dcp and safetensors libraries writing files of
-their own. Each must keep the rules the trainer established for one file: retention counts
-only good checkpoints (and deletes nothing without durability), every temporary name
-carries its owner (run, pod, pid), and the manifest says whose checkpoint it is (``run_id``)
-beside how it was checksummed (``checksum``, ``layout``).
+A state striped over ``--io-streams`` files, and the dcp and safetensors libraries writing
+files of their own, must keep the rules of one file: retention counts only good
+checkpoints (and deletes nothing without durability), every temporary name carries its
+owner (run, pod, pid), and the manifest says whose checkpoint it is (``run_id``) beside how
+it was checksummed (``checksum``, ``layout``).
 """
 
 from __future__ import annotations
