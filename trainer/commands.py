@@ -113,9 +113,6 @@ def run_job(cfg: TrainConfig) -> None:
             param_count=summary.inputs["param_count"], device=summary.inputs["device"]
         )
         data = summary.to_json()
-        # Where the verdict of earlier versions reads the build from.
-        data["inputs"]["image_digest"] = prov["image_digest"]
-        data["code_revision"] = prov["code_revision"]
         data["polyaxon_run_uuid"] = tracker.run_uuid
         tracker.log_outputs(**summary.outputs())
         if summary.restore is not None:

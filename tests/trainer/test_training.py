@@ -130,6 +130,8 @@ def test_cli_records_offline_polyaxon_run_and_summary(tmp_path):
         sum(c["pause_s"] for c in summary["checkpoints"])
     )
     assert list(summary["provenance"]) == list(PROVENANCE_KEYS)
+    # The build is told once, under provenance, where the verdict reads it.
+    assert "code_revision" not in summary and "image_digest" not in summary["inputs"]
     assert summary["provenance"]["node_name"] == "node-a"
     assert summary["provenance"]["image"] == IMAGE_REF
     assert summary["resumed_from_step"] is None
