@@ -31,7 +31,6 @@ detection rate, each with its Wilson interval.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -45,10 +44,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import click
+
+from checkpoint_storage_bench.config_cli import cli, config_options
+from checkpoint_storage_bench.errors import BenchError, exit_codes_help
 
 SCHEMA = "checkpoint-compare-calibration/1"
 WORKLOADS = ("checkpoint", "scan", "materialize", "workspace")
@@ -71,12 +75,14 @@ EXIT_CODES = {
 }
 
 
-class CalibrationError(Exception):
-    """A one-line reason; ``code`` is the exit code."""
+class CalibrationError(BenchError):
+    """A one-line reason and the exit code it ends the command with."""
+
+    prog = "calibrate"
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
-        self.code = code
+        self.exit_code = code
 
 
 # --------------------------------------------------------------------------- the plan
@@ -230,23 +236,65 @@ class Settings:
     """What every run of a workload is given (the pipeline's inputs, at small sizes)."""
 
     model_size: str = "8MiB"
+    """checkpoint: the model's size."""
     steps: int = 26
+    """checkpoint: training steps a run."""
     checkpoint_every: int = 2
-    checkpoint_format: str = "raw"
+    """checkpoint: steps between checkpoints."""
+    checkpoint_format: str = field(default="raw", metadata=cli(flag="--format"))
+    """checkpoint: the checkpoint format."""
     dataset_size: str = "32MiB"
+    """scan, materialize: the dataset's size."""
     epochs: int = 5
+    """scan: epochs a run."""
     num_workers: int = 2
+    """scan: loader workers."""
     compute_ms: float = 10.0
+    """scan: emulated compute per batch, ms."""
     files: int = 100
+    """workspace: files saved a round."""
     file_size: str = "16KiB"
+    """workspace: each file's size."""
     rounds: int = 5
+    """workspace: rounds a run."""
     repeats: int = 2
+    """Runs of each profile back to back, as the pipeline's repeats input."""
     return_to_first: bool = False
-    confidence: float = 0.95
-    noise: str = "none"
+    """Return to the first profile at the end, as the pipeline's return_to_first input."""
+    confidence: float | None = None
+    """The verdict's confidence (0.95; with --rescore, the kept runs' own)."""
+    noise: Literal["none", "writer", "cpu"] = "none"
+    """A neighbour during a random half of the runs: a writer on the same volume, or a busy
+    CPU."""
     noise_mbps: float = 200.0
+    """The writer's MB/s."""
     seed: int = 0
-    run_timeout_s: float = 1800.0
+    """Which runs get the neighbour."""
+    run_timeout_s: float = field(default=1800.0, metadata=cli(flag="--run-timeout"))
+    """Seconds a run may take before it counts as failed."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to calibrate, and where."""
+
+    workloads: tuple[str, ...] = field(
+        default=(),
+        metadata=cli(flag="--workload", click_type=click.Choice(WORKLOADS), multiple=True),
+    )
+    """Workload to calibrate (repeat; default checkpoint)."""
+    pairs: int = 10
+    """A/A and A/B comparisons each."""
+    out: Path | None = None
+    """New or empty directory for the runs and the manifest."""
+    rescore: Path | None = field(default=None, metadata=cli(metavar="DIR"))
+    """Judge the runs kept in DIR again (nothing runs)."""
+    use_repeats: int | None = None
+    """With --rescore: the first K runs of each block only."""
+    volume: str = "loop"
+    """loop (the emulated classes; root) or a directory (A/A only)."""
+    volume_size: str = "1GiB"
+    """Size of the loop volume."""
 
 
 def workload_argv(
@@ -745,111 +793,60 @@ def table(manifest: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- the command
 
 
-def _parser() -> argparse.ArgumentParser:
-    codes = "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
-    p = argparse.ArgumentParser(
-        prog="python -m checkpoint_compare.calibrate",
-        description="Measure the verdict's false-claim rate (A/A) and detection rate (A/B).",
-        epilog=f"exit codes:\n{codes}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    d = Settings()
-    p.add_argument(
-        "--workload",
-        action="append",
-        choices=WORKLOADS,
-        help="workload to calibrate (repeatable; default checkpoint)",
-    )
-    p.add_argument("--pairs", type=int, default=10, help="A/A and A/B comparisons each (10)")
-    p.add_argument("--out", type=Path, help="new or empty directory for the runs and manifest")
-    p.add_argument("--rescore", type=Path, metavar="DIR", help="judge the runs kept in DIR again")
-    p.add_argument("--use-repeats", type=int, help="rescore: the first K runs of each block only")
-    p.add_argument(
-        "--volume",
-        default="loop",
-        help="loop (the emulated classes; root) or a directory (A/A only)",
-    )
-    p.add_argument("--volume-size", default="1GiB", help="size of the loop volume (1GiB)")
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--return-to-first", action="store_true")
-    p.add_argument("--confidence", type=float, default=None, help="the verdict's (0.95)")
-    p.add_argument("--noise", choices=("none", "writer", "cpu"), default=d.noise)
-    p.add_argument("--noise-mbps", type=float, default=d.noise_mbps, help="the writer's MB/s")
-    p.add_argument("--seed", type=int, default=d.seed, help="which runs get the neighbour")
-    p.add_argument("--model-size", default=d.model_size)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    p.add_argument("--format", dest="checkpoint_format", default=d.checkpoint_format)
-    p.add_argument("--dataset-size", default=d.dataset_size)
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--num-workers", type=int, default=d.num_workers)
-    p.add_argument("--compute-ms", type=float, default=d.compute_ms)
-    p.add_argument("--files", type=int, default=d.files)
-    p.add_argument("--file-size", default=d.file_size)
-    p.add_argument("--rounds", type=int, default=d.rounds)
-    p.add_argument("--run-timeout", type=float, default=d.run_timeout_s)
-    return p
+@click.command(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=exit_codes_help(EXIT_CODES),
+)
+@config_options(Command)
+@config_options(Settings)
+def main(**options: Any) -> None:
+    """Measure the verdict's false-claim rate (A/A) and detection rate (A/B)."""
+    command = Command(**{f.name: options.pop(f.name) for f in fields(Command)})
+    if command.rescore is not None:
+        if command.out is not None:
+            raise CalibrationError("--rescore and --out do not go together", 2)
+        click.echo(table(rescore(command.rescore, command.use_repeats, options["confidence"])))
+        return
+    _run(command, Settings(**options))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        if args.rescore is not None:
-            if args.out is not None:
-                raise CalibrationError("--rescore and --out do not go together", 2)
-            print(table(rescore(args.rescore, args.use_repeats, args.confidence)))
-            return 0
-        return _run(args)
-    except CalibrationError as exc:
-        print(f"calibrate: {exc}", file=sys.stderr)
-        return exc.code
-
-
-def _run(args: argparse.Namespace) -> int:
+def _run(command: Command, s: Settings) -> None:
     from checkpoint_storage_bench.units import parse_size
 
-    if args.out is None:
+    if command.out is None:
         raise CalibrationError("--out DIR is needed (where the runs are kept)", 2)
-    if args.use_repeats is not None:
+    if command.use_repeats is not None:
         raise CalibrationError("--use-repeats goes with --rescore", 2)
-    if args.pairs < 1 or args.repeats < 1:
+    if command.pairs < 1 or s.repeats < 1:
         raise CalibrationError("--pairs and --repeats must be at least 1", 2)
-    confidence = args.confidence if args.confidence is not None else 0.95
-    if not 0 < confidence < 1:
-        raise CalibrationError(f"--confidence must be in (0, 1), got {confidence}", 2)
-    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        raise CalibrationError(f"--out {args.out} exists and is not empty: nothing is "
+    s = replace_settings(s, confidence=0.95 if s.confidence is None else s.confidence)
+    if not 0 < s.confidence < 1:  # type: ignore[operator]
+        raise CalibrationError(f"--confidence must be in (0, 1), got {s.confidence}", 2)
+    out = command.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CalibrationError(f"--out {out} exists and is not empty: nothing is "
                                "written over a calibration's runs", 2)  # fmt: skip
-    s = Settings(
-        model_size=args.model_size, steps=args.steps, checkpoint_every=args.checkpoint_every,
-        checkpoint_format=args.checkpoint_format, dataset_size=args.dataset_size,
-        epochs=args.epochs, num_workers=args.num_workers, compute_ms=args.compute_ms,
-        files=args.files, file_size=args.file_size, rounds=args.rounds, repeats=args.repeats,
-        return_to_first=args.return_to_first, confidence=confidence, noise=args.noise,
-        noise_mbps=args.noise_mbps, seed=args.seed, run_timeout_s=args.run_timeout,
-    )  # fmt: skip
     try:
-        size = parse_size(args.volume_size)
+        size = parse_size(command.volume_size)
     except ValueError as exc:
         raise CalibrationError(f"--volume-size: {exc}", 2) from exc
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out.resolve()
-    where = LoopEmulation(size) if args.volume == "loop" else PlainDirectory(Path(args.volume))
+    out.mkdir(parents=True, exist_ok=True)
+    out = out.resolve()
+    volume = command.volume
+    where = LoopEmulation(size) if volume == "loop" else PlainDirectory(Path(volume))
     # A terminated calibration still unmounts its volume and removes its cgroup.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        manifest = calibrate(args.workload or ["checkpoint"], args.pairs, s, out, where)
+        manifest = calibrate(command.workloads or ["checkpoint"], command.pairs, s, out, where)
     finally:
         signal.signal(signal.SIGTERM, previous)
         where.close()
-    print(table(manifest))
+    click.echo(table(manifest))
     failed = [r for e in manifest["workloads"].values() for r in e["runs"] if r["exit_code"]]
     if failed:
-        print(f"calibrate: {len(failed)} run(s) failed, e.g. run {failed[0]['index']}: "
-              f"{failed[0]['error']}", file=sys.stderr)  # fmt: skip
-        return 4
-    return 0
+        raise CalibrationError(f"{len(failed)} run(s) failed, e.g. run {failed[0]['index']}: "
+                               f"{failed[0]['error']}", 4)  # fmt: skip
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(prog_name="python -m checkpoint_compare.calibrate")
