@@ -33,10 +33,8 @@ from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
 from checkpoint_compare.switches import check_switches
 from checkpoint_storage_bench.contract import (
-    LEGACY_PROFILE_OUTPUTS,
     RECOMMENDED_PROFILE_OUTPUT,
     VERDICT_OUTPUT,
-    output_key,
     profile_output,
 )
 
@@ -340,10 +338,5 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
 
 
 def _profile_outputs(profile: str, **figures: Any) -> dict[str, Any]:
-    """One profile's figures under their output names, and under the previous release's
-    names where a figure had one (logged beside for one release)."""
-    out = {profile_output(profile, name): value for name, value in figures.items()}
-    for name, value in figures.items():
-        if legacy := LEGACY_PROFILE_OUTPUTS.get(name):
-            out[legacy.format(key=output_key(profile))] = value
-    return out
+    """One profile's figures under their output names."""
+    return {profile_output(profile, name): value for name, value in figures.items()}

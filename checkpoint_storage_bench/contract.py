@@ -298,15 +298,6 @@ PROFILE_FIGURES = (
 """The compare op's outputs per profile, named by :func:`profile_output`; the two
 ``pause_diff_*`` are a candidate's interval against the baseline."""
 
-LEGACY_PROFILE_OUTPUTS = {
-    "pause_diff_ci_low_s": "pause_diff_ci_low_{key}",
-    "pause_diff_ci_high_s": "pause_diff_ci_high_{key}",
-}
-"""Names of this release's profile figures as the previous release logged them (the figure
-after the profile): still logged beside the new names for one release, for dashboards
-and readers that look for them; to be dropped in the next."""
-
-
 def profile_output(profile: str, figure: str) -> str:
     """The compare op's output name of one profile's figure, the profile first.
 

@@ -20,7 +20,6 @@ from checkpoint_compare.intervals import (
     values_for_interval,
 )
 from checkpoint_storage_bench.contract import (
-    LEGACY_PROFILE_OUTPUTS,
     MIN_MEASURED_CHECKPOINTS,
     PROFILE_FIGURES,
     VERDICT_CONFIDENCE,
@@ -98,20 +97,15 @@ def test_three_profiles_against_the_first(runs_root: Path, pricing_file) -> None
     for profile in (FAST, FASTER):
         key = profile.replace("-", "_")
         pause = comparison(report, profile)["pause"]
-        assert outputs[f"pause_diff_ci_low_{key}"] == pytest.approx(pause["low"])
-        assert outputs[f"pause_diff_ci_high_{key}"] == pytest.approx(pause["high"])
+        assert outputs[f"{key}_pause_diff_ci_low_s"] == pytest.approx(pause["low"])
+        assert outputs[f"{key}_pause_diff_ci_high_s"] == pytest.approx(pause["high"])
         assert outputs[f"{key}_warmup_pause_s_median"] > outputs[f"{key}_pause_s_median"]
-        # One order (the profile first); the previous release's names kept beside for now.
-        assert outputs[f"{key}_pause_diff_ci_low_s"] == outputs[f"pause_diff_ci_low_{key}"]
-        assert outputs[f"{key}_pause_diff_ci_high_s"] == outputs[f"pause_diff_ci_high_{key}"]
-    # Every output is a name of the contract: a fixed one, or a profile's figure (or its
-    # previous name).
+        # One name per figure, the profile first.
+        assert f"pause_diff_ci_low_{key}" not in outputs
+    # Every output is a name of the contract: a fixed one, or a profile's figure.
     named = set(VERDICT_OUTPUTS) | {
         profile_output(p, f) for p in (BASE, FAST, FASTER) for f in PROFILE_FIGURES
-    } | {
-        legacy.format(key=p.replace("-", "_"))
-        for p in (FAST, FASTER) for legacy in LEGACY_PROFILE_OUTPUTS.values()
-    }  # fmt: skip
+    }
     assert set(outputs) <= named, sorted(set(outputs) - named)
     # Both are faster; at 4 USD/h the GPU time saved outweighs gp3's price for both, and
     # the verdict keeps the cheaper per run: the max profile (9 s shorter) wins.
