@@ -179,25 +179,21 @@ OUTPUT_FORMATS = ("text", "json")
 def output_option(fn: F) -> F:
     """``-o/--output text|json`` for a command that prints a state (the one meaning of
     "JSON" on our CLIs that print: ``--json PATH`` elsewhere always names a file to write).
-    The command gets ``as_json``. The previous release's ``--json`` flag is still accepted
-    (hidden) and means ``--output json``.
+    The command gets ``as_json``.
 
     >>> @click.command()
     ... @output_option
     ... def show(as_json: bool) -> None:
     ...     click.echo("json" if as_json else "text")
     >>> from click.testing import CliRunner
-    >>> [CliRunner().invoke(show, a).output for a in ([], ["-o", "json"], ["--json"])]
-    ['text\\n', 'json\\n', 'json\\n']
+    >>> [CliRunner().invoke(show, a).output for a in ([], ["-o", "json"])]
+    ['text\\n', 'json\\n']
     """
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, output: str, json_flag: bool, **kwargs: Any) -> Any:
-        return fn(*args, as_json=json_flag or output == "json", **kwargs)
+    def wrapper(*args: Any, output: str, **kwargs: Any) -> Any:
+        return fn(*args, as_json=output == "json", **kwargs)
 
-    wrapper = click.option(
-        "--json", "json_flag", is_flag=True, hidden=True, help="Same as --output json."
-    )(wrapper)
     wrapper = click.option(
         "-o",
         "--output",

@@ -112,7 +112,6 @@ def test_commands_that_print_a_state_take_output_text_or_json() -> None:
         "json\n",
         "text\n",
     ]
-    # The previous release's flag still works, and is no longer offered.
-    assert run(show, ["--json"]).output == "json\n"
-    assert "--json" not in run(show, ["--help"]).output
+    # --json names a file to write on every CLI: here it is no option at all.
+    assert run(show, ["--json"]).exit_code == 2
     assert run(show, ["-o", "yaml"]).exit_code == 2
