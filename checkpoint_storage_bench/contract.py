@@ -479,8 +479,25 @@ or one of the data workloads."""
 DATA_WORKLOADS = WORKLOADS[1:]
 """The subcommands of ``python -m data_workloads``."""
 
-DATA_FORMATS = ("webdataset", "files")
-"""``--dataset-format``: WebDataset tar shards, or a directory of many small files."""
+DATA_FORMATS = ("webdataset", "files", "parquet", "mds")
+"""``--dataset-format``: WebDataset tar shards, a directory of many small files, Parquet
+files (row groups), or MosaicML Streaming's MDS shards."""
+
+DATA_LOADERS = ("ours", "webdataset", "streaming", "arrow", "torch")
+"""``scan --loader``: ours (batches read straight into shared slots) or the library a team
+would use on the format: the ``webdataset`` package, MosaicML ``streaming``'s
+StreamingDataset, pyarrow's Parquet batches as Hugging Face ``datasets`` streams them
+(``arrow``), a plain map-style ``torch`` Dataset of files. A scan records it in its config
+(the input ``loader``): runs of one loader compare with runs of the same loader only."""
+
+LOADER_FORMATS = {
+    "ours": DATA_FORMATS,
+    "webdataset": ("webdataset",),
+    "streaming": ("mds",),
+    "arrow": ("parquet",),
+    "torch": ("files",),
+}
+"""The formats each loader reads."""
 
 DATA_SUMMARY_SCHEMA = "data-workload/1"
 """The ``schema`` of ``python -m data_workloads ... --summary-json``."""
