@@ -37,6 +37,7 @@ def dataset_spec(cfg: DatasetConfig) -> ds.DatasetSpec:
         record_size=int(cfg.record_size),
         shard_size=int(cfg.shard_size),
         codec=cfg.codec,
+        row_group_size=int(cfg.row_group_size),
     )
 
 

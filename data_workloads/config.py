@@ -17,13 +17,15 @@ from typing import Any, Literal, get_args
 
 from checkpoint_storage_bench.claim_dir import ensure_writable_dir
 from checkpoint_storage_bench.config_cli import cli, flag
-from checkpoint_storage_bench.contract import DATA_FORMATS
+from checkpoint_storage_bench.contract import DATA_FORMATS, DATA_LOADERS, LOADER_FORMATS
 from checkpoint_storage_bench.units import parse_size
 from data_workloads.errors import ConfigError, DataDirError
 from data_workloads.scratch import remove_stale
 
-DatasetFormat = Literal["webdataset", "files"]
+DatasetFormat = Literal["webdataset", "files", "parquet", "mds"]
 assert get_args(DatasetFormat) == DATA_FORMATS
+Loader = Literal["ours", "webdataset", "streaming", "arrow", "torch"]
+assert get_args(Loader) == DATA_LOADERS
 Codec = Literal["none", "zlib"]
 
 MIN_RECORD_BYTES = 3 * 8 * 8
@@ -120,7 +122,9 @@ class DatasetConfig(CommonConfig):
     dataset_format: DatasetFormat = "webdataset"
     """webdataset: tar shards, each sample a .json header and a .u8 (or .u8.zlib) payload,
     read shard by shard; files: one file per record in a directory tree, read in random
-    order."""
+    order; parquet: Parquet files (pyarrow) in row groups of --row-group-size; mds:
+    MosaicML Streaming's MDS shards (its MDSWriter). parquet and mds need the formats
+    extra."""
 
     codec: Codec = "none"
     """How a record's image is stored: none (its bytes: decoding is parsing the header,
@@ -136,7 +140,12 @@ class DatasetConfig(CommonConfig):
     """Decoded bytes of one record (a 3 x H x W uint8 image, H = W)."""
 
     shard_size: int | str = field(default="16MiB", metadata=_SIZE)
-    """webdataset: decoded bytes per tar shard (whole records, at least one)."""
+    """webdataset, parquet: decoded bytes per tar shard or Parquet file (whole records, at
+    least one); mds: bytes per shard on the volume (the writer's size limit)."""
+
+    row_group_size: int | str = field(default="1MiB", metadata=_SIZE)
+    """parquet: decoded bytes per row group (whole records, at least one; at most a
+    file's): what a reader reads and decodes at once."""
 
     generate: bool = True
     """Generate the dataset when the data dir has none (and reuse it afterwards); with
@@ -156,11 +165,20 @@ class DatasetConfig(CommonConfig):
         self._size("record_size", MIN_RECORD_BYTES, MAX_ITEM_BYTES)
         self._size("dataset_size", self.record_size)
         self._size("shard_size", self.record_size)
+        self._size("row_group_size", self.record_size)
 
 
 @dataclass
 class ScanConfig(DatasetConfig):
     """Read the dataset as a training input pipeline does."""
+
+    loader: Loader = "ours"
+    """What reads the dataset: ours (every format: each worker reads records straight into
+    batch slots in shared memory) or the library a team would use on its format:
+    webdataset (the webdataset package, tar shards), streaming (MosaicML's
+    StreamingDataset, mds), arrow (pyarrow's Parquet batches, as Hugging Face datasets
+    streams Parquet), torch (a map-style torch Dataset, files). The same DataLoader
+    settings, compute step and figures for each."""
 
     epochs: int = 2
     """Epochs over the whole dataset, each in a fresh shuffle order; the second one shows
@@ -192,6 +210,16 @@ class ScanConfig(DatasetConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.loader not in DATA_LOADERS:
+            raise ConfigError(
+                f"unknown --loader {self.loader!r}; choose from {', '.join(DATA_LOADERS)}"
+            )
+        if self.dataset_format not in LOADER_FORMATS[self.loader]:
+            readers = [n for n, fmts in LOADER_FORMATS.items() if self.dataset_format in fmts]
+            raise ConfigError(
+                f"--loader {self.loader} does not read --dataset-format {self.dataset_format}; "
+                f"its loaders are {', '.join(readers)}"
+            )
         self._positive("epochs", "batch_size", "prefetch_factor", "shuffle_buffer")
         if not 0 <= self.num_workers <= MAX_WORKERS:
             raise ConfigError(f"--num-workers must be 0 to {MAX_WORKERS}, got {self.num_workers}")

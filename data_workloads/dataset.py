@@ -37,6 +37,7 @@ import tarfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, get_args
 
@@ -48,6 +49,7 @@ except ImportError:  # pragma: no cover - isal is installed with the package
     _fast_zlib = zlib  # type: ignore[assignment]
 
 from checkpoint_storage_bench.contract import DATASET_MANIFEST_SCHEMA
+from data_workloads import formats
 from data_workloads.config import Codec
 from data_workloads.errors import (
     DataDirError,
@@ -71,6 +73,9 @@ _HEADER_LEN = struct.Struct("<I")
 # Four bits of entropy per byte: the payload compresses to about half, so that decoding
 # (inflating) costs what it does for real image data, not nothing.
 _NIBBLES = bytes(b & 0x0F for b in range(256))
+SHARDED = ("webdataset", "parquet", "mds")
+"""The formats of shards (many records a file), read shard by shard; ``files`` is one
+record a file."""
 READ_CHUNK = 1024**2
 TAR_BLOCK = 512
 _ZERO_BLOCK = bytes(TAR_BLOCK)
@@ -107,6 +112,7 @@ class DatasetSpec:
     record_size: int
     shard_size: int
     codec: str = "none"
+    row_group_size: int = 1024**2
 
     @property
     def side(self) -> int:
@@ -126,6 +132,11 @@ class DatasetSpec:
     def records_per_shard(self) -> int:
         return max(1, self.shard_size // self.record_bytes)
 
+    @property
+    def records_per_group(self) -> int:
+        """parquet: records per row group (at most a file's)."""
+        return min(self.records_per_shard, max(1, self.row_group_size // self.record_bytes))
+
     def identity(self) -> dict[str, Any]:
         """The manifest fields a reused dataset must match."""
         return {
@@ -133,7 +144,8 @@ class DatasetSpec:
             "seed": self.seed,
             "dataset_size": self.dataset_size,
             "record_size": self.record_size,
-            "shard_size": self.shard_size if self.format == "webdataset" else None,
+            "shard_size": self.shard_size if self.format in SHARDED else None,
+            "row_group_size": self.row_group_size if self.format == "parquet" else None,
             "codec": self.codec,
             "records": self.records,
         }
@@ -175,6 +187,12 @@ def record(spec: DatasetSpec, index: int) -> tuple[int, bytes]:
 
 def encode(spec: DatasetSpec, index: int) -> tuple[bytes, bytes]:
     """A record as stored: its JSON header and its payload (compressed for codec ``zlib``)."""
+    _key, header, payload, _label = encode_row(spec, index)
+    return header, payload
+
+
+def encode_row(spec: DatasetSpec, index: int) -> tuple[str, bytes, bytes, int]:
+    """A record as a row of the columnar formats: key, JSON header, payload, label."""
     label, raw = record(spec, index)
     header = json.dumps(
         {
@@ -184,7 +202,8 @@ def encode(spec: DatasetSpec, index: int) -> tuple[bytes, bytes]:
             "crc32": crc32(raw),
         }
     ).encode()
-    return header, zlib.compress(raw, 1) if spec.codec == "zlib" else raw
+    payload = zlib.compress(raw, 1) if spec.codec == "zlib" else raw
+    return f"{index:08d}", header, payload, label
 
 
 def _header_fields(header: bytes | bytearray | memoryview) -> tuple[tuple[int, ...], str, int, int]:
@@ -647,6 +666,13 @@ def _generate_into(tmp: Path, spec: DatasetSpec) -> list[Path]:
                 f.flush()
                 os.fsync(f.fileno())
             files.append(path)
+    elif spec.format == "parquet":
+        files = formats.write_parquet(
+            tmp, spec.records, spec.records_per_shard, spec.records_per_group,
+            partial(encode_row, spec),
+        )  # fmt: skip
+    elif spec.format == "mds":
+        files = formats.write_mds(tmp, spec.records, spec.shard_size, partial(encode_row, spec))
     else:
         for i in range(spec.records):
             sub = tmp / f"{i // RECORDS_PER_DIR:04d}"
