@@ -1,15 +1,20 @@
 """Hand-made recorded runs for the verdict tests.
 
 Written through ``checkpoint_storage_bench.tracking`` (the real Polyaxon offline format), with the inputs,
-metrics and outputs the contracts give each part.
+metrics and outputs the contracts give each part; :func:`run_cli` runs the verdict on them.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
+
+from checkpoint_compare.cli import main
 from checkpoint_storage_bench.tracking import tracked_run
 
 TRAINING_INPUTS = {
@@ -189,3 +194,15 @@ def summary_json(
                                "max": max(pauses)}},
         "checkpoints": checkpoints,
     }  # fmt: skip
+
+
+def run_cli(runs_root: Path, pricing: Path, *args: str) -> tuple[int, str, dict | None]:
+    out = runs_root.parent / "report.json"
+    out.unlink(missing_ok=True)
+    result = CliRunner().invoke(
+        main,
+        ["--offline-root", str(runs_root), "--pricing", str(pricing), *args,
+         "--json", str(out), "--no-track"],
+    )  # fmt: skip
+    report = json.loads(out.read_text()) if out.exists() and result.exit_code == 0 else None
+    return result.exit_code, result.output, report

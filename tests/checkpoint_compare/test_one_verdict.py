@@ -8,8 +8,7 @@ from pathlib import Path
 
 from checkpoint_storage_bench.contract import SANDBOX_DRIVER, SANDBOX_EMULATED_DRIVER
 from checkpoint_storage_bench.tracking import tracked_run
-from tests.checkpoint_compare.recorded import write_hook_run, write_training_run
-from tests.checkpoint_compare.test_profiles import run_cli
+from tests.checkpoint_compare.recorded import run_cli, write_hook_run, write_training_run
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 

@@ -1,5 +1,5 @@
 """Any number of profiles, a robust verdict with intervals, repeats and drift, and a
-recommendation (issue 17)."""
+recommendation."""
 
 from __future__ import annotations
 
@@ -26,21 +26,14 @@ from checkpoint_storage_bench.contract import (
     VERDICT_OUTPUTS,
     profile_output,
 )
-from tests.checkpoint_compare.recorded import write_hook_run, write_repeats, write_training_run
+from tests.checkpoint_compare.recorded import (
+    run_cli,
+    write_hook_run,
+    write_repeats,
+    write_training_run,
+)
 
 BASE, FAST, FASTER = "checkpoint-baseline", "checkpoint-throughput", "checkpoint-max"
-
-
-def run_cli(runs_root: Path, pricing: Path, *args: str) -> tuple[int, str, dict | None]:
-    out = runs_root.parent / "report.json"
-    out.unlink(missing_ok=True)
-    result = CliRunner().invoke(
-        main,
-        ["--offline-root", str(runs_root), "--pricing", str(pricing), *args,
-         "--json", str(out), "--no-track"],
-    )  # fmt: skip
-    report = json.loads(out.read_text()) if out.exists() and result.exit_code == 0 else None
-    return result.exit_code, result.output, report
 
 
 def comparison(report: dict, candidate: str) -> dict:

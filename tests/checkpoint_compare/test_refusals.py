@@ -1,6 +1,6 @@
 """Runs the verdict refuses to rank, from the other parts' records: a claim switched during a
-measurement (issue 12.4), different GPUs or images (13.1), a resumed run (13.2); and
-distributed runs judged by their slowest rank (16)."""
+measurement, different GPUs or images, a resumed run; and distributed runs judged by their
+slowest rank."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
 from checkpoint_storage_bench.contract import LEDGER_OUTPUT, LedgerEntry, format_ledger
-from tests.checkpoint_compare.recorded import write_hook_run, write_repeats, write_training_run
-from tests.checkpoint_compare.test_profiles import run_cli
+from tests.checkpoint_compare.recorded import (
+    run_cli,
+    write_hook_run,
+    write_repeats,
+    write_training_run,
+)
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 PAUSES = {BASE: [2.5] + [2.0, 2.02, 1.98] * 2, FAST: [1.5] + [1.0, 1.02, 0.98] * 2}

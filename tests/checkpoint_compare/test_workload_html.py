@@ -11,7 +11,7 @@ import matplotlib.image
 
 from checkpoint_compare.report_html import GREEN, GREY
 from checkpoint_compare.report_workloads import to_html
-from tests.checkpoint_compare.test_workloads import (
+from tests.checkpoint_compare.workload_runs import (
     BASE,
     FAST,
     judge,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,12 +19,7 @@ from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING, load_pricing
 from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.workloads import (
-    WorkloadBudget,
-    WorkloadVerdict,
-    is_data_comparison,
-    judge_workloads,
-)
+from checkpoint_compare.workloads import is_data_comparison, judge_workloads
 from checkpoint_storage_bench.contract import (
     DATA_SUMMARY_SCHEMA,
     LEDGER_OUTPUT,
@@ -32,49 +27,22 @@ from checkpoint_storage_bench.contract import (
     LedgerEntry,
     format_ledger,
 )
+from tests.checkpoint_compare.workload_runs import (
+    BASE,
+    BASE_AU,
+    BASE_EPOCHS,
+    FAST,
+    FAST_AU,
+    FAST_EPOCHS,
+    SCAN_INPUTS,
+    T0,
+    judge,
+    scan_run,
+    slow_and_fast,
+    workspace_run,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
-SCAN_INPUTS = {"workload": "scan", "dataset_format": "webdataset", "dataset_size": 1 << 30}
-T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-_order = iter(range(10_000))
-
-
-def scan_run(
-    profile: str, epochs: list[float], au: list[float], at: datetime | None = None, **inputs
-) -> RunRecord:
-    n = next(_order)
-    start = at or T0 + timedelta(minutes=n)
-    return RunRecord(
-        uuid=f"{profile}-{n}",
-        name="data",
-        inputs={**SCAN_INPUTS, "storage_profile": profile, **inputs},
-        outputs={"scan_epoch_s": sorted(epochs)[len(epochs) // 2], "scan_au": au[0]},
-        metrics={"scan_epoch_s": list(enumerate(epochs)), "scan_au": list(enumerate(au))},
-        started_at=start,
-        finished_at=start + timedelta(seconds=sum(epochs)),
-    )
-
-
-def judge(records: list[RunRecord], baseline: str | None = None, **budget) -> WorkloadVerdict:
-    pricing = load_pricing(DEFAULT_PRICING, None, None)
-    return judge_workloads(
-        records, pricing, Thresholds(warmup=1), baseline=baseline, budget=WorkloadBudget(**budget)
-    )
-
-
-BASE_EPOCHS = ([14.0, 10.0, 10.2, 9.9, 10.1, 10.0], [13.0, 10.0, 9.9, 10.1, 10.0, 10.0])
-FAST_EPOCHS = ([9.0, 7.3, 7.2, 7.4, 7.3, 7.2], [9.0, 7.2, 7.2, 7.3, 7.1, 7.2])
-BASE_AU = [0.5, 0.71, 0.7, 0.72, 0.7, 0.71]
-FAST_AU = [0.8, 0.97, 0.97, 0.96, 0.97, 0.98]
-
-
-def slow_and_fast() -> list[RunRecord]:
-    """Two runs a side (the pipeline's repeats), baseline first."""
-    return [
-        *(scan_run(BASE, e, BASE_AU) for e in BASE_EPOCHS),
-        *(scan_run(FAST, e, FAST_AU) for e in FAST_EPOCHS),
-    ]
 
 
 def test_scan_speaks_epoch_time_and_au_with_the_shift_and_its_interval() -> None:
@@ -169,17 +137,6 @@ def test_noise_is_no_difference_and_the_cheapest_is_recommended() -> None:
     dear_first = judge(runs, baseline=FAST)
     assert dear_first.recommended == BASE
     assert "the cheapest profile that is not measurably slower" in dear_first.reason
-
-
-def workspace_run(profile: str, rounds: list[float]) -> RunRecord:
-    n = next(_order)
-    return RunRecord(
-        uuid=f"ws-{profile}-{n}",
-        inputs={"workload": "workspace", "storage_profile": profile, "files": 200},
-        outputs={"workspace_save_p99_ms": max(rounds)},
-        metrics={"workspace_save_p99_ms": list(enumerate(rounds))},
-        started_at=T0 + timedelta(minutes=n),
-    )
 
 
 def test_workspace_speaks_p99_save_latency_against_its_budget() -> None:
@@ -385,7 +342,7 @@ def test_the_baseline_follows_the_start_times_not_the_flag_order(tmp_path: Path)
 
 
 def test_a_data_summary_mixed_with_training_summaries_is_refused(tmp_path: Path) -> None:
-    from tests.checkpoint_compare.test_review_defects import summary_json
+    from tests.checkpoint_compare.recorded import summary_json
 
     data = write_summary(tmp_path / "scan.json", FAST, [1.0] * 4)
     training = tmp_path / "train.json"

@@ -1,4 +1,6 @@
-"""The verdict's defects found by review (issue 19, items 7–10), each reproduced as a test."""
+"""A fair verdict and a clear refusal: a run without a finite loss never wins, the baseline
+and the run order do not decide the verdict, worse needs the same evidence as better; a
+malformed summary, offline run, pricing file or number on the command line exits 2."""
 
 from __future__ import annotations
 

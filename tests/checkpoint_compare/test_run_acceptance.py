@@ -1,5 +1,6 @@
-"""The verdict's defects found by probing the landed code (issue 22, items 8–11), and a
-diverged run as the trainer now records it (null for every non-finite figure)."""
+"""Which runs the verdict accepts and how it reads them: a resumed run, other writer
+settings, several summaries of a profile as its repeats, one summary given twice, impossible
+figures (exit 2), and a diverged run (null for every non-finite figure) never recommended."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
-from tests.checkpoint_compare.recorded import summary_json, write_training_run
-from tests.checkpoint_compare.test_profiles import run_cli
+from tests.checkpoint_compare.recorded import run_cli, summary_json, write_training_run
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 PAUSES = {BASE: [2.5] + [2.0, 2.02, 1.98] * 2, FAST: [1.5] + [1.0, 1.02, 0.98] * 2}
