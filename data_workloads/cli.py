@@ -38,9 +38,12 @@ def scan(**settings: Any) -> None:
     cfg = ScanConfig(**settings)
     cfg.check_data_dir()
     from data_workloads.commands import dataset_spec, prepare_dataset, run_workload  # torch
+    from data_workloads.formats import check_libraries
     from data_workloads.scan import check_ring_memory, run_scan
 
-    check_ring_memory(dataset_spec(cfg), cfg)  # before the dataset is generated or verified
+    check_libraries(cfg.dataset_format, cfg.loader)
+    if cfg.loader == "ours":  # the libraries' loaders have no slot ring
+        check_ring_memory(dataset_spec(cfg), cfg)  # before the dataset is generated or verified
     data = prepare_dataset(cfg)
 
     def measure() -> dict[str, Any]:
@@ -62,9 +65,11 @@ def materialize(**settings: Any) -> None:
     cfg = MaterializeConfig(**settings)
     cfg.check_data_dir()
     from data_workloads.commands import prepare_dataset, run_workload
+    from data_workloads.formats import check_libraries
     from data_workloads.materialize import run_materialize
     from data_workloads.scratch import ScratchDir
 
+    check_libraries(cfg.dataset_format)
     data = prepare_dataset(cfg)
 
     def measure() -> dict[str, Any]:

@@ -82,10 +82,10 @@ def streaming_modules(what: str) -> types.SimpleNamespace:
     Raises:
         ConfigError: mosaicml-streaming is not installed (exit 2).
     """
-    spec = importlib.util.find_spec("streaming")
-    if spec is None or not spec.submodule_search_locations:
-        raise _missing("mosaicml-streaming", what)
     if "streaming.base.dataset" not in sys.modules:
+        spec = importlib.util.find_spec("streaming")
+        if spec is None or not spec.submodule_search_locations:
+            raise _missing("mosaicml-streaming", what)
         root = Path(next(iter(spec.submodule_search_locations)))
         for name, path in (("streaming", root), ("streaming.base", root / "base")):
             if name not in sys.modules:
@@ -103,6 +103,21 @@ def streaming_modules(what: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         MDSWriter=writer.MDSWriter, StreamingDataset=dataset.StreamingDataset
     )
+
+
+def check_libraries(dataset_format: str, loader: str = "ours") -> None:
+    """Refuse (exit 2), before anything is generated or read, a format or loader whose
+    library is not installed.
+
+    Raises:
+        ConfigError: The library is missing.
+    """
+    if dataset_format == "parquet" or loader == "arrow":
+        pyarrow_modules(f"--dataset-format {dataset_format} --loader {loader}")
+    if dataset_format == "mds" or loader == "streaming":
+        streaming_modules(f"--dataset-format {dataset_format} --loader {loader}")
+    if loader == "webdataset" and importlib.util.find_spec("webdataset") is None:
+        raise _missing("webdataset", "--loader webdataset")
 
 
 Row = tuple[str, bytes, bytes, int]
@@ -150,7 +165,9 @@ def write_mds(out: Path, records: int, shard_bytes: int, row: Callable[[int], Ro
     index."""
     lib = streaming_modules("--dataset-format mds")
     staging = out / "writer"  # the writer wants a directory of its own
-    writer = lib.MDSWriter(out=str(staging), columns=MDS_COLUMNS, size_limit=shard_bytes + MDS_SLACK)
+    writer = lib.MDSWriter(
+        out=str(staging), columns=MDS_COLUMNS, size_limit=shard_bytes + MDS_SLACK
+    )
     for i in range(records):
         key, header, payload, label = row(i)
         writer.write({"image": payload, "key": key, "label": label, "meta": header.decode()})

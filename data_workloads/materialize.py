@@ -24,6 +24,7 @@ import torch
 
 from checkpoint_storage_bench.contract import MATERIALIZE_STAGES
 from data_workloads import dataset as ds
+from data_workloads import formats
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -53,6 +54,10 @@ class Stages:
 
 def _raw_records(data: ds.Dataset, stages: Stages) -> Iterator[tuple[str, bytes, bytes]]:
     """(key, header, payload) of every record; reading the volume is the read stage."""
+    counts: dict[str, int] = {}
+    if data.spec.format == "mds":
+        shards = [p.name for p in data.files if p.suffix == formats.MDS_SHARD_SUFFIX]
+        counts = dict(zip(shards, formats.mds_counts(data.root), strict=True))
     for path in data.files:
         with stages.timed("read"):
             blob = ds.read_file(path)
@@ -60,6 +65,16 @@ def _raw_records(data: ds.Dataset, stages: Stages) -> Iterator[tuple[str, bytes,
             with stages.timed("transform"):
                 samples = list(ds.iter_tar_samples(io.BytesIO(blob)))
             yield from samples
+        elif data.spec.format in ("parquet", "mds"):
+            if path.name == formats.MDS_INDEX:
+                continue
+            with stages.timed("transform"):
+                if data.spec.format == "parquet":
+                    rows = list(formats.iter_parquet_file(blob))
+                else:
+                    rows = list(formats.iter_mds_shard(blob, counts[path.name]))
+            for key, header, payload, _label in rows:
+                yield key, header, payload
         else:
             yield (path.stem, *ds.unpack_file_record(blob))
 

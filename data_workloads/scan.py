@@ -28,6 +28,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from checkpoint_storage_bench.units import format_bytes
 from data_workloads import dataset as ds
+from data_workloads import formats
 from data_workloads.errors import ConfigError, DatasetCorruptError
 from data_workloads.slots import SlotRing
 from data_workloads.stats import (
@@ -211,30 +213,23 @@ class Assembly:
             self.next_out += 1
 
 
-class TarBatches(BatchSource):
-    """The ``webdataset`` format as WebDataset reads it: the shards shuffled and dealt to
-    the workers, each shard streamed in order in 1 MiB reads, its samples shuffled within
-    windows of ``window`` samples, each sample's image read into its batch's slot (a batch
-    is handed out once all of its samples are in).
+class ShardBatches(BatchSource):
+    """A format of shards read as WebDataset reads its own: the shards shuffled and dealt
+    to the workers, each shard read front to back, its samples shuffled within windows of
+    ``window`` samples, each sample's image read into its batch's slot (a batch is handed
+    out once all of its samples are in)."""
 
-    Uncompressed records (codec ``none``) are read where they belong
-    (:class:`~data_workloads.dataset.PlacedShard`: each 1 MiB read scatters into the batch
-    rows); compressed ones (and records too small for that: more than ``IOV_MAX`` pieces a
-    read) through :class:`~data_workloads.dataset.TarStream`, copied from its read buffer
-    or inflated into their rows."""
-
-    def __init__(self, data: ds.Dataset, ring: SlotRing, seed: int, window: int) -> None:
+    def __init__(
+        self, data: ds.Dataset, ring: SlotRing, seed: int, window: int,
+        paths: list[Path], counts: list[int],
+    ) -> None:  # fmt: skip
         super().__init__(ring, seed)
-        self.paths = tuple(str(p) for p in data.files)
-        self.sizes = data.sizes
-        per_shard = data.spec.records_per_shard
-        self.counts = tuple(
-            min(per_shard, data.records - i * per_shard) for i in range(len(self.paths))
-        )
+        self.paths = tuple(str(p) for p in paths)
+        size_of = dict(zip(data.files, data.sizes, strict=True))
+        self.sizes = tuple(size_of[p] for p in paths)
+        self.counts = tuple(counts)
         self.window = window
         self.codec = data.spec.codec
-        self.payload_ext = ds.PAYLOAD_EXT[self.codec]
-        self.placed = self.codec == "none" and pieces_per_read(ring.record_bytes) <= IOV_MAX
 
     def shards(self, worker: int, workers: int, epoch: int) -> list[int]:
         order = list(range(len(self.paths)))
@@ -246,15 +241,11 @@ class TarBatches(BatchSource):
         samples = sum(self.counts[i] for i in mine)
         rng = random.Random(_order_seed(self.seed, epoch) * 131 + worker)
         batches = Assembly(self.ring, worker, window_positions(samples, self.window, rng))
-        staging = None if self.placed else memoryview(bytearray(2 * ds.READ_CHUNK))
         for shard in mine:
             path = self.paths[shard]
             at: list[str | None] = [None]  # the sample being read, named in an error
             try:
-                if staging is None:
-                    yield from self._placed(shard, batches, at)
-                else:
-                    yield from self._streamed(shard, batches, staging, at)
+                yield from self.read_shard(shard, batches, at)
             except ValueError as exc:
                 where = f"{path} (at record {at[0]})" if at[0] else path
                 raise DatasetCorruptError(f"{where}: {exc}") from None
@@ -263,6 +254,39 @@ class TarBatches(BatchSource):
                 f"the shards {', '.join(self.paths[i] for i in mine)} hold {batches.arrived} "
                 f"samples, the manifest {samples}"
             )
+
+    def read_shard(
+        self, shard: int, batches: Assembly, at: list[str | None]
+    ) -> Iterator[Descriptor]:
+        raise NotImplementedError
+
+
+class TarBatches(ShardBatches):
+    """The ``webdataset`` format as WebDataset reads it: each shard streamed in order in
+    1 MiB reads.
+
+    Uncompressed records (codec ``none``) are read where they belong
+    (:class:`~data_workloads.dataset.PlacedShard`: each 1 MiB read scatters into the batch
+    rows); compressed ones (and records too small for that: more than ``IOV_MAX`` pieces a
+    read) through :class:`~data_workloads.dataset.TarStream`, copied from its read buffer
+    or inflated into their rows."""
+
+    def __init__(self, data: ds.Dataset, ring: SlotRing, seed: int, window: int) -> None:
+        per_shard = data.spec.records_per_shard
+        counts = [min(per_shard, data.records - i * per_shard) for i in range(len(data.files))]
+        super().__init__(data, ring, seed, window, list(data.files), counts)
+        self.payload_ext = ds.PAYLOAD_EXT[self.codec]
+        self.placed = self.codec == "none" and pieces_per_read(ring.record_bytes) <= IOV_MAX
+        self._staging: memoryview | None = None
+
+    def read_shard(
+        self, shard: int, batches: Assembly, at: list[str | None]
+    ) -> Iterator[Descriptor]:
+        if self.placed:
+            return self._placed(shard, batches, at)
+        if self._staging is None:
+            self._staging = memoryview(bytearray(2 * ds.READ_CHUNK))
+        return self._streamed(shard, batches, self._staging, at)
 
     def _placed(self, shard: int, batches: Assembly, at: list[str | None]) -> Iterator[Descriptor]:
         shape, rows = self.ring.shape, {}
@@ -318,6 +342,169 @@ IOV_MAX = 1024
 """Buffers one ``preadv`` may take (Linux)."""
 
 
+def scattered_read(fd: int, buffers: Iterator[memoryview], size: int) -> Iterator[int]:
+    """Read a file of ``size`` bytes front to back into ``buffers`` (consecutive: each
+    takes the bytes after the previous one's, all of the file between them), in ``preadv``
+    calls of at most :data:`~data_workloads.dataset.READ_CHUNK` bytes and ``IOV_MAX``
+    buffers; yields the offset reached after each call. A buffer is asked for only when
+    the call its first byte is in is built, so a caller that places a record in a batch
+    when its buffer is asked for places no more records than one read reaches.
+
+    Raises:
+        ValueError: The file ends before its ``size`` bytes.
+    """
+    current: memoryview | None = None
+    within = pos = 0
+    while pos < size:
+        pieces: list[memoryview] = []
+        n = 0
+        while n < ds.READ_CHUNK and len(pieces) < IOV_MAX and pos + n < size:
+            if current is None:
+                current = next(buffers, None)
+                within = 0
+                if current is None:
+                    raise ValueError(f"the buffers cover {pos + n} of the file's {size} bytes")
+            take = min(len(current) - within, ds.READ_CHUNK - n)
+            pieces.append(current[within : within + take])
+            n += take
+            within += take
+            if within == len(current):
+                current = None
+        got = os.preadv(fd, pieces, pos)
+        if got != n:
+            raise ValueError(f"the file is truncated: {pos + got} of {size} bytes")
+        pos += n
+        yield pos
+
+
+class MdsBatches(ShardBatches):
+    """The ``mds`` format read by us: a shard's offsets from its first bytes, then the
+    shard front to back in 1 MiB ``preadv`` calls that put each uncompressed sample's
+    image straight into its row of a batch (its column sizes and the other columns into
+    small buffers, verified afterwards); a compressed sample is read whole and inflated
+    into its row."""
+
+    def __init__(self, data: ds.Dataset, ring: SlotRing, seed: int, window: int) -> None:
+        shards = [p for p in data.files if p.suffix == formats.MDS_SHARD_SUFFIX]
+        counts = formats.mds_counts(data.root)
+        if len(counts) != len(shards):
+            raise DatasetCorruptError(
+                f"{data.root}: {len(shards)} shards, its {formats.MDS_INDEX} {len(counts)}"
+            )
+        super().__init__(data, ring, seed, window, shards, counts)
+        self.placed = self.codec == "none"
+
+    def read_shard(
+        self, shard: int, batches: Assembly, at: list[str | None]
+    ) -> Iterator[Descriptor]:
+        size, samples = self.sizes[shard], self.counts[shard]
+        shape, record_bytes = self.ring.shape, self.ring.record_bytes
+        prefix = formats.MDS_PREFIX.size
+        fd = ds.open_data_file(self.paths[shard])
+        try:
+            head = bytearray(min(size, 4 * (samples + 2)))
+            os.preadv(fd, [head], 0)
+            offsets = formats.mds_offsets(head, samples, size)
+            rows: dict[int, tuple[int, int, memoryview]] = {}
+            parts: dict[int, list[memoryview]] = {}
+
+            def buffers() -> Iterator[memoryview]:
+                yield memoryview(bytearray(offsets[0]))  # the count, offsets and config
+                for j in range(samples):
+                    length = offsets[j + 1] - offsets[j]
+                    if not self.placed:
+                        parts[j] = [memoryview(bytearray(length))]
+                        yield parts[j][0]
+                        continue
+                    rest = length - prefix - record_bytes
+                    if rest < 0:
+                        raise ValueError(f"a sample of {length} bytes holds no image")
+                    rows[j] = batches.place()
+                    parts[j] = [memoryview(bytearray(prefix)), memoryview(bytearray(rest))]
+                    yield parts[j][0]
+                    yield rows[j][2]
+                    yield parts[j][1]
+
+            done = 0
+            for reached in scattered_read(fd, buffers(), size):
+                while done < samples and offsets[done + 1] <= reached:
+                    yield from self._sample(done, rows, parts, batches, shape, at)
+                    done += 1
+        finally:
+            os.close(fd)
+
+    def _sample(
+        self, j: int, rows: dict[int, tuple[int, int, memoryview]],
+        parts: dict[int, list[memoryview]], batches: Assembly, shape: tuple[int, ...],
+        at: list[str | None],
+    ) -> Iterator[Descriptor]:  # fmt: skip
+        pieces = parts.pop(j)
+        if not self.placed:
+            key, header, payload, _label = formats.mds_sample(pieces[0])
+            at[0] = key
+            batch, row, image = batches.place()
+            label = ds.decode_into(header, image, shape, self.codec, payload)
+            yield from batches.done(batch, row, label)
+            return
+        image_bytes, key_bytes, meta_bytes = formats.MDS_PREFIX.unpack(pieces[0])
+        tail = pieces[1]
+        if image_bytes != len(rows[j][2]) or (
+            key_bytes + formats.MDS_LABEL_BYTES + meta_bytes != len(tail)
+        ):
+            raise ValueError(
+                f"sample {j} has columns of {image_bytes}, {key_bytes} and {meta_bytes} bytes "
+                f"in {len(rows[j][2]) + len(tail)}"
+            )
+        at[0] = bytes(tail[:key_bytes]).decode()
+        batch, row, image = rows.pop(j)
+        header = bytes(tail[key_bytes + formats.MDS_LABEL_BYTES :])
+        yield from batches.done(batch, row, ds.decode_into(header, image, shape, "none"))
+
+
+class ParquetBatches(ShardBatches):
+    """The ``parquet`` format read by us: each file's row groups read by pyarrow (one
+    thread: the workers are the parallelism), every image copied from the column's buffer
+    straight into its row of a batch (inflated into it for ``zlib``), not made into Python
+    objects nor collated."""
+
+    def __init__(self, data: ds.Dataset, ring: SlotRing, seed: int, window: int) -> None:
+        per_file = data.spec.records_per_shard
+        counts = [min(per_file, data.records - i * per_file) for i in range(len(data.files))]
+        super().__init__(data, ring, seed, window, list(data.files), counts)
+        self._pq = formats.pyarrow_modules("--dataset-format parquet")[1]
+
+    def read_shard(
+        self, shard: int, batches: Assembly, at: list[str | None]
+    ) -> Iterator[Descriptor]:
+        path, shape = self.paths[shard], self.ring.shape
+        try:
+            reader = self._pq.ParquetFile(path, memory_map=False)
+        except FileNotFoundError:
+            raise ds.gone(path) from None
+        if reader.metadata.num_rows != self.counts[shard]:
+            raise ValueError(f"{reader.metadata.num_rows} rows, the manifest {self.counts[shard]}")
+        for group in range(reader.num_row_groups):
+            table = reader.read_row_group(group, columns=["image", "meta"], use_threads=False)
+            metas = table.column("meta").to_pylist()
+            k = 0
+            for chunk in table.column("image").chunks:
+                _validity, offsets_buf, data_buf = chunk.buffers()
+                offsets = memoryview(offsets_buf).cast("i")[chunk.offset :]
+                data = memoryview(data_buf).cast("B")
+                for i in range(len(chunk)):
+                    payload = data[offsets[i] : offsets[i + 1]]
+                    batch, row, image = batches.place()
+                    if self.codec == "none":
+                        if len(payload) != len(image):
+                            raise ValueError(f"an image of {len(payload)} bytes for {shape}")
+                        image[:] = payload
+                        label = ds.decode_into(metas[k], image, shape, "none")
+                    else:
+                        label = ds.decode_into(metas[k], image, shape, self.codec, payload)
+                    k += 1
+                    yield from batches.done(batch, row, label)
+
+
 def pieces_per_read(record_bytes: int) -> int:
     """At most how many buffers a 1 MiB read of a shard scatters into (three per sample:
     its headers, its image, its padding)."""
@@ -329,6 +516,13 @@ def samples_ahead(record_bytes: int, placed: bool) -> int:
     1 MiB read reaches into (placed), or the one being read (streamed); never more than a
     shard holds (a shard is complete before the next is read)."""
     return ds.READ_CHUNK // ds.sample_span(record_bytes) + 2 if placed else 1
+
+
+def mds_samples_ahead(record_bytes: int) -> int:
+    """At most how many uncompressed MDS samples one :func:`scattered_read` call places
+    (each takes its image and at least the column sizes; three buffers a sample)."""
+    per_read = ds.READ_CHUNK // (record_bytes + formats.MDS_PREFIX.size) + 2
+    return min(per_read, IOV_MAX // 3 + 2)
 
 
 MEMORY_SHARE = 0.5
@@ -390,12 +584,21 @@ def ring_plan(spec: ds.DatasetSpec, cfg: Any) -> RingPlan:
     prefetch = min(cfg.prefetch_factor, -(-records // batch))
     placed = False
     window = 0
-    if spec.format == "webdataset":
+    if spec.format in ds.SHARDED:
         shards = -(-records // spec.records_per_shard)
         per_worker = min(records, -(-shards // max(1, cfg.num_workers)) * spec.records_per_shard)
+        if spec.format == "webdataset":
+            placed = spec.codec == "none" and pieces_per_read(record_bytes) <= IOV_MAX
+            ahead = min(samples_ahead(record_bytes, placed), spec.records_per_shard)
+        elif spec.format == "mds":
+            # The writer fills shards by bytes on the volume: how many records a worker gets
+            # is the index's, so the window is bounded by the whole dataset instead.
+            per_worker = records
+            placed = spec.codec == "none"
+            ahead = mds_samples_ahead(record_bytes) if placed else 1
+        else:  # parquet: each record placed, copied and done before the next
+            ahead = 1
         window = min(cfg.shuffle_buffer, per_worker)
-        placed = spec.codec == "none" and pieces_per_read(record_bytes) <= IOV_MAX
-        ahead = min(samples_ahead(record_bytes, placed), spec.records_per_shard)
         being_filled = batches_being_filled(window, batch, ahead)
     else:
         being_filled = 1
@@ -425,7 +628,7 @@ def check_ring_memory(spec: ds.DatasetSpec, cfg: Any) -> RingPlan:
     if available is not None and plan.nbytes > MEMORY_SHARE * available:
         shuffle = (
             f"; --shuffle-buffer {cfg.shuffle_buffer} keeps that many records of each worker in it"
-            if spec.format == "webdataset"
+            if spec.format in ds.SHARDED
             else ""
         )
         raise ConfigError(
@@ -449,8 +652,9 @@ class ScanLoader:
         self.plan = plan = ring_plan(data.spec, cfg)
         self.ring = SlotRing(plan.workers, plan.slots, plan.batch_size, (3, side, side))
         self.source: BatchSource
-        if data.spec.format == "webdataset":
-            self.source = TarBatches(data, self.ring, cfg.seed, plan.window)
+        sources = {"webdataset": TarBatches, "mds": MdsBatches, "parquet": ParquetBatches}
+        if data.spec.format in sources:
+            self.source = sources[data.spec.format](data, self.ring, cfg.seed, plan.window)
         else:
             self.source = FileBatches(data, self.ring, cfg.seed)
         extra: dict[str, Any] = {}
@@ -502,6 +706,21 @@ class ScanLoader:
         """CPU and block reads so far, per process: 0 for this one, each worker by pid."""
         return {0: own_usage(), **{pid: process_usage(pid) for pid in self.source.pids()}}
 
+    def details(self, cfg: Any) -> dict[str, Any]:
+        """The summary's ``details.loader``: how the batches were made, and the settings
+        as they took effect (each at most what the dataset can use)."""
+        plan = self.plan
+        return {
+            "library": "ours",
+            "version": None,
+            "batches_in_dataset": True,
+            "persistent_workers": bool(cfg.num_workers),
+            "slot_ring_bytes": self.ring.nbytes,
+            "batch_size": plan.batch_size,
+            "shuffle_window": plan.window or None,
+            "prefetch_factor": plan.prefetch,
+        }
+
     def close(self) -> None:
         """Stop the workers (joined: nothing is left running)."""
         if self._active is not None:
@@ -540,7 +759,18 @@ def spent(before: dict[int, Usage], after: dict[int, Usage]) -> Usage:
     return total
 
 
-def run_epoch(data: ds.Dataset, cfg: Any, epoch: int, loader: ScanLoader) -> dict[str, Any]:
+def open_loader(data: ds.Dataset, cfg: Any) -> Any:
+    """The scan's loader: ours, or the team's library (:mod:`data_workloads.loaders`); both
+    have ``epoch``, ``usage``, ``details`` and ``close``."""
+    name = getattr(cfg, "loader", "ours")
+    if name == "ours":
+        return ScanLoader(data, cfg)
+    from data_workloads.loaders import library_loader
+
+    return library_loader(name, data, cfg)
+
+
+def run_epoch(data: ds.Dataset, cfg: Any, epoch: int, loader: Any) -> dict[str, Any]:
     """One epoch: every record once, batch by batch, with the emulated compute."""
     if cfg.drop_cache:
         ds.drop_cache(data.files)
@@ -601,7 +831,7 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     except FileNotFoundError:
         raise ds.gone(data.files[0]) from None
     epochs = []
-    with ScanLoader(data, cfg) as loader:
+    with open_loader(data, cfg) as loader:
         for epoch in range(cfg.epochs):
             result = run_epoch(data, cfg, epoch, loader)
             if result["samples"] != data.records:
@@ -609,7 +839,7 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
                     f"epoch {epoch} loaded {result['samples']} records of {data.records}"
                 )
             epochs.append(result)
-        ring_bytes, plan = loader.ring.nbytes, loader.plan
+        loader_details = loader.details(cfg)
     waits = [w for e in epochs for w in e["wait_s"]]
     # One epoch time, and every rate from it: with an even number of epochs the median is
     # between two epochs, and no single epoch's rates would match it.
@@ -643,13 +873,4 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     }
     for e in epochs:
         e["wait_p99_ms"] = 1000 * (percentile(e.pop("wait_s"), 99) or 0.0)
-    loader_details = {
-        "batches_in_dataset": True,
-        "persistent_workers": bool(cfg.num_workers),
-        "slot_ring_bytes": ring_bytes,
-        # The settings as they took effect (each at most what the dataset can use).
-        "batch_size": plan.batch_size,
-        "shuffle_window": plan.window or None,
-        "prefetch_factor": plan.prefetch,
-    }
     return {"figures": figures, "epochs": epochs, "cache": cache, "loader": loader_details}
