@@ -2,7 +2,7 @@
 
 What a torchrun job's checkpoint does to a volume: N writers at the same moment. Each of N
 worker processes (gloo over 127.0.0.1) holds the same model-and-optimizer-shaped state and
-saves it through the trainer's own :class:`trainer.ckpt.sharded.ShardedCheckpointer` (DDP
+saves it through the trainer's own :class:`trainer.ckpt.checkpointer.Checkpointer` (DDP
 rule: the replicated state split across the ranks by size; each rank stages its part,
 writes it with O_DIRECT and fsyncs it; rank 0 commits the global manifest once every rank
 reported). The reference is fio with ``numjobs=N``: N jobs writing new files at once,
@@ -45,9 +45,9 @@ def _worker(
 
     from trainer import distributed
     from trainer.bench import make_state
+    from trainer.ckpt.checkpointer import Checkpointer
     from trainer.ckpt.formats import RawFormat
     from trainer.ckpt.fs import LocalFS
-    from trainer.ckpt.sharded import ShardedCheckpointer
 
     torch.set_num_threads(1)
     try:
@@ -55,7 +55,7 @@ def _worker(
             rank, world, rank, "ddp", "cpu", RESULT_TIMEOUT_S, f"tcp://127.0.0.1:{port}"
         )
         state = make_state(nbytes)  # the same on every rank: a seeded replica
-        ckpt = ShardedCheckpointer(
+        ckpt = Checkpointer(
             Path(directory), RawFormat(), LocalFS(), durable=True, keep=10**6, ranks=ranks
         )
         results.put(("ready", rank, None))

@@ -59,7 +59,7 @@ def run_job(cfg: TrainConfig) -> None:
     started = utc_now()
     main = is_main_process()
     echo = click.echo if main else lambda *args, **kwargs: None
-    # A single process's record has no aggregate: getattr gives None, which is not logged.
+    # A single process's record has no aggregate: None, which is not logged.
     metrics = CHECKPOINT_METRICS | DISTRIBUTED_CHECKPOINT_METRICS
     tags = ["checkpoint-training", cfg.storage_profile, cfg.format]
     enabled = cfg.track and main
@@ -87,7 +87,7 @@ def run_job(cfg: TrainConfig) -> None:
                 f"write {r.write_s:.3f}s ({r.write_gbps:.2f} GB/s) fsync {r.fsync_s:.3f}s{upload} "
                 f"pause {r.pause_s:.3f}s total {r.total_s:.3f}s [{r.io_mode}]"
             )
-            if hasattr(r, "aggregate_gbps"):
+            if r.world_size > 1:
                 echo(
                     f"  {r.world_size} ranks: aggregate {r.aggregate_gbps:.2f} GB/s, slowest "
                     f"pause {r.slowest_pause_s:.3f}s, commit {r.commit_s:.3f}s"

@@ -37,9 +37,6 @@ from torch import nn
 from trainer.config import PARALLEL
 from trainer.errors import EXIT_UNEXPECTED, ConfigError, RankFailedError, TrainerError
 
-SHARDED_FORMATS = ("raw", "torch")
-"""Formats a rank can write its shard in: the ones that stage an image for ``write_file``."""
-
 
 @dataclass(frozen=True)
 class WorldEnv:
@@ -359,8 +356,7 @@ def setup(cfg: Any) -> Ranks | None:
     """Join the torchrun job ``cfg`` runs in, or None for a single process (no group).
 
     Raises:
-        ConfigError: ``--parallel none`` under a multi-process torchrun, or a format whose
-            shards cannot be written per rank.
+        ConfigError: ``--parallel none`` under a multi-process torchrun.
     """
     env = world_env()
     if env.world_size == 1:
@@ -369,18 +365,6 @@ def setup(cfg: Any) -> Ranks | None:
         raise ConfigError(
             f"started as one of {env.world_size} processes (torchrun) with --parallel none: "
             "pass --parallel ddp or --parallel fsdp, or start a single process"
-        )
-    if cfg.format not in SHARDED_FORMATS:
-        raise ConfigError(
-            f"--format {cfg.format} cannot be written as per-rank shards; under torchrun use "
-            f"{' or '.join(SHARDED_FORMATS)}"
-        )
-    # --io-streams stripes one process's image over files; here each rank writes its own
-    # file already (getattr: a caller's config may predate the field).
-    if getattr(cfg, "io_streams", 1) > 1:
-        raise ConfigError(
-            f"--io-streams {cfg.io_streams} stripes one process's checkpoint; under torchrun "
-            "every rank writes its own shard file (N ranks are N streams): leave it at 1"
         )
     return init(
         env.rank, env.world_size, env.local_rank, cfg.parallel, cfg.device, cfg.checkpoint_timeout

@@ -258,7 +258,8 @@ def train(
         runtime = time.monotonic() - t_start
         if cfg.restore_check:
             restore = (
-                end_of_run_restore(cfg, ranks, say, lambda: load_newest(lambda _: None)) or restore
+                end_of_run_restore(say, cfg.checkpoint_dir, lambda: load_newest(lambda _: None))
+                or restore
             )
         return summary(cfg.steps - start, runtime, restore)
     finally:
@@ -274,41 +275,32 @@ def _checkpointer(
     ranks: distributed.Ranks,
     uploader: Uploader | None,
     verified: tuple[int, ...],
-) -> Checkpointer | sharded.ShardedCheckpointer:
-    """The writer of this run's checkpoints: a world of one writes a single process's
-    checkpoint (every format, overlap and streams), several ranks their shards."""
-    fmt = make_format(cfg.format, pin=ranks.device.type == "cuda")
-    common = {
-        "durable": cfg.durability == "fsync",
-        "keep": cfg.keep,
-        "uploader": uploader,
-        "asynchronous": cfg.async_checkpoint,
-        "verified": verified,
-    }
-    if ranks.world_size > 1:
-        return sharded.ShardedCheckpointer(cfg.checkpoint_dir, fmt, fs, ranks=ranks, **common)
+) -> Checkpointer:
+    """The writer of this run's checkpoints, one for every world size and format: one
+    process writes the whole state, each rank of many its shard."""
     return Checkpointer(
         cfg.checkpoint_dir,
-        fmt,
+        make_format(cfg.format, pin=ranks.device.type == "cuda"),
         fs,
-        device=ranks.device,
+        durable=cfg.durability == "fsync",
+        keep=cfg.keep,
+        uploader=uploader,
+        asynchronous=cfg.async_checkpoint,
+        verified=verified,
         options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
-        **common,
+        ranks=ranks,
     )
 
 
 def end_of_run_restore(
-    cfg: TrainConfig,
-    ranks: distributed.Ranks,
     say: Callable[[str], None],
+    directory: Path,
     load_newest: Callable[[], Restored | None],
 ) -> RestoreFigure | None:
-    """``--restore-check``: time ``load_newest`` (the newest checkpoint back into the model).
-    The training is over, so replacing its state (and RNG) changes nothing it reports."""
-    if ranks.world_size > 1:
-        say("--restore-check: measured for one process only; not under torchrun")
-        return None
-    return check_restore(load_newest, cfg.checkpoint_dir, say)
+    """``--restore-check``: time ``load_newest`` (the newest checkpoint back into the model,
+    on every rank). The training is over, so replacing its state (and RNG) changes nothing
+    it reports."""
+    return check_restore(load_newest, directory, say)
 
 
 def run_inputs(cfg: TrainConfig) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -27,7 +26,7 @@ import torch
 from checkpoint_storage_bench import contract
 from tests.trainer.helpers import REPO, metric_events, offline_runs, run_trainer, tiny_config
 from trainer import distributed
-from trainer.ckpt import sharded, store
+from trainer.ckpt import checkpointer, sharded, store
 from trainer.ckpt.checkpointer import CheckpointRecord
 from trainer.ckpt.formats import RawFormat, flatten
 from trainer.ckpt.fs import LocalFS
@@ -214,6 +213,69 @@ def test_sharded_save_commit_and_resume_continue_the_same_loss_curve(reference, 
         assert [s for s, _ in metric_events(run["_dir"], "ckpt_slowest_pause_s")] == [2, 4, 6]
 
 
+# Every format and writer mode under torchrun, through the one checkpointer: (format,
+# mode, options, the files one rank writes). Each case is two short jobs, so the matrix
+# pairs the modes with the formats instead of multiplying them.
+FORMAT_CASES = [
+    ("raw", "ddp", ["--io-streams", "2", "--restore-check"], ["ckpt.00-of-02", "ckpt.01-of-02"]),
+    ("torch", "fsdp", ["--async", "--no-overlap"], ["pt"]),
+    ("safetensors", "ddp", ["--io-streams", "2", "--async"], ["safetensors.00-of-02", "safetensors.01-of-02"]),
+    ("dcp", "fsdp", ["--restore-check"], None),
+    ("dcp", "ddp", ["--async", "--io-streams", "2"], None),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fmt", "mode", "options", "suffixes"),
+    FORMAT_CASES,
+    ids=[
+        f"{c[0]}-{c[1]}-{'-'.join(o.strip('-') for o in c[2] if o.startswith('--'))}"
+        for c in FORMAT_CASES
+    ],
+)
+def test_every_format_saves_commits_and_resumes_under_torchrun(
+    reference, tmp_path, fmt, mode, options, suffixes
+):
+    ref = reference(mode)
+    ckpt, summary = tmp_path / "ckpt", tmp_path / "summary.json"
+    common = ["--format", fmt, "--parallel", mode, "--no-track", *options]
+    proc = torchrun("--checkpoint-dir", ckpt, *ARGS, *common, "--summary-json", summary)
+    assert proc.returncode == 0, _output(proc)[-4000:]
+    data = json.loads(summary.read_text())
+    # Training is the format's business not at all: the same loss as the raw reference.
+    assert data["loss_curve"] == ref.summary["loss_curve"]
+    assert [c["step"] for c in data["checkpoints"]] == [2, 4, 6]
+    for c in data["checkpoints"]:
+        assert c["world_size"] == 2 and [r["rank"] for r in c["ranks"]] == [0, 1]
+        assert c["pause_s"] <= c["total_s"] and c["slowest_pause_s"] == c["pause_s"]
+    assert hidden(ckpt) == []
+    manifest = store.read_manifest(ckpt / store.final_name(6))
+    assert (manifest["format"], manifest["layout"], manifest["world_size"]) == (fmt, "sharded", 2)
+    names = {(e["rank"], e["name"]) for e in manifest["files"]}
+    if suffixes is not None:  # every rank its own shard files, striped over the streams
+        assert names == {
+            (r, f"shard-{r:05d}-of-00002.{suffix}") for r in (0, 1) for suffix in suffixes
+        }
+    else:  # DCP's own sharded save: each rank its __<rank>_*.distcp, rank 0 the metadata
+        assert (0, ".metadata") in names
+        assert all(n.startswith(f"__{r}_") for r, n in names if n != ".metadata")
+        assert {r for r, _ in names} == {0, 1}
+    if "--restore-check" in options:
+        assert data["restore_measured"] == "end" and data["restore_bytes"] > 0
+
+    # As if the job had died after step 2: resumed, it ends where the reference ended.
+    work = tmp_path / "resumed"
+    shutil.copytree(ckpt / "step-00000002", work / "step-00000002")
+    out = tmp_path / "resumed.json"
+    proc = torchrun("--checkpoint-dir", work, *ARGS, *common, "--resume", "--summary-json", out)
+    assert proc.returncode == 0, _output(proc)[-4000:]
+    assert "resume: continuing from step-00000002 (step 2)" in proc.stdout
+    resumed = json.loads(out.read_text())
+    assert resumed["resumed_from_step"] == 2 and resumed["restore_measured"] in ("resume", "end")
+    assert resumed["loss_curve"] == ref.summary["loss_curve"][2:]
+
+
 def _kill_rank_in_write(proc: subprocess.Popen, ckpt: Path, step: int, rank: int) -> None:
     """Wait until ``rank``'s shard of ``step`` is being written (the fault seam holds it
     there), then SIGKILL that rank's process."""
@@ -242,7 +304,7 @@ def test_rank_killed_mid_write_commits_nothing_and_resume_takes_the_previous(ref
     with log.open("w") as out:
         proc = subprocess.Popen(
             torchrun_cmd("--checkpoint-dir", ckpt, *ARGS, "--parallel", "ddp", "--no-track"),
-            env=_env({sharded.FAULT_ENV: "1:4:pause=120"}),
+            env=_env({checkpointer.FAULT_ENV: "1:4:pause=120"}),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -279,7 +341,7 @@ def test_rank_write_error_commits_nothing_and_every_rank_is_told(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = torchrun(
         "--checkpoint-dir", ckpt, *ARGS, "--parallel", "fsdp", "--no-track",
-        env={sharded.FAULT_ENV: "1:4:eio"},
+        env={checkpointer.FAULT_ENV: "1:4:eio"},
     )  # fmt: skip
     text = _output(proc)
     assert proc.returncode != 0
@@ -300,7 +362,7 @@ def test_rank_that_hangs_times_out_and_commits_nothing(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = torchrun(
         "--checkpoint-dir", ckpt, *ARGS, "--parallel", "ddp", "--no-track",
-        "--checkpoint-timeout", "3", env={sharded.FAULT_ENV: "1:4:pause=60"},
+        "--checkpoint-timeout", "3", env={checkpointer.FAULT_ENV: "1:4:pause=60"},
     )  # fmt: skip
     text = _output(proc)
     assert proc.returncode != 0
@@ -453,11 +515,6 @@ def test_world_env_and_setup_refusals(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="--parallel none"):
         distributed.setup(cfg)  # refused before joining any group
-    striped = SimpleNamespace(parallel="ddp", format="raw", io_streams=4)
-    with pytest.raises(ConfigError, match="--io-streams 4 stripes one process's checkpoint"):
-        distributed.setup(striped)
-    with pytest.raises(ConfigError, match="--format dcp cannot be written as per-rank shards"):
-        distributed.setup(SimpleNamespace(parallel="fsdp", format="dcp"))
 
 
 def test_a_world_of_one_is_ranks_without_a_process_group(tmp_path, monkeypatch):
@@ -492,9 +549,7 @@ def test_config_parallel_choices_match_the_contract(tmp_path):
 def _record(step: int, pause: float, **extra: Any) -> CheckpointRecord:
     base = dict(step=step, bytes=100, serialize_s=0.1, write_s=0.2, fsync_s=0.1, upload_s=None,
                 pause_s=pause, total_s=0.5, write_gbps=1.0, upload_gbps=None, path="p", io_mode="direct")  # fmt: skip
-    if extra:
-        return sharded.ShardedCheckpointRecord(**base, **extra)
-    return CheckpointRecord(**base)
+    return CheckpointRecord(**base, **extra)
 
 
 def test_summary_outputs_of_many_ranks_and_of_one():
@@ -510,6 +565,9 @@ def test_summary_outputs_of_many_ranks_and_of_one():
     assert summary.to_json()["checkpoints"][0]["ranks"] == []
     one = RunSummary("p", "d", {}, 10.0, 6, 1.0, [_record(2, 0.5)]).outputs()
     assert one["world_size"] == 1 and "ckpt_aggregate_gbps_median" not in one
+    # One record type: a single process's has none of the keys of many ranks.
+    single = RunSummary("p", "d", {}, 10.0, 6, 1.0, [_record(2, 0.5)]).to_json()
+    assert not set(contract.DISTRIBUTED_CHECKPOINT_KEYS) & set(single["checkpoints"][0])
 
 
 @pytest.mark.slow
@@ -548,9 +606,9 @@ def test_doctests(module):
 def test_sharded_total_includes_the_wait_for_the_previous_checkpoint(tmp_path, monkeypatch):
     # Step 2's write is held up 0.6 s; step 4, saved at once, waits for it: that wait is
     # in its pause, and the total (from the save request) covers the pause.
-    monkeypatch.setenv(sharded.FAULT_ENV, "0:2:pause=0.6")
+    monkeypatch.setenv(checkpointer.FAULT_ENV, "0:2:pause=0.6")
     ranks = distributed.OneProcess(0, 1, 0, "none", torch.device("cpu"), None, 60.0)
-    ckpt = sharded.ShardedCheckpointer(
+    ckpt = checkpointer.Checkpointer(
         tmp_path, RawFormat(), LocalFS(), durable=True, keep=5, ranks=ranks, asynchronous=True
     )
 
@@ -563,5 +621,5 @@ def test_sharded_total_includes_the_wait_for_the_previous_checkpoint(tmp_path, m
     assert records[4].pause_s >= 0.5
     for record in records.values():
         assert record.pause_s <= record.total_s, record
-        for rank in getattr(record, "ranks", []):
+        for rank in record.ranks or []:
             assert rank["pause_s"] <= rank["total_s"], rank

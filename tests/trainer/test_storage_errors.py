@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.trainer.helpers import TINY_ARGS, quiet, run_trainer, tiny_config
-from trainer.ckpt import sharded, store
+from trainer.ckpt import store
 from trainer.ckpt.checkpointer import Checkpointer
 from trainer.ckpt.formats import make_format
 from trainer.ckpt.fs import LocalFS, os_errno, storage_error
@@ -142,9 +142,10 @@ def test_access_refused_mid_run_is_exit_3(tmp_path, code, where, asynchronous):
 
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EROFS])
-def test_the_sharded_path_maps_refused_access_like_the_single_process_path(code):
+def test_the_sharded_path_maps_refused_access_like_the_single_process_path(tmp_path, code):
     exc = OSError(code, os.strerror(code))
-    error = sharded._error_for(exc, "writing rank 1's shard of step-00000002")
+    ckpt = Checkpointer(tmp_path, make_format("raw"), LocalFS(), durable=True, keep=2)
+    error = ckpt._error(exc, "writing rank 1's shard of step-00000002")
     assert isinstance(error, CheckpointDirError) and error.exit_code == EXIT_CHECKPOINT_DIR
     assert error.__cause__ is exc
     single = storage_error(exc, "writing checkpoint step-00000002")

@@ -1,6 +1,8 @@
-"""Checkpoint formats, each behind one interface: ``begin(state, directory, fs, options)``
-copies what must be copied while training waits and returns an :class:`InFlight` whose
-``finish()`` completes the files (on a background thread in async mode).
+"""Checkpoint formats, each behind one interface: ``begin(state, directory, fs, options,
+name)`` copies what must be copied while training waits and returns an :class:`InFlight`
+whose ``finish()`` completes the files (on a background thread in async mode). ``name`` is
+the file a process writes: the format's own for one process, a rank's shard file for
+many (:class:`trainer.ckpt.checkpointer.Checkpointer` decides, for every format alike).
 
 - ``raw`` (ours): the state laid out exactly as the file will be — a header, then every
   tensor's bytes at aligned offsets — in a reused page-aligned (pinned on CUDA) buffer,
@@ -122,6 +124,8 @@ class WriteOptions:
         checksum: The manifest's checksum algorithm.
         background: The write is finished on a background thread (async mode).
         chunk_bytes: Chunk size of the striped formats (checksum and stripe unit).
+        group: The process group of a format every rank writes together (dcp under
+            torchrun); None for one process.
     """
 
     durable: bool = True
@@ -130,6 +134,7 @@ class WriteOptions:
     checksum: str = checksums.DEFAULT
     background: bool = False
     chunk_bytes: int = CHUNK_BYTES
+    group: Any = None
 
     def __post_init__(self) -> None:
         if self.chunk_bytes <= 0 or self.chunk_bytes % ALIGN:
@@ -191,6 +196,7 @@ class RawFormat:
     filename = "state.ckpt"
     layout = LAYOUT_STRIPED
     overlaps = True
+    collective = False
 
     def __init__(self, pin: bool = False) -> None:
         self.buffer = AlignedBuffer(pin=pin)
@@ -288,8 +294,10 @@ class RawFormat:
     def stage(self, state: Any) -> Staged:
         return self.copy(self.plan(state))
 
-    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
-        return _ImageSave(self, state, directory, fs, opts)
+    def begin(
+        self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions, name: str = ""
+    ) -> InFlight:
+        return _ImageSave(self, state, directory, fs, opts, name or self.filename)
 
     def load(self, data: memoryview) -> Any:
         """Build the state from a verified file image; tensors are views into ``data``."""
@@ -327,6 +335,7 @@ class TorchFormat:
     filename = "state.pt"
     layout = LAYOUT_STRIPED
     overlaps = False
+    collective = False
 
     def stage(self, state: Any) -> Staged:
         out = io.BytesIO()
@@ -334,8 +343,10 @@ class TorchFormat:
         data = out.getbuffer()
         return Staged(data=data, nbytes=len(data), direct_ok=False)
 
-    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
-        return _ImageSave(self, state, directory, fs, opts)
+    def begin(
+        self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions, name: str = ""
+    ) -> InFlight:
+        return _ImageSave(self, state, directory, fs, opts, name or self.filename)
 
     def load(self, data: memoryview) -> Any:
         try:
@@ -355,9 +366,10 @@ class _ImageSave:
         directory: Path,
         fs: LocalFS,
         opts: WriteOptions,
+        name: str,
     ) -> None:
         self.fs, self.opts = fs, opts
-        self.paths = [directory / n for n in stream_names(fmt.filename, opts.io_streams)]
+        self.paths = [directory / n for n in stream_names(name, opts.io_streams)]
         self.nice = BACKGROUND_NICE if opts.background else 0
         self.writer: ChunkWriter | None = None
         self.overlapped = bool(opts.overlap and fmt.overlaps)
@@ -507,14 +519,20 @@ class _LibraryFormat:
 
     layout = LAYOUT_FILES
     overlaps = False
-    _save: Callable[[Any, Path, LocalFS, WriteOptions], InFlight]
+    collective = False
+    filename: str
+    _save: Callable[[Any, Path, LocalFS, WriteOptions, str], InFlight]
 
-    def begin(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> InFlight:
-        return type(self)._save(state, directory, fs, opts)
+    def begin(
+        self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions, name: str = ""
+    ) -> InFlight:
+        return type(self)._save(state, directory, fs, opts, name or self.filename)
 
 
 class _SafetensorsSave:
-    def __init__(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> None:
+    def __init__(
+        self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions, name: str
+    ) -> None:
         self.directory, self.fs, self.opts = directory, fs, opts
         self.overlapped = False
         t0 = time.monotonic()
@@ -524,7 +542,7 @@ class _SafetensorsSave:
         # save_file, so it is timed as part of the write.
         flat = {k: _host_copy(t, opts.background, seen) for k, t in _flat_tensors(state).items()}
         n = opts.io_streams
-        names = stream_names(SafetensorsFormat.filename, n)
+        names = stream_names(name, n)
         shards: list[dict[str, torch.Tensor]] = [{} for _ in names]
         loads = [0] * n
         for key, t in sorted(flat.items(), key=lambda kv: -kv[1].nbytes):
@@ -582,21 +600,66 @@ class SafetensorsFormat(_LibraryFormat):
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
 
+DTENSORS_KEY = "@dtensors"
+"""Under torchrun, the dcp flat dict's entry saying which leaves are DTensors and how they
+are placed (JSON as uint8), so a resume can ask DCP for the same local pieces."""
+RNG_PREFIX = "@rng."
+"""Under torchrun, each rank's own RNG state in the dcp flat dict: ``@rng.<rank>.<name>``."""
+
+
+def _dcp_flat(state: Any, rank: int | None) -> dict[str, torch.Tensor]:
+    """The flat tensor dict DCP saves. Under torchrun (``rank`` set) every rank passes the
+    whole state, DTensors included, and DCP writes each tensor once (a replicated one by
+    one rank, a DTensor's pieces by their ranks); the RNG, which differs per rank, is
+    kept apart under each rank's own keys."""
+    if rank is None:
+        return _flat_tensors(state)
+    rest = {k: v for k, v in state.items() if k != "rng"}
+    tensors: list[torch.Tensor] = []
+    skeleton = json.dumps(flatten(rest, tensors), separators=(",", ":")).encode()
+    flat = {f"t{i}": t.detach() for i, t in enumerate(tensors)}
+    flat[STATE_KEY] = torch.frombuffer(bytearray(skeleton), dtype=torch.uint8)
+    from trainer.ckpt.sharded import placements_json  # torch.distributed: only under torchrun
+
+    placed = {
+        str(i): placements_json(t.placements) for i, t in enumerate(tensors) if _is_dtensor(t)
+    }
+    flat[DTENSORS_KEY] = torch.frombuffer(bytearray(json.dumps(placed).encode()), dtype=torch.uint8)
+    for name, t in (state.get("rng") or {}).items():
+        flat[f"{RNG_PREFIX}{rank}.{name}"] = t.detach().cpu()
+    return flat
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 class _DcpSave:
-    def __init__(self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions) -> None:
+    def __init__(
+        self, state: Any, directory: Path, fs: LocalFS, opts: WriteOptions, name: str
+    ) -> None:
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
         self.directory, self.fs, self.opts = directory, fs, opts
         self.overlapped = False
         self._dcp = dcp
+        # Under torchrun every rank saves together on the checkpoint group, DCP's own
+        # sharded save; alone, no process group (no_dist).
+        self.rank = None if opts.group is None else dist.get_rank(opts.group)
+        self._where: dict[str, Any] = (
+            {"no_dist": True} if opts.group is None else {"process_group": opts.group}
+        )
         t0 = time.monotonic()
-        self.flat = _flat_tensors(state)
+        self.flat = _dcp_flat(state, self.rank)
         self.nbytes = sum(t.nbytes for t in self.flat.values())
         self._future = None
         if opts.background:
             # async_save blocks while it stages the state into host memory (the pause),
             # then writes on its own thread.
-            response = dcp.async_save(self.flat, storage_writer=self._writer(), no_dist=True)
+            response = dcp.async_save(self.flat, storage_writer=self._writer(), **self._where)
             self._future = getattr(response, "upload_completion", response)
             self.flat = {}
         self.serialize_s = time.monotonic() - t0
@@ -609,15 +672,22 @@ class _DcpSave:
             self.directory, thread_count=self.opts.io_streams, sync_files=self.opts.durable
         )
 
+    def _mine(self, name: str) -> bool:
+        """Whether this rank wrote the file: its own ``__<rank>_*`` data files, and rank 0
+        the global metadata (each rank checksums only what it wrote)."""
+        if self.rank is None:
+            return True
+        return name.startswith(f"__{self.rank}_") or (self.rank == 0 and name == ".metadata")
+
     def finish(self) -> Written:
         if self._future is not None:
             self._future.result()
             write_s = time.monotonic() - self._t_begin_end
         else:
             t0 = time.monotonic()
-            self._dcp.save(self.flat, storage_writer=self._writer(), no_dist=True)
+            self._dcp.save(self.flat, storage_writer=self._writer(), **self._where)
             write_s = time.monotonic() - t0
-        names = [p.name for p in self.directory.iterdir() if p.is_file()]
+        names = [p.name for p in self.directory.iterdir() if p.is_file() and self._mine(p.name)]
         return _library_written(self.fs, self.directory, names, self.opts, write_s)
 
     def abort(self) -> None:
@@ -628,10 +698,12 @@ class _DcpSave:
 
 
 class DcpFormat(_LibraryFormat):
-    """``torch.distributed.checkpoint`` with its FileSystemWriter, single process."""
+    """``torch.distributed.checkpoint`` with its FileSystemWriter: one process alone
+    (``no_dist``), or under torchrun every rank together (DCP's own sharded save)."""
 
     name = "dcp"
     filename = ".metadata"
+    collective = True
     _save = _DcpSave
 
     def load_dir(self, directory: Path, names: list[str]) -> Any:
@@ -649,6 +721,48 @@ class DcpFormat(_LibraryFormat):
         except Exception as exc:  # noqa: BLE001 - DCP raises many types for bad files
             raise CheckpointCorruptError(f"dcp.load failed: {exc}") from exc
         return _unflat_tensors(flat)
+
+    def load_collective(self, directory: Path, ranks: Any) -> Any:
+        """Under torchrun: every rank loads its own pieces of a checkpoint DCP's sharded
+        save wrote (DTensors as this rank's local shards, its own RNG), together."""
+        import torch.distributed.checkpoint as dcp
+
+        from trainer.ckpt.sharded import placements
+
+        group = {"process_group": ranks.ckpt_group}
+        try:
+            meta = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+            heads = {
+                k: torch.empty(tuple(meta[k].size), dtype=torch.uint8)
+                for k in (STATE_KEY, DTENSORS_KEY)
+            }
+            dcp.load(heads, checkpoint_id=directory, **group)
+            placed = json.loads(bytes(heads[DTENSORS_KEY].numpy()))
+            own = f"{RNG_PREFIX}{ranks.rank}."
+            flat: dict[str, torch.Tensor] = {}
+            for key, m in meta.items():
+                if key in heads or (key.startswith(RNG_PREFIX) and not key.startswith(own)):
+                    continue
+                size, dtype = tuple(m.size), m.properties.dtype
+                where = placed.get(key.removeprefix("t"))
+                if where is None:
+                    flat[key] = torch.empty(size, dtype=dtype)
+                else:
+                    from torch.distributed import tensor as dtensor
+
+                    flat[key] = dtensor.empty(
+                        size, dtype=dtype, device_mesh=ranks.mesh, placements=placements(where)
+                    )
+            dcp.load(flat, checkpoint_id=directory, **group)
+        except CheckpointCorruptError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - DCP raises many types for bad files
+            raise CheckpointCorruptError(f"dcp.load failed: {exc}") from exc
+        rng = {k.removeprefix(own): flat.pop(k) for k in list(flat) if k.startswith(own)}
+        flat[STATE_KEY] = heads[STATE_KEY]
+        state = _unflat_tensors(flat)
+        state["rng"] = rng
+        return state
 
 
 Format = RawFormat | TorchFormat | SafetensorsFormat | DcpFormat

@@ -279,14 +279,36 @@ def read_verified(
     if layout not in (LAYOUT_STRIPED, LAYOUT_FILES):
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an unknown layout {layout!r}")
     # read_manifest checked that "files" is a non-empty list of objects.
-    entries = [file_entry(path, e, algorithm) for e in manifest["files"]]
+    return manifest, verify_entries(fs, path, manifest["files"], layout, algorithm, buffer)
+
+
+def verify_entries(
+    fs: LocalFS,
+    path: Path,
+    files: list[dict[str, Any]],
+    layout: str,
+    algorithm: str,
+    buffer: AlignedBuffer,
+) -> memoryview | None:
+    """Read the files of one process's (or one rank's) state and check their manifest
+    entries ``files``.
+
+    Returns:
+        For a striped image (raw, torch), the image in ``buffer``; for library-written
+        files (dcp, safetensors) None: they verified, the library loads them.
+
+    Raises:
+        CheckpointCorruptError: A missing or short file, a read error, or a checksum
+            mismatch.
+    """
+    entries = [file_entry(path, e, algorithm) for e in files]
     for name, nbytes, _, _ in entries:
         _check_size(path, name, nbytes)
     if layout == LAYOUT_FILES:
-        for entry in manifest["files"]:
+        for entry in files:
             # Files a library wrote, read through once here and again by the library.
             verify_file(fs, path, entry, algorithm, buffer)
-        return manifest, None
+        return None
     chunk = entries[0][2]
     total = sum(e[1] for e in entries)
     if any(e[2] != chunk for e in entries) or [e[1] for e in entries] != stripe_sizes(
@@ -296,7 +318,7 @@ def read_verified(
     data, got = _read(fs, path, [path / e[0] for e in entries], total, buffer, chunk, algorithm)
     for (name, _, _, expected), values in zip(entries, got, strict=True):
         _check_sums(path, name, values, expected)
-    return manifest, data
+    return data
 
 
 def verify_file(
