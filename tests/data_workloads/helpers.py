@@ -36,8 +36,9 @@ def prepared(data_dir: Path, fmt: str, **kw) -> tuple[ds.Dataset, ScanConfig]:
     cfg = ScanConfig(data_dir=data_dir, dataset_format=fmt, track=False, **{**settings, **kw})
     cfg.check_data_dir()
     spec = ds.DatasetSpec(
-        fmt, cfg.seed, cfg.dataset_size, cfg.record_size, cfg.shard_size, cfg.codec
-    )
+        fmt, cfg.seed, cfg.dataset_size, cfg.record_size, cfg.shard_size, cfg.codec,
+        cfg.row_group_size,
+    )  # fmt: skip
     return ds.open_dataset(data_dir, spec), cfg
 
 

@@ -93,7 +93,7 @@ def test_the_same_workers_serve_every_epoch_and_are_gone_after(data_dir: Path) -
 
 
 @pytest.mark.timeout(60)  # a slot left busy would stall the workers for good
-@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+@pytest.mark.parametrize("fmt", ["webdataset", "files", "parquet", "mds"])
 def test_interrupted_epochs_leave_the_next_one_whole(data_dir: Path, fmt: str) -> None:
     data, cfg = prepared(data_dir, fmt, num_workers=2)
     with scan.ScanLoader(data, cfg) as loader:
@@ -244,7 +244,7 @@ def test_the_headline_figures_come_from_the_same_epoch_time(
     assert figures["scan_samples_per_s"] == pytest.approx(data.records / epoch_s)
 
 
-@pytest.mark.parametrize("fmt", ["webdataset", "files"])
+@pytest.mark.parametrize("fmt", ["webdataset", "files", "parquet", "mds"])
 @pytest.mark.parametrize(
     ("workers", "drop_cache", "first"), [(0, True, False), (2, False, False), (2, False, True)]
 )
