@@ -1,17 +1,25 @@
-"""Which profile to use: the cheapest one that meets a pause budget with confidence, or the
-one with the best net cost at the team's checkpoint cadence, and why.
+"""Which profile to use, and why: one recommender for every workload.
 
-- With a budget (``--max-pause-s`` per checkpoint and/or ``--max-pause-share`` of the
-  runtime): a profile meets it when the one-sided upper confidence bound of its median
-  measured pause is within ``max_pause_s``, and that bound × checkpoints per run / runtime is
-  within ``max_pause_share``. Of those that meet it, the cheapest per month is recommended;
-  when none does, the answer is ``none``.
-- Without a budget, with ``--checkpoints-per-month``: the profile with the lowest net cost a
-  month, storage + the GPU time its checkpoints pause training. A candidate's pause counts
-  as different from the baseline's only when its difference counts; otherwise it is charged
-  the baseline's pause (no credit for what the measurement cannot tell apart).
-- With neither: the verdict's profile; when no profile is measurably different, the cheapest
-  to keep.
+Each profile becomes a :class:`ProfileFit` (does it meet the budget, what it costs a month,
+is it measurably faster or slower than the baseline); :func:`choose` picks from the fits
+with one set of rules and one set of words:
+
+- With a budget: the cheapest profile a month that meets it; none → ``none``. The
+  checkpoint budget (``--max-pause-s``, ``--max-pause-share``) is met when the one-sided
+  upper confidence bound of a profile's median measured pause is within ``max_pause_s``
+  and that bound × checkpoints per run / runtime within ``max_pause_share``; a data
+  workload's (``--min-au``, ``--max-p99-ms``) is tested on its row's figure
+  (:mod:`checkpoint_compare.table`).
+- Without a budget, with ``--checkpoints-per-month`` (checkpoints): the profile with the
+  lowest net cost a month, storage + the GPU time its checkpoints pause training. A
+  candidate's pause counts as different from the baseline's only when its difference
+  counts; otherwise it is charged the baseline's pause (no credit for what the
+  measurement cannot tell apart).
+- With neither: the verdict's profile when the verdict keeps one on the cost of a run;
+  otherwise the cheapest of the measurably faster profiles, or, when none is, the cheapest
+  profile that is not measurably slower.
+
+Priced before unpriced, always: nothing is said of what an unpriced profile costs.
 """
 
 from __future__ import annotations
@@ -24,10 +32,8 @@ from checkpoint_compare.cost import Pricing, ProfileCost
 from checkpoint_compare.figures import ProfileFigures
 from checkpoint_compare.formatting import seconds, usd
 from checkpoint_compare.intervals import median_upper_bound
+from checkpoint_compare.table import NONE_MEETS
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
-
-NONE_MEETS = "none"
-"""``recommended_profile`` when no profile meets the budget."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,9 @@ class ProfileFit:
         why: In words.
         storage_month: Storage USD a month (None: not priced).
         gpu_month: GPU USD a month paused by checkpoints at the cadence (None without one).
+        direction: Against the baseline: ``better``/``worse`` when the difference counts,
+            else ``none``.
+        eligible: False for a profile that may never be recommended (a diverged run).
     """
 
     profile: str
@@ -80,6 +89,8 @@ class ProfileFit:
     why: str
     storage_month: float | None
     gpu_month: float | None
+    direction: str = "none"
+    eligible: bool = True
 
     @property
     def monthly(self) -> float | None:
@@ -162,15 +173,14 @@ def _fit(
 _usd = usd
 
 
-def _cost_words(fit: ProfileFit, budget: Budget) -> str:
+def _cost_words(fit: ProfileFit, cadence: float | None) -> str:
     if fit.monthly is None:
         return "not priced"
-    if budget.checkpoints_per_month is None:
+    if cadence is None:
         return f"{_usd(fit.monthly)} a month of storage"
     return (
         f"{_usd(fit.monthly)} a month (storage {_usd(fit.storage_month or 0.0)} + GPU time "
-        f"paused {_usd(fit.gpu_month or 0.0)} at {budget.checkpoints_per_month:,.0f} "
-        "checkpoints a month)"
+        f"paused {_usd(fit.gpu_month or 0.0)} at {cadence:,.0f} checkpoints a month)"
     )
 
 
@@ -200,46 +210,59 @@ def recommend(
     pricing: Pricing,
     confidence: float,
 ) -> Recommendation:
-    """Recommend a profile (``profiles`` baseline first).
+    """Recommend a profile for the checkpoints of a training run (``profiles`` baseline
+    first).
 
     A profile with a run that has no finite final loss (it diverged, or did not say) is
     never recommended, whatever its pauses and price: nothing shows it trained the model.
     """
     by_candidate = {c.candidate.profile: c for c in comparisons}
     fits = [_fit(f, costs[f.profile], budget, pricing, by_candidate, confidence) for f in profiles]
-    rec = Recommendation(NONE_MEETS, "", budget, confidence, fits)
+    for fit, p in zip(fits, profiles, strict=True):
+        fit.eligible = not p.loss_problem
+        if (comp := by_candidate.get(p.profile)) is not None and comp.faster is not None:
+            fit.direction = "better" if comp.faster else "worse"
     unusable = [f"{p.profile}: {p.loss_problem}" for p in profiles if p.loss_problem]
-    left_out = f" ({'; '.join(unusable)}: not recommended)" if unusable else ""
-    eligible = [fit for fit, p in zip(fits, profiles, strict=True) if not p.loss_problem]
-    if not eligible:
+    rec = Recommendation(NONE_MEETS, "", budget, confidence, fits)
+    if not any(f.eligible for f in fits):
         rec.reason = "no profile can be recommended: " + "; ".join(unusable)
         return rec
-    rec.reason = _choose(rec, fits, eligible, verdict_profile, budget, confidence) + left_out
+    rec.profile, rec.reason = choose(
+        fits,
+        has_limit=budget.has_limit,
+        level=f" with {confidence:.0%} confidence",
+        cadence=budget.checkpoints_per_month,
+        verdict_profile=verdict_profile,
+    )
+    if unusable:
+        rec.reason += f" ({'; '.join(unusable)}: not recommended)"
     return rec
 
 
-def _choose(
-    rec: Recommendation,
+def choose(
     fits: list[ProfileFit],
-    eligible: list[ProfileFit],
-    verdict_profile: str | None,
-    budget: Budget,
-    confidence: float,
-) -> str:
-    """Set ``rec.profile`` from the eligible fits (``fits`` baseline first); return why."""
-    level = f"{confidence:.0%} confidence"
-    if budget.has_limit:
+    *,
+    has_limit: bool,
+    level: str = "",
+    cadence: float | None = None,
+    verdict_profile: str | None = None,
+) -> tuple[str, str]:
+    """The profile to use of ``fits`` (baseline first), and why; ``NONE_MEETS`` when none
+    meets the budget. ``level``: how the budget was tested (e.g. `` with 95% confidence``);
+    ``cadence``: checkpoints a month, for the net cost; ``verdict_profile``: the profile
+    the verdict keeps on the cost of a run, if it keeps one."""
+    eligible = [f for f in fits if f.eligible]
+    if has_limit:
         meeting = [f for f in eligible if f.meets]
         if not meeting:
-            return f"no profile meets the budget with {level}: " + "; ".join(
+            return NONE_MEETS, f"no profile meets the budget{level}: " + "; ".join(
                 f"{f.profile}: {f.why}" for f in fits
             )
         best = _cheapest(meeting)
-        rec.profile = best.profile
         unpriced = _unpriced(meeting)
         if best.monthly is None:
-            return (
-                f"{best.profile} meets the budget with {level} ({best.why}); not priced "
+            return best.profile, (
+                f"{best.profile} meets the budget{level} ({best.why}); not priced "
                 f"({', '.join(unpriced)}): nothing is said of what it costs"
             )
         priced = [f for f in meeting if f.monthly is not None]
@@ -248,39 +271,53 @@ def _choose(
         if unpriced:
             which = " priced profile"
             also = f"; {', '.join(unpriced)} also meets it, not priced: nothing is said of its cost"
-        return (
-            f"{best.profile} meets the budget with {level} ({best.why}) and is the cheapest"
-            f"{which} that does{of}: {_cost_words(best, budget)}{also}"
+        return best.profile, (
+            f"{best.profile} meets the budget{level} ({best.why}) and is the cheapest"
+            f"{which} that does{of}: {_cost_words(best, cadence)}{also}"
         )
     priced = [f for f in eligible if f.monthly is not None]
-    if budget.checkpoints_per_month is not None and priced:
-        best = _cheapest(priced)
-        base = fits[0]
-        rec.profile = best.profile
-        if base.monthly is None:
-            # No saving is claimed against a profile whose cost is unknown.
-            return (
-                f"{best.profile} has the best net cost of the priced profiles: "
-                f"{_cost_words(best, budget)}; {', '.join(_unpriced(fits))} not priced, "
-                "so no saving against it is claimed"
-            )
-        if best is base:
-            return (
-                f"{best.profile} (the baseline) has the best net cost: no other profile saves "
-                f"more GPU time than its storage costs; {_cost_words(best, budget)}"
-            )
-        saving = (base.monthly or 0.0) - (best.monthly or 0.0)
-        return (
-            f"{best.profile} has the best net cost, {_usd(saving)} a month less than "
-            f"{base.profile}: {_cost_words(best, budget)}"
-        )
-    hint = "no pause budget (--max-pause-s, --max-pause-share) or cadence (--checkpoints-per-month) given"
+    if cadence is not None and priced:
+        return _net_cost(fits, priced, cadence)
     if verdict_profile:
-        rec.profile = verdict_profile
-        return f"{hint}: the verdict's profile, on the cost of one run"
-    best = _cheapest(priced) if priced else eligible[0]
-    rec.profile = best.profile
-    return (
-        f"{hint}; no profile is measurably different, so the cheapest to keep: "
-        f"{_cost_words(best, budget)}"
+        hint = (
+            "no pause budget (--max-pause-s, --max-pause-share) or cadence "
+            "(--checkpoints-per-month) given"
+        )
+        return verdict_profile, f"{hint}: the verdict's profile, on the cost of one run"
+    better = [f for f in eligible if f.direction == "better"]
+    pool = better or [f for f in eligible if f.direction != "worse"] or eligible
+    what = "is measurably faster" if better else "is not measurably slower"
+    best = _cheapest(pool)
+    if best.monthly is None:
+        return best.profile, (
+            f"{best.profile} is the first profile that {what}, in the pipeline's order; not "
+            "priced: nothing is said of what it costs"
+        )
+    others = [f.profile for f in pool if f.monthly is None]
+    also = f"; {', '.join(others)} not priced: nothing is said of its cost" if others else ""
+    return best.profile, (
+        f"{best.profile} is the cheapest profile that {what}: {_cost_words(best, cadence)}{also}"
+    )
+
+
+def _net_cost(fits: list[ProfileFit], priced: list[ProfileFit], cadence: float) -> tuple[str, str]:
+    """The priced profile with the lowest storage + GPU time paused a month."""
+    best = _cheapest(priced)
+    base = fits[0]
+    if base.monthly is None:
+        # No saving is claimed against a profile whose cost is unknown.
+        return best.profile, (
+            f"{best.profile} has the best net cost of the priced profiles: "
+            f"{_cost_words(best, cadence)}; {', '.join(_unpriced(fits))} not priced, "
+            "so no saving against it is claimed"
+        )
+    if best is base:
+        return best.profile, (
+            f"{best.profile} (the baseline) has the best net cost: no other profile saves "
+            f"more GPU time than its storage costs; {_cost_words(best, cadence)}"
+        )
+    saving = (base.monthly or 0.0) - (best.monthly or 0.0)
+    return best.profile, (
+        f"{best.profile} has the best net cost, {_usd(saving)} a month less than "
+        f"{base.profile}: {_cost_words(best, cadence)}"
     )

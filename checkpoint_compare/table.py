@@ -71,6 +71,7 @@ class WorkloadRow:
         budget_words: The budget in words, None when none was asked.
         unjudgeable: Why no profile can be held to the budget asked (e.g. no AU
             recorded), given the profiles; None when it can.
+        budget_figure: The figure the budget is tested on, in words, for one profile.
         title: What the workload stands for, for a report's title.
 
     The checkpoint row's budget (``--max-pause-s``, ``--max-pause-share``) is tested with
@@ -88,6 +89,7 @@ class WorkloadRow:
     budget: Callable[[Judged, WorkloadBudget], bool | None] = lambda p, b: None
     budget_words: Callable[[WorkloadBudget], str | None] = lambda b: None
     unjudgeable: Callable[[list[Judged], WorkloadBudget], str | None] = lambda ps, b: None
+    budget_figure: Callable[[Judged], str] = lambda p: ""
     title: str = ""
 
 
@@ -154,6 +156,7 @@ ROWS: dict[str, WorkloadRow] = {
                 else f"accelerator utilization (AU) >= {b.min_au:.0%} (MLPerf: 90 %)"
             ),
             unjudgeable=_no_au,
+            budget_figure=lambda p: "no AU recorded" if p.au is None else f"AU {p.au:.0%}",
             title="reading the dataset as training does",
         ),
         WorkloadRow(
@@ -176,6 +179,7 @@ ROWS: dict[str, WorkloadRow] = {
             comparable=(*_DATA_COMMON, "files", "file_size", "rounds"),
             required=("files",),
             budget=_p99_budget,
+            budget_figure=lambda p: f"p99 save latency {p.median:.3g} ms",
             budget_words=lambda b: (
                 None if b.max_p99_ms is None else f"p99 save latency <= {b.max_p99_ms:g} ms"
             ),

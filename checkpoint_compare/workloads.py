@@ -37,6 +37,7 @@ from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
 from checkpoint_compare.figures import _hook_figures
 from checkpoint_compare.grouping import ProfileRuns, group_by_profile, run_time
 from checkpoint_compare.intervals import Shift, run_level_shift
+from checkpoint_compare.recommendation import Budget, ProfileFit, Recommendation, choose
 from checkpoint_compare.records import SUMMARY_UUID_PREFIX, RunKind, RunRecord, parse_time
 from checkpoint_compare.switches import check_switches
 from checkpoint_compare.table import NONE_MEETS, ROWS, WorkloadBudget, WorkloadRow
@@ -124,9 +125,8 @@ class WorkloadVerdict:
     unit: str
     profiles: list[WorkloadProfile]
     budget: WorkloadBudget
-    recommended: str | None
+    recommendation: Recommendation | None
     sentences: list[str]
-    reason: str = ""
     notes: list[str] = field(default_factory=list)
     drift: WorkloadDrift | None = None
     confidence: float = 0.95
@@ -134,6 +134,16 @@ class WorkloadVerdict:
     @property
     def row(self) -> WorkloadRow:
         return ROWS[self.workload]
+
+    @property
+    def recommended(self) -> str | None:
+        """The recommended profile, None when none can be."""
+        rec = self.recommendation
+        return None if rec is None or rec.profile == NONE_MEETS else rec.profile
+
+    @property
+    def reason(self) -> str:
+        return self.recommendation.reason if self.recommendation else ""
 
     @property
     def verdict(self) -> str:
@@ -402,7 +412,7 @@ def judge_workloads(
         workload, baseline, row.label, row.unit, profiles, budget, None, [],
         notes=notes, drift=drift, confidence=t.confidence,
     )  # fmt: skip
-    verdict.recommended, verdict.reason = _recommend(verdict)
+    verdict.recommendation = _recommend(verdict)
     verdict.sentences = sentences(verdict)
     return verdict
 
@@ -414,45 +424,26 @@ def _monthly(p: WorkloadProfile) -> tuple[bool, float]:
     return (not known, cost.storage_month if known else math.inf)  # type: ignore[union-attr]
 
 
-def _price(p: WorkloadProfile) -> str:
-    if p.cost is None or p.cost.storage_month is None:
-        return "not priced"
-    return f"${p.cost.storage_month:.2f}/month for the volume"
-
-
-def _recommend(v: WorkloadVerdict) -> tuple[str | None, str]:
-    """The cheapest profile that meets the budget; without one, the cheapest profile that is
-    not measurably slower (of the measurably faster ones when there are any: the others
-    are measurably slower than them). Priced before unpriced; ties keep the order, baseline
-    first."""
-    row, profiles, budget = v.row, v.profiles, v.budget
-    if why := row.unjudgeable(profiles, budget):
-        return None, why
-    if row.budget_words(budget) is not None:
-        fits = [p for p in profiles if p.meets_budget]
-        if not fits:
-            return None, "none of the profiles meets the budget"
-        best = min(fits, key=_monthly)
-        return best.profile, _choice(best, fits, "meets the budget")
-    better = [p for p in profiles if p.direction == "better"]
-    pool = better or [p for p in profiles if p.direction != "worse"]
-    best = min(pool, key=lambda p: (*_monthly(p), p.median if better else 0.0))
-    return best.profile, _choice(
-        best, pool, "is measurably faster" if better else "is not measurably slower"
-    )
-
-
-def _choice(best: WorkloadProfile, pool: list[WorkloadProfile], what: str) -> str:
-    """Why ``best`` of ``pool``: the cheapest, when it is priced; no cost claim about an
-    unpriced profile."""
-    unpriced = [p.profile for p in pool if _monthly(p)[0] and p is not best]
-    if _monthly(best)[0]:
-        return (
-            f"the first profile that {what}, in the pipeline's order; not priced: nothing "
-            "is said of what it costs"
+def _recommend(v: WorkloadVerdict) -> Recommendation:
+    """The recommender every workload shares (:func:`~checkpoint_compare.recommendation.choose`),
+    given each profile's fit: the row's budget test and figure, its storage a month, its
+    direction against the baseline."""
+    row, budget = v.row, v.budget
+    fits = [
+        ProfileFit(
+            profile=p.profile, pause_high_s=None, share_high=None, meets=p.meets_budget,
+            why=row.budget_figure(p), gpu_month=None, direction=p.direction,
+            storage_month=None if _monthly(p)[0] else p.cost.storage_month,  # type: ignore[union-attr]
         )
-    others = f"; {', '.join(unpriced)} not priced: nothing is said of its cost" if unpriced else ""
-    return f"the cheapest profile that {what} ({_price(best)}){others}"
+        for p in v.profiles
+    ]  # fmt: skip
+    rec = Recommendation(NONE_MEETS, "", Budget(), v.confidence, fits)
+    if why := row.unjudgeable(v.profiles, budget):
+        rec.reason = why
+        return rec
+    words = row.budget_words(budget)
+    rec.profile, rec.reason = choose(fits, has_limit=words is not None)
+    return rec
 
 
 def _figure(value: float, unit: str) -> str:
@@ -490,10 +481,7 @@ def sentences(v: WorkloadVerdict) -> list[str]:
     out += [f"Note: {n}." for n in v.notes]
     if words := v.row.budget_words(v.budget):
         out.append(f"Budget: {words}.")
-    if v.recommended:
-        out.append(f"Recommendation: {v.recommended}: {v.reason}.")
-    else:
-        out.append(f"Recommendation: none: {v.reason}.")
+    out.append(f"Recommendation: {v.recommended or NONE_MEETS}: {v.reason}.")
     return out
 
 

@@ -85,7 +85,11 @@ def test_the_au_budget_picks_the_cheapest_profile_that_meets_it() -> None:
     none = judge(slow_and_fast(), min_au=0.99)
     assert none.recommended is None
     assert none.verdict == FAST  # the verdict is about the difference, not the budget
-    assert "none of the profiles meets the budget" in none.sentences[-1]
+    # The recommender's words are the checkpoint verdict's: each profile's figure named.
+    assert (
+        "no profile meets the budget: checkpoint-baseline: AU 71%; checkpoint-throughput: AU 97%"
+        in none.sentences[-1]
+    )
     assert "does not keep the GPUs fed" in none.sentences[0]
 
 
@@ -118,7 +122,7 @@ def test_an_unpriced_profile_is_never_called_the_cheapest() -> None:
     assert "cheapest" not in verdict.reason and "nothing is said of what it costs" in verdict.reason
     both = judge(runs, min_au=0.4)
     assert both.recommended == BASE  # priced before unpriced
-    assert "nvme-local not priced: nothing is said of its cost" in both.reason
+    assert "nvme-local also meets it, not priced: nothing is said of its cost" in both.reason
 
 
 def test_noise_is_no_difference_and_the_cheapest_is_recommended() -> None:
