@@ -39,6 +39,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # shellcheck source=pins.env
   . scripts/pins.env
   .venv/bin/python -m pip install -q "$TORCH_SPEC"
-  .venv/bin/python -m pip install -q -e ".[sandbox,report,test,agent]"
+  .venv/bin/python -m pip install -q -e ".[sandbox,report,test,agent,formats]"
+  .venv/bin/python -m pip install -q --no-deps "$STREAMING_SPEC"
   touch "$stamp"
 fi
