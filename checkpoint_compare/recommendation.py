@@ -5,9 +5,10 @@ is it measurably faster or slower than the baseline); :func:`choose` picks from 
 with one set of rules and one set of words:
 
 - With a budget: the cheapest profile a month that meets it; none → ``none``. The
-  checkpoint budget (``--max-pause-s``, ``--max-pause-share``) is met when the one-sided
-  upper confidence bound of a profile's median measured pause is within ``max_pause_s``
-  and that bound × checkpoints per run / runtime within ``max_pause_share``; a data
+  checkpoint budget (``--max-pause-s``, ``--max-pause-share``) is met when, in every run
+  of the profile, the one-sided upper confidence bound of the run's median measured pause
+  is within ``max_pause_s`` and that bound × the run's checkpoints / its runtime within
+  ``max_pause_share`` (the run is the unit, not the pooled checkpoints); a data
   workload's (``--min-au``, ``--max-p99-ms``) is tested on its row's figure
   (:mod:`checkpoint_compare.table`).
 - Without a budget, with ``--checkpoints-per-month`` (checkpoints): the profile with the
@@ -71,8 +72,9 @@ class ProfileFit:
 
     Attributes:
         profile: The profile.
-        pause_high_s: Upper confidence bound of its median measured pause (None: too few).
-        share_high: That bound × checkpoints per run / runtime.
+        pause_high_s: The largest of its runs' upper confidence bounds of their median
+            measured pause (None: a run has too few checkpoints).
+        share_high: The largest of its runs' bound × checkpoints / runtime.
         meets: Whether it meets the budget with confidence (None without a budget).
         why: In words.
         storage_month: Storage USD a month (None: not priced).
@@ -122,6 +124,32 @@ def _effective_pause(figures: ProfileFigures, comparisons: dict[str, Comparison]
     return comp.baseline.pause.median
 
 
+def _run_bounds(
+    figures: ProfileFigures, confidence: float
+) -> tuple[float | None, float | None, str]:
+    """The pause bound and the paused share a budget is tested on: each run's own upper
+    confidence bound of its median pause, and the largest over the runs. A run is the unit
+    (its checkpoints share its minutes on the machine), so pooling the checkpoints of two
+    runs would let them stand in for runs: the profile meets the budget when every run
+    does. None, and why, when a run has too few checkpoints for a bound."""
+    highs, shares = [], []
+    for run in figures.per_run:
+        pauses = [v for _, v in run.measured]
+        high = median_upper_bound(pauses, confidence)
+        if high is None:
+            return (
+                None,
+                None,
+                (
+                    f"too few checkpoints in run {run.run.label} ({len(pauses)} after "
+                    f"warm-up) for a {confidence:.0%} bound on its pause"
+                ),
+            )
+        highs.append(high)
+        shares.append(high * run.checkpoint_count / run.runtime_s)
+    return max(highs), max(shares), ""
+
+
 def _fit(
     figures: ProfileFigures,
     cost: ProfileCost,
@@ -130,8 +158,8 @@ def _fit(
     comparisons: dict[str, Comparison],
     confidence: float,
 ) -> ProfileFit:
-    high = median_upper_bound(figures.measured_pauses, confidence)
-    share = high * figures.checkpoint_count / figures.runtime_s if high is not None else None
+    high, share, too_few = _run_bounds(figures, confidence)
+    runs = f" in each of its {len(figures.per_run)} runs" if len(figures.per_run) > 1 else ""
     gpu = None
     if budget.checkpoints_per_month is not None:
         pause = _effective_pause(figures, comparisons)
@@ -142,11 +170,7 @@ def _fit(
         why = f"not recommended: {figures.loss_problem}"
     elif budget.has_limit:
         if high is None:
-            meets = False
-            why = (
-                f"too few checkpoints ({len(figures.measured_pauses)} after warm-up) for a "
-                f"{confidence:.0%} bound on its pause"
-            )
+            meets, why = False, too_few
         else:
             problems = []
             if budget.max_pause_s is not None and high > budget.max_pause_s:
@@ -157,7 +181,7 @@ def _fit(
                 )
             meets = not problems
             why = "; ".join(problems) or (
-                f"pause ≤ {seconds(high)} s, paused ≤ {share:.1%} of the run"  # type: ignore[str-format]
+                f"pause ≤ {seconds(high)} s, paused ≤ {share:.1%} of the run{runs}"  # type: ignore[str-format]
             )
     return ProfileFit(
         profile=figures.profile,

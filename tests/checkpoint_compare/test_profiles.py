@@ -209,6 +209,27 @@ def test_the_cheapest_profile_that_meets_the_budget(runs_root: Path, pricing_fil
     assert "cheapest that does (of 2 that do)" in report["recommendation"]["reason"]
 
 
+def test_the_budget_is_met_in_every_run_not_by_the_pooled_checkpoints(
+    runs_root: Path, pricing_file
+) -> None:
+    """Two runs of one profile, the second paused 1.6 s at its median: pooled, 17 of its 24
+    checkpoints are at 1.0 s and the bound of the median would meet a 1.2 s budget; the run
+    is the unit, and one run over the budget is one the team would have paid for."""
+    write_repeats(BASE, [2.5] + [2.0, 2.02, 1.98] * 4, runtime_s=100.0)
+    write_training_run(FAST, [1.5] + [1.0] * 12, 91.0)
+    write_training_run(FAST, [1.5] + [1.6] * 7 + [1.0] * 5, 92.0)
+    code, output, report = run_cli(runs_root, pricing_file(), "--max-pause-s", "1.2")
+    assert code == 0, output
+    fits = {f["profile"]: f for f in report["recommendation"]["profiles"]}
+    assert fits[FAST]["meets"] is False and fits[FAST]["pause_high_s"] == pytest.approx(1.6)
+    assert report["recommendation"]["profile"] == "none"
+    # A budget every run meets (a third run too): met, and the reason says in each run.
+    write_training_run(FAST, [1.5] + [1.0] * 12, 91.5)
+    code, output, report = run_cli(runs_root, pricing_file(), "--max-pause-s", "1.7")
+    assert report["recommendation"]["profile"] == FAST, output
+    assert "in each of its 3 runs" in report["recommendation"]["reason"]
+
+
 def test_none_meets_the_budget_is_an_answer(runs_root: Path, pricing_file) -> None:
     _two_profiles()
     code, output, report = run_cli(
