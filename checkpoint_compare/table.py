@@ -94,7 +94,11 @@ class WorkloadRow:
 
 
 _DATA_COMMON = (WORKLOAD_INPUT, "seed")
-_DATASET = ("dataset_format", "codec", "dataset_size", "record_size", "shard_size")
+_DATASET = (
+    "dataset_format", "codec", "dataset_size", "record_size", "shard_size", "row_group_size",
+)  # fmt: skip
+# A shard size means nothing to a directory of files, a row group only to Parquet.
+_FORMAT_BOUND = {"shard_size": ("webdataset", "parquet", "mds"), "row_group_size": ("parquet",)}
 _DATASET_REQUIRED = ("dataset_format", "dataset_size")
 
 
@@ -139,6 +143,7 @@ ROWS: dict[str, WorkloadRow] = {
             comparable=(
                 *_DATA_COMMON,
                 *_DATASET,
+                "loader",
                 "epochs",
                 "num_workers",
                 "batch_size",
@@ -147,7 +152,7 @@ ROWS: dict[str, WorkloadRow] = {
                 "compute_ms",
                 "drop_cache",
             ),  # fmt: skip
-            format_bound={"shard_size": ("webdataset",)},
+            format_bound=_FORMAT_BOUND,
             required=_DATASET_REQUIRED,
             budget=_au_budget,
             budget_words=lambda b: (
@@ -166,7 +171,7 @@ ROWS: dict[str, WorkloadRow] = {
             unit="s",
             sample_metric=None,
             comparable=(*_DATA_COMMON, *_DATASET, "output_shard_size"),
-            format_bound={"shard_size": ("webdataset",)},
+            format_bound=_FORMAT_BOUND,
             required=_DATASET_REQUIRED,
             title="building the preprocessed cache",
         ),

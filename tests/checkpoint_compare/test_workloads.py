@@ -180,6 +180,7 @@ def test_refusals() -> None:
     [
         ({"prefetch_factor": 4}, "prefetch_factor differs"),
         ({"shuffle_buffer": 1}, "shuffle_buffer differs"),
+        ({"loader": "webdataset"}, "loader differs"),
         ({"image": "registry.example.com/ml/bench:0.3"}, "image differs"),
     ],
 )
@@ -225,6 +226,14 @@ def test_the_shard_size_is_compared_only_where_it_matters() -> None:
     ]
     with pytest.raises(NotComparable, match="shard_size differs"):
         judge(shards)
+    # A row group is Parquet's alone.
+    judge([scan_run(BASE, [1.0, 1.0], [0.5] * 2, row_group_size=1 << 20),
+           scan_run(FAST, [1.0, 1.0], [0.5] * 2, row_group_size=4 << 20)])  # fmt: skip
+    with pytest.raises(NotComparable, match="row_group_size differs"):
+        judge([scan_run(BASE, [1.0, 1.0], [0.5] * 2, dataset_format="parquet",
+                        row_group_size=1 << 20),
+               scan_run(FAST, [1.0, 1.0], [0.5] * 2, dataset_format="parquet",
+                        row_group_size=4 << 20)])  # fmt: skip
 
 
 def test_a_switch_of_the_claim_inside_a_scan_is_refused() -> None:
