@@ -97,6 +97,184 @@ def _check_same_model(cfg: TrainConfig, saved: dict[str, Any], name: str) -> Non
             )
 
 
+class TrainingRun:
+    """One run's training on this rank: the model, optimizer, data and checkpointer, and
+    the figures it reports. :func:`train` drives it: :meth:`resume`, then :meth:`prepare`,
+    then :meth:`step` and :meth:`save_if_due` for every step, then :meth:`finish`.
+
+    Args:
+        cfg: The validated configuration.
+        ranks: This process's place in the job (a world of one for a single process).
+        fs: The storage seam.
+        say: Where progress lines go.
+        on_checkpoint: Called on the main thread with each finished checkpoint's timeline.
+        on_loss: Called with (step, loss) every ``cfg.log_every`` steps and at the end.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        ranks: distributed.Ranks,
+        fs: LocalFS,
+        say: Callable[[str], None],
+        on_checkpoint: Callable[[CheckpointRecord], None],
+        on_loss: Callable[[int, float], None],
+    ) -> None:
+        self.cfg, self.ranks, self.fs, self.say = cfg, ranks, fs, say
+        self.on_checkpoint, self.on_loss = on_checkpoint, on_loss
+        device = self.device = ranks.device
+        torch.manual_seed(cfg.seed)
+        shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
+        self.model = distributed.wrap(TinyGPT(shape, cfg.seq_len).to(device), ranks)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        param_count = sum(p.numel() for p in self.model.parameters())
+        say(
+            f"model: d_model={shape.d_model} layers={shape.n_layers} params={param_count:,} "
+            f"({param_count * 4 / 2**20:.1f} MiB fp32) on {device}"
+            + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks.world_size > 1 else "")
+        )
+        self.inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
+        self.records: list[CheckpointRecord] = []
+        self.curve: list[tuple[int, float]] = []
+        self.loss_value: float | None = None
+        self.start = 0
+        self.restore: RestoreFigure | None = None
+        self.ckpt: Checkpointer | None = None
+        self.data: distributed.RankData | None = None
+
+    def load_newest(self, tell: Callable[[str], None]) -> Restored | None:
+        """Load the newest checkpoint every rank verifies into the model, read from the
+        device; returns its step and the seconds it took."""
+        cfg = self.cfg
+        drop_cached(cfg.checkpoint_dir, self.fs.drop_cached)
+        return sharded.restore(
+            cfg.checkpoint_dir,
+            make_format(cfg.format),
+            self.fs,
+            self.model,
+            self.opt,
+            self.ranks,
+            tell,
+            check_config=lambda saved, name: _check_same_model(cfg, saved, name),
+        )
+
+    def resume(self) -> int:
+        """Continue from the newest verified checkpoint when ``--resume`` allows it, timing
+        the restore; returns the step training starts after (0: from the beginning)."""
+        cfg, ranks = self.cfg, self.ranks
+        ranks.agree(
+            distributed.refusal(check_resume_mode, cfg, store.list_checkpoints(cfg.checkpoint_dir))
+        )
+        restored = self.load_newest(self.say) if cfg.resume != "never" else None
+        self.restore = restore_figure(cfg.checkpoint_dir, restored, "resume")
+        if cfg.resume != "never" and restored is None:
+            self.say("resume: no complete checkpoint found; starting from step 0")
+        if restored is not None:
+            _set_lr(self.opt, cfg.lr, self.say)
+        self.start = 0 if restored is None else restored.step
+        return self.start
+
+    def prepare(
+        self,
+        upload_url: str | None,
+        upload_backoff: Backoff,
+        progress_every_s: float,
+    ) -> None:
+        """Clear what this run's predecessors left, then make the checkpointer (with its
+        uploader) and the data."""
+        cfg, ranks, say = self.cfg, self.ranks, self.say
+        if cfg.durability == "none":
+            say(
+                f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
+                "made durable must not replace an older one"
+            )
+        removed, left = sharded.prepare_dir(self.fs, cfg.checkpoint_dir, ranks)
+        for path in removed:
+            say(f"removed {path.name}, left by an earlier process of this run")
+        for path in left:
+            say(f"left {path.name} alone: not this run's (another run, host or writer)")
+        # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
+        # shard to where rank 0's URL points.
+        upload_url = ranks.broadcast(upload_url)
+        if upload_url is None and cfg.upload_to in RUN_ARTIFACTS_TARGETS:
+            ranks.agree(
+                ConfigError(
+                    f"--upload-to {cfg.upload_to} names a Polyaxon run's artifacts: only a tracked run has them"
+                )
+            )
+        uploader = None
+        if upload_url := upload_url or cfg.upload_to:
+            uploader = Uploader(
+                upload_url,
+                upload_backoff,
+                say=say,
+                progress_every_s=progress_every_s,
+                checkpoint_dir=cfg.checkpoint_dir,
+            )
+        verified = () if not self.start else (self.start,)
+        self.ckpt = _checkpointer(cfg, self.fs, ranks, uploader, verified=verified)
+        self.data = distributed.RankData(
+            SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len), ranks
+        )
+
+    def step(self, step: int) -> None:
+        """One optimizer step on this rank's batch; the job's loss every ``--log-every``."""
+        assert self.data is not None
+        cfg = self.cfg
+        tokens = self.data.batch(step).to(self.device, non_blocking=True)
+        logits = self.model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            self.loss_value = self.ranks.mean(loss)
+            self.curve.append((step, self.loss_value))
+            self.on_loss(step, self.loss_value)
+
+    def save_if_due(self, step: int) -> None:
+        """Checkpoint at every ``--checkpoint-every`` step; hand over the checkpoints that
+        finished (a background one's failure is raised here)."""
+        assert self.ckpt is not None
+        if step % self.cfg.checkpoint_every == 0:
+            self.ckpt.save(step, lambda: _state(self.model, self.opt, step, self.cfg))
+        self._hand_over(self.ckpt.poll())
+
+    def finish(self) -> None:
+        """Wait for (and surface) the checkpoint in flight."""
+        if self.ckpt is not None:
+            self._hand_over(self.ckpt.finish())
+
+    def restore_check(self) -> None:
+        """``--restore-check``: time loading the newest checkpoint back, on every rank. The
+        training is over, so replacing its state (and RNG) changes nothing it reports."""
+        figure = check_restore(
+            lambda: self.load_newest(lambda _: None), self.cfg.checkpoint_dir, self.say
+        )
+        self.restore = figure or self.restore
+
+    def _hand_over(self, done: list[CheckpointRecord]) -> None:
+        for record in done:
+            self.records.append(record)
+            self.on_checkpoint(record)
+
+    def summary(self, steps_run: int, runtime: float) -> RunSummary:
+        cfg = self.cfg
+        return RunSummary(
+            storage_profile=cfg.storage_profile,
+            checkpoint_dir=str(Path(cfg.checkpoint_dir)),
+            inputs=self.inputs,
+            runtime_s=runtime,
+            steps_run=steps_run,
+            final_loss=self.loss_value,
+            checkpoints=self.records,
+            loss_curve=self.curve,
+            resumed_from=self.start or None,
+            world_size=self.ranks.world_size,
+            restore=self.restore,
+        )
+
+
 def train(
     cfg: TrainConfig,
     fs: LocalFS | None = None,
@@ -132,136 +310,30 @@ def train(
     try:
         # One trainer per directory; rank 0 holds the lock for the job's ranks.
         ranks.agree(distributed.refusal(lock.acquire) if ranks.is_main else None)
-        device = ranks.device
-        torch.manual_seed(cfg.seed)
-        shape = shape_for_bytes(cfg.model_size, cfg.seq_len)
-        model = distributed.wrap(TinyGPT(shape, cfg.seq_len).to(device), ranks)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        param_count = sum(p.numel() for p in model.parameters())
-        say(
-            f"model: d_model={shape.d_model} layers={shape.n_layers} params={param_count:,} "
-            f"({param_count * 4 / 2**20:.1f} MiB fp32) on {device}"
-            + (f", {ranks.world_size} ranks ({ranks.parallel})" if ranks.world_size > 1 else "")
-        )
-        inputs = {**run_inputs(cfg), "param_count": param_count, "device": str(device)}
-        records: list[CheckpointRecord] = []
-        curve: list[tuple[int, float]] = []
-        loss_value: float | None = None
-
-        def load_newest(tell: Callable[[str], None]) -> Restored | None:
-            """Load the newest checkpoint every rank verifies into the model, read from the
-            device; returns its step and the seconds it took."""
-            drop_cached(cfg.checkpoint_dir, fs.drop_cached)
-            return sharded.restore(
-                cfg.checkpoint_dir,
-                make_format(cfg.format),
-                fs,
-                model,
-                opt,
-                ranks,
-                tell,
-                check_config=lambda saved, name: _check_same_model(cfg, saved, name),
-            )
-
-        def summary(steps_run: int, runtime: float, restore: RestoreFigure | None) -> RunSummary:
-            return RunSummary(
-                storage_profile=cfg.storage_profile,
-                checkpoint_dir=str(Path(cfg.checkpoint_dir)),
-                inputs=inputs,
-                runtime_s=runtime,
-                steps_run=steps_run,
-                final_loss=loss_value,
-                checkpoints=records,
-                loss_curve=curve,
-                resumed_from=start or None,
-                world_size=ranks.world_size,
-                restore=restore,
-            )
-
-        ranks.agree(
-            distributed.refusal(check_resume_mode, cfg, store.list_checkpoints(cfg.checkpoint_dir))
-        )
-        restored = load_newest(say) if cfg.resume != "never" else None
-        restore = restore_figure(cfg.checkpoint_dir, restored, "resume")
-        resumed = None if restored is None else restored.step
-        if cfg.resume != "never" and resumed is None:
-            say("resume: no complete checkpoint found; starting from step 0")
-        if resumed is not None:
-            _set_lr(opt, cfg.lr, say)
-        start = resumed or 0
+        run = TrainingRun(cfg, ranks, fs, say, on_checkpoint, on_loss)
+        start = run.resume()
         if start >= cfg.steps:
             say(
                 f"resume: the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to do"
             )
-            return summary(0, 0.0, restore)
-        if cfg.durability == "none":
-            say(
-                f"--keep {cfg.keep} deletes nothing with --durability none: a checkpoint never "
-                "made durable must not replace an older one"
-            )
-        removed, left = sharded.prepare_dir(fs, cfg.checkpoint_dir, ranks)
-        for path in removed:
-            say(f"removed {path.name}, left by an earlier process of this run")
-        for path in left:
-            say(f"left {path.name} alone: not this run's (another run, host or writer)")
-        # Only rank 0 tracks, so only it can resolve run-artifacts: every rank uploads its
-        # shard to where rank 0's URL points.
-        upload_url = ranks.broadcast(upload_url)
-        if upload_url is None and cfg.upload_to in RUN_ARTIFACTS_TARGETS:
-            ranks.agree(
-                ConfigError(
-                    f"--upload-to {cfg.upload_to} names a Polyaxon run's artifacts: only a tracked run has them"
-                )
-            )
-        uploader = None
-        if upload_url := upload_url or cfg.upload_to:
-            uploader = Uploader(
-                upload_url,
-                upload_backoff,
-                say=say,
-                progress_every_s=progress_every_s,
-                checkpoint_dir=cfg.checkpoint_dir,
-            )
-        ckpt = _checkpointer(
-            cfg, fs, ranks, uploader, verified=() if resumed is None else (resumed,)
-        )
-        data = distributed.RankData(SyntheticTokens(cfg.seed, cfg.batch_size, cfg.seq_len), ranks)
-
-        def hand_over(done: list[CheckpointRecord]) -> None:
-            for record in done:
-                records.append(record)
-                on_checkpoint(record)
-
+            return run.summary(0, 0.0)
+        run.prepare(upload_url, upload_backoff, progress_every_s)
         progress = StepProgress(start, cfg.steps, say, on_progress, every_s=progress_every_s)
         t_start = time.monotonic()
         try:
             for step in range(start + 1, cfg.steps + 1):
-                tokens = data.batch(step).to(device, non_blocking=True)
-                logits = model(tokens[:, :-1])
-                loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    loss_value = ranks.mean(loss)
-                    curve.append((step, loss_value))
-                    on_loss(step, loss_value)
-                if step % cfg.checkpoint_every == 0:
-                    ckpt.save(step, lambda step=step: _state(model, opt, step, cfg))
-                hand_over(ckpt.poll())
-                progress.update(step, loss_value)
+                run.step(step)
+                run.save_if_due(step)
+                progress.update(step, run.loss_value)
         finally:
             # Even when training fails, wait for (and surface) the checkpoint in flight.
-            hand_over(ckpt.finish())
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            run.finish()
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
         runtime = time.monotonic() - t_start
         if cfg.restore_check:
-            restore = (
-                end_of_run_restore(say, cfg.checkpoint_dir, lambda: load_newest(lambda _: None))
-                or restore
-            )
-        return summary(cfg.steps - start, runtime, restore)
+            run.restore_check()
+        return run.summary(cfg.steps - start, runtime)
     finally:
         # Every way out, a refusal included: a rank that leaves its process group to the
         # interpreter's exit can abort there (SIGABRT) instead of exiting with its code.
@@ -290,17 +362,6 @@ def _checkpointer(
         options=WriteOptions(overlap=not cfg.no_overlap, io_streams=cfg.io_streams),
         ranks=ranks,
     )
-
-
-def end_of_run_restore(
-    say: Callable[[str], None],
-    directory: Path,
-    load_newest: Callable[[], Restored | None],
-) -> RestoreFigure | None:
-    """``--restore-check``: time ``load_newest`` (the newest checkpoint back into the model,
-    on every rank). The training is over, so replacing its state (and RNG) changes nothing
-    it reports."""
-    return check_restore(load_newest, directory, say)
 
 
 def run_inputs(cfg: TrainConfig) -> dict[str, Any]:

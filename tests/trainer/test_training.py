@@ -50,6 +50,36 @@ def test_stage_timeline_is_complete_and_adds_up(tmp_path):
     }
 
 
+def test_the_run_object_resumes_steps_and_saves_as_train_does(tmp_path):
+    from trainer import distributed
+    from trainer.ckpt.fs import LocalFS
+    from trainer.train import TrainingRun
+
+    whole = train(tiny_config(tmp_path / "whole", steps=4, log_every=1), say=lambda s: None)
+    cfg = tiny_config(tmp_path / "parts", steps=4, log_every=1)
+    cfg.check_checkpoint_dir()
+    ranks = distributed.join(cfg)
+    saved = []
+    run = TrainingRun(cfg, ranks, LocalFS(), lambda s: None, saved.append, lambda s, v: None)
+    assert run.resume() == 0  # an empty directory: from the beginning
+    run.prepare(None, FAST, 5.0)
+    for step in (1, 2, 3):
+        run.step(step)
+        run.save_if_due(step)
+    assert [r.step for r in saved] == [2]  # due at every --checkpoint-every step only
+    run.step(4)
+    run.save_if_due(4)
+    run.finish()
+    assert [r.step for r in saved] == [2, 4]
+    assert run.curve == whole.loss_curve  # the same steps as train() takes
+
+    # A second run object over the same directory continues after the newest checkpoint.
+    again = tiny_config(tmp_path / "parts", steps=6, resume="always")
+    resumed = TrainingRun(again, ranks, LocalFS(), lambda s: None, saved.append, lambda s, v: None)
+    assert resumed.resume() == 4 and resumed.restore is not None
+    assert resumed.restore.measured == "resume" and resumed.restore.step == 4
+
+
 def test_loss_falls(tmp_path):
     cfg = tiny_config(tmp_path, steps=60, checkpoint_every=60, log_every=1, lr=3e-3, batch_size=8)
     curve = train(cfg, say=lambda s: None).loss_curve
