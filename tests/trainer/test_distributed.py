@@ -589,6 +589,16 @@ def test_bench_ranks_writes_shards_from_several_processes_against_fio(tmp_path):
         assert all(0 < r["bytes"] < save["bytes"] for r in save["ranks"])  # split, not copied
         assert save["aggregate_gbps"] > 0 and save["slowest_pause_s"] > 0
     assert data["aggregate_gbps"] == statistics.median(s["aggregate_gbps"] for s in saves)
+    # Beside it, in the same run: DCP's own multi-rank save (sync and async), the async
+    # save of ours, and the copy that bounds an async pause; CPU per MB for each.
+    for case in ("ours-async", "dcp", "dcp-async", "copy"):
+        assert len(data["samples"][case]) == 2, case
+        key = case.replace("-", "_")
+        assert data[f"{key}_gbps"] > 0 and data[f"{key}_cpu_s_per_mb"] > 0, case
+    assert data["aggregate_vs_dcp"] == pytest.approx(data["aggregate_gbps"] / data["dcp_gbps"])
+    for sample in data["samples"]["ours-async"]:
+        assert len(sample["rank_pause_s"]) == 2
+    assert data["cpu_s_per_mb"] > 0
     if shutil.which("fio"):
         assert data["fio_gbps"] > 0 and len(data["samples"]["fio"]) == 2
         assert data["aggregate_vs_fio"] == pytest.approx(data["aggregate_gbps"] / data["fio_gbps"])

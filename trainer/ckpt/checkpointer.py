@@ -143,8 +143,16 @@ class OneInFlight:
         done, self._done = self._done, []
         return done
 
+    def wait(self) -> list[CheckpointRecord]:
+        """Wait for the checkpoint in flight (writing goes on after); returns the records
+        not yet handed over."""
+        self._drain(wait=True)
+        done, self._done = self._done, []
+        return done
+
     def finish(self) -> list[CheckpointRecord]:
-        """Wait for the checkpoint in flight; returns the records not yet handed over."""
+        """Wait for the checkpoint in flight and stop; returns the records not yet handed
+        over."""
         try:
             self._drain(wait=True)
         finally:
