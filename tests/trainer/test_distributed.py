@@ -337,10 +337,15 @@ def test_rank_killed_mid_write_commits_nothing_and_resume_takes_the_previous(ref
 
 
 @pytest.mark.slow
-def test_rank_write_error_commits_nothing_and_every_rank_is_told(tmp_path):
+@pytest.mark.parametrize(
+    "options",
+    [[], ["--format", "torch", "--io-streams", "2", "--async"]],
+    ids=["raw-sync", "torch-streams-async"],
+)
+def test_rank_write_error_commits_nothing_and_every_rank_is_told(tmp_path, options):
     ckpt = tmp_path / "ckpt"
     proc = torchrun(
-        "--checkpoint-dir", ckpt, *ARGS, "--parallel", "fsdp", "--no-track",
+        "--checkpoint-dir", ckpt, *ARGS, "--parallel", "fsdp", "--no-track", *options,
         env={checkpointer.FAULT_ENV: "1:4:eio"},
     )  # fmt: skip
     text = _output(proc)
