@@ -12,7 +12,8 @@ many (:class:`trainer.ckpt.checkpointer.Checkpointer` decides, for every format 
 - ``torch``: ``torch.save`` into memory, then written by the same writer (the reference).
 - ``safetensors``: the library's own ``save_file`` (one file per stream), then fsync.
 - ``dcp``: ``torch.distributed.checkpoint`` with its ``FileSystemWriter`` (``thread_count``
-  = streams), ``async_save`` in async mode; single process (``no_dist``).
+  = streams), ``async_save`` in async mode; one process alone (``no_dist``), or under
+  torchrun every rank together on the checkpoint group (DCP's own sharded save).
 
 The first two produce one byte image that our writer stripes over the stream files and
 checksums as it writes. The library formats write their own files; their checksums come
