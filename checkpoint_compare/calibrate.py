@@ -357,8 +357,8 @@ class LoopEmulation:
     def __init__(self, size: int) -> None:
         import yaml
 
-        from checkpoint_storage_bench import loop_volume
-        from checkpoint_storage_bench.io_limits import Cgroup, IoLimits, ThrottleUnavailable
+        from localcluster.emulation import loop_volume
+        from localcluster.emulation.io_limits import Cgroup, IoLimits, ThrottleUnavailable
 
         self._loop = loop_volume
         classes = {
@@ -393,7 +393,7 @@ class LoopEmulation:
             raise CalibrationError(f"the kernel holds {got} for {vac}, not its limits", 3)
 
     def wrap(self, argv: list[str]) -> list[str]:
-        from checkpoint_storage_bench.io_limits import in_cgroup
+        from localcluster.emulation.io_limits import in_cgroup
 
         return in_cgroup(argv, self.cgroup)
 

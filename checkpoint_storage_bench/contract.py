@@ -298,6 +298,7 @@ PROFILE_FIGURES = (
 """The compare op's outputs per profile, named by :func:`profile_output`; the two
 ``pause_diff_*`` are a candidate's interval against the baseline."""
 
+
 def profile_output(profile: str, figure: str) -> str:
     """The compare op's output name of one profile's figure, the profile first.
 
@@ -453,7 +454,7 @@ driver not listed has no known limit."""
 
 # ------------------------------------------------------------ sandbox storage profiles
 # ``connections/sandbox-profiles.yaml`` (docs/contracts.md): its names; the parser and the
-# claim's state file are ``checkpoint_storage_bench.sandbox_profiles``.
+# claim's state file are ``localcluster.emulation.sandbox_profiles``.
 
 SANDBOX_PROFILES_FILE = "connections/sandbox-profiles.yaml"
 """Default profiles file, relative to the sandbox root (``$SANDBOX_ROOT``, else the repo)."""

@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint_storage_bench import loop_volume
 from localcluster.client import AdminClient
 from localcluster.controlplane import (
     DRIVER_NAME,
@@ -66,6 +65,7 @@ from localcluster.controlplane import (
     tail,
     write_kubeconfig,
 )
+from localcluster.emulation import loop_volume
 
 BRIDGE = "csb0"
 BRIDGE_IP = "10.244.0.1"

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint_storage_bench.io_limits import in_cgroup
 from checkpoint_storage_bench.processes import STOP_GRACE, signal_group
+from localcluster.emulation.io_limits import in_cgroup
 from sandbox import claim
 from sandbox.config import REPO_ROOT, AgentSettings, SandboxPaths
 

@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoint_storage_bench import loop_volume
-from checkpoint_storage_bench.io_limits import (
+from localcluster.emulation import loop_volume
+from localcluster.emulation.io_limits import (
     MIB,
     Cgroup,
     IoLimits,
@@ -29,7 +29,7 @@ from checkpoint_storage_bench.io_limits import (
     block_device,
     probe,
 )
-from checkpoint_storage_bench.sandbox_profiles import SandboxProfile, SandboxProfiles
+from localcluster.emulation.sandbox_profiles import SandboxProfile, SandboxProfiles
 from sandbox.errors import ConfigError
 
 VOLUME_SIZE = 2048 * MIB

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from checkpoint_storage_bench.io_limits import BlockDevice, ThrottleUnavailable, probe
-from checkpoint_storage_bench.sandbox_profiles import SandboxProfiles
+from localcluster.emulation.io_limits import BlockDevice, ThrottleUnavailable, probe
+from localcluster.emulation.sandbox_profiles import SandboxProfiles
 from sandbox import claim
 from sandbox.components import ensure_project, find_components, pipeline_twin, register
 from sandbox.config import (

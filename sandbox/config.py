@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from checkpoint_storage_bench.contract import SANDBOX_MEDIA_PROFILES_FILE, SANDBOX_PROFILES_FILE
-from checkpoint_storage_bench.sandbox_profiles import (
+from localcluster.emulation.sandbox_profiles import (
     ProfilesFileError,
     SandboxProfiles,
     load_sandbox_profiles,

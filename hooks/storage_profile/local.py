@@ -5,7 +5,7 @@ The sandbox mounts ``claimPath`` (a symlink) as the training job's ``/checkpoint
 Switching a profile repoints that symlink atomically (a new link next to it, then
 ``rename`` over the old one, so a reader sees the old or the new target, never nothing)
 and sets the class's throughput and IOPS as the limits of the claim's cgroup on the disk
-that holds the profile's directory (``checkpoint_storage_bench.io_limits``); the sandbox
+that holds the profile's directory (``localcluster.emulation.io_limits``); the sandbox
 agent runs every op that mounts the claim in that cgroup. Where the kernel cannot throttle,
 switching to an emulated profile is refused (exit 3), never reported as settled.
 """
@@ -16,18 +16,19 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
-from checkpoint_storage_bench import contract, sandbox_profiles
-from checkpoint_storage_bench.io_limits import (
+from checkpoint_storage_bench import contract
+from hooks.storage_profile.config import SwitchConfig
+from hooks.storage_profile.errors import PreflightRefused, UnexpectedState
+from hooks.storage_profile.report import Report, not_switched, now_iso
+from localcluster.emulation import sandbox_profiles
+from localcluster.emulation.io_limits import (
     BlockDevice,
     Cgroup,
     IoLimits,
     ThrottleUnavailable,
     probe,
 )
-from checkpoint_storage_bench.sandbox_profiles import SandboxProfile
-from hooks.storage_profile.config import SwitchConfig
-from hooks.storage_profile.errors import PreflightRefused, UnexpectedState
-from hooks.storage_profile.report import Report, not_switched, now_iso
+from localcluster.emulation.sandbox_profiles import SandboxProfile
 
 DEFAULT_PROFILES_FILE = contract.SANDBOX_PROFILES_FILE
 DRIVER = contract.SANDBOX_DRIVER

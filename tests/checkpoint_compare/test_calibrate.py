@@ -234,7 +234,7 @@ def _can_make_loop_volumes() -> bool:
 
 @pytest.mark.skipif(not _can_make_loop_volumes(), reason="needs root and loop devices")
 def test_the_emulation_holds_each_class_limits_and_leaves_nothing_behind():
-    from checkpoint_storage_bench import loop_volume
+    from localcluster.emulation import loop_volume
 
     where = calibrate.LoopEmulation(64 * 1024 * 1024)
     try:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_storage_bench import loop_volume
-from checkpoint_storage_bench.io_limits import MIB, Cgroup, IoLimits, ThrottleUnavailable, in_cgroup
 from data_workloads import dataset as ds
+from localcluster.emulation import loop_volume
+from localcluster.emulation.io_limits import MIB, Cgroup, IoLimits, ThrottleUnavailable, in_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
 DATASET = ["--dataset-size", "32MiB", "--record-size", "128KiB", "--shard-size", "4MiB"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checkpoint_storage_bench.io_limits import MIB, ThrottleUnavailable, probe
 from hooks.storage_profile.local import SandboxProfiles, repoint
+from localcluster.emulation.io_limits import MIB, ThrottleUnavailable, probe
 from tests.hooks.helpers import load_summary, run_hook
 
 ROOT = Path(__file__).resolve().parents[2]

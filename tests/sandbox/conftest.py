@@ -15,8 +15,8 @@ import psutil
 import pytest
 import yaml
 
-from checkpoint_storage_bench import loop_volume
-from checkpoint_storage_bench.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
+from localcluster.emulation import loop_volume
+from localcluster.emulation.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
 from sandbox.commands import start_all
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.server import Sandbox, free_port

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE
-from checkpoint_storage_bench.sandbox_profiles import load_sandbox_profiles
+from localcluster.emulation.sandbox_profiles import load_sandbox_profiles
 from sandbox.commands import DEFAULT_PIPELINE
 from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from checkpoint_storage_bench.io_limits import MIB, block_device
+from localcluster.emulation.io_limits import MIB, block_device
 from sandbox.commands import start_all, submit_and_follow
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.pipeline import get_run, pipeline_ops, submit

@@ -1,4 +1,4 @@
-"""Block-I/O limits (checkpoint_storage_bench.io_limits): how the sandbox emulates a volume
+"""Block-I/O limits (localcluster.emulation.io_limits): how the sandbox emulates a volume
 class on the local disk.
 
 The first tests run anywhere (device resolution against a made-up mountinfo and /sys, the
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checkpoint_storage_bench import loop_volume
-from checkpoint_storage_bench.io_limits import (
+from localcluster.emulation import loop_volume
+from localcluster.emulation.io_limits import (
     MIB,
     BlockDevice,
     Cgroup,
@@ -295,8 +295,8 @@ def test_a_volume_is_made_once_and_its_limits_are_read_back_from_the_kernel(tmp_
 _KILLED_RUN = """
 import sys, subprocess, time
 from pathlib import Path
-from checkpoint_storage_bench import loop_volume
-from checkpoint_storage_bench.io_limits import MIB, Cgroup, IoLimits, in_cgroup
+from localcluster.emulation import loop_volume
+from localcluster.emulation.io_limits import MIB, Cgroup, IoLimits, in_cgroup
 name, point = sys.argv[1], Path(sys.argv[2])
 volume = loop_volume.create(name, point, 64 * MIB)
 group = Cgroup.find(name)

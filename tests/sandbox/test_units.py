@@ -452,7 +452,7 @@ def test_follow_stops_a_pipeline_that_outlives_its_timeout(monkeypatch):
 
 
 def test_start_agent_fails_with_the_agent_log_when_it_cannot_poll(tmp_path, monkeypatch):
-    from checkpoint_storage_bench.io_limits import Cgroup, ThrottleUnavailable, probe
+    from localcluster.emulation.io_limits import Cgroup, ThrottleUnavailable, probe
     from sandbox.server import free_port
 
     try:  # emulated where it can be: then the failed start must not leave a cgroup
@@ -515,7 +515,7 @@ def test_only_ops_that_mount_the_claim_run_in_its_cgroup(tmp_path):
 
 
 def _cannot_throttle(path, name):
-    from checkpoint_storage_bench.io_limits import ThrottleUnavailable
+    from localcluster.emulation.io_limits import ThrottleUnavailable
 
     raise ThrottleUnavailable("no block-I/O controller: made up for this test")
 
@@ -536,8 +536,8 @@ def test_where_the_kernel_cannot_throttle_the_default_falls_back_and_says_so(tmp
 
 def _slow_volume(monkeypatch, tmp_path, removed: list[str]):
     """The claim's volume made up (no kernel): it writes 700 MB/s unthrottled."""
-    from checkpoint_storage_bench import loop_volume
-    from checkpoint_storage_bench.io_limits import BlockDevice
+    from localcluster.emulation import loop_volume
+    from localcluster.emulation.io_limits import BlockDevice
 
     monkeypatch.setattr(claim_module, "prepare_volumes", _PREPARE_VOLUMES)
     monkeypatch.setattr(loop_volume, "find", lambda name, path: None)
@@ -789,7 +789,7 @@ def test_demo_params_read_an_operation_files_component_and_list_every_profile(tm
 
 
 def test_classes_may_come_from_several_files_but_never_twice(tmp_path):
-    from checkpoint_storage_bench.sandbox_profiles import ProfilesFileError, load_sandbox_profiles
+    from localcluster.emulation.sandbox_profiles import ProfilesFileError, load_sandbox_profiles
 
     shipped = load_sandbox_profiles(REPO_ROOT / "connections" / "sandbox-profiles.yaml", tmp_path)
     assert [p.limits.write_bps for p in shipped.profiles.values()] == [

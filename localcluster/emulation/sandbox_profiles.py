@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from checkpoint_storage_bench.io_limits import IoLimits
+from localcluster.emulation.io_limits import IoLimits
 
 _PROFILES_KEYS = {"claim", "namespace", "claimPath", "classesFile", "profiles"}
 _PROFILE_KEYS = {"path", "description", "volumeAttributesClass"}

@@ -17,7 +17,7 @@ and every cgroup ``checkpoint-storage-bench/<name>``, so nothing else on the mac
 ever touched. :func:`write_speed` measures a directory's unthrottled O_DIRECT write speed.
 
 Everything needs root (``losetup``, ``mount``); a refusal raises :class:`VolumeUnavailable`
-(a :class:`~checkpoint_storage_bench.io_limits.ThrottleUnavailable`: where no volume can be
+(a :class:`~localcluster.emulation.io_limits.ThrottleUnavailable`: where no volume can be
 made, the class cannot be emulated either).
 """
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checkpoint_storage_bench.fio import extract_json, run_fio
-from checkpoint_storage_bench.io_limits import (
+from localcluster.emulation.io_limits import (
     MIB,
     PARENT,
     BlockDevice,
