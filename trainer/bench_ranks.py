@@ -74,6 +74,7 @@ def _worker(
     from trainer.ckpt.checkpointer import Checkpointer
     from trainer.ckpt.formats import RawFormat, flatten
     from trainer.ckpt.fs import LocalFS
+    from trainer.ckpt.sharded import assign
 
     torch.set_num_threads(1)
     try:
@@ -99,8 +100,14 @@ def _worker(
         tensors: list[torch.Tensor] = []
         flatten(state, tensors)
         flat = {f"t{i}": t for i, t in enumerate(tensors)}
-        # The copy limit: this rank's share of the bytes into a reused buffer.
-        share = [t.reshape(-1).view(torch.uint8) for t in tensors[rank::world]]
+        # The copy limit: the bytes this rank's shard holds (the checkpointer's own split)
+        # into a reused buffer.
+        owners = assign([t.numel() * t.element_size() for t in tensors], world)
+        share = [
+            t.reshape(-1).view(torch.uint8)
+            for t, owner in zip(tensors, owners, strict=True)
+            if owner == rank
+        ]
         copies = [torch.empty_like(t) for t in share]
         results.put(("ready", rank, None))
         while (command := steps.get()) is not None:
