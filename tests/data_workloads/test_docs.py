@@ -28,3 +28,15 @@ def test_the_docs_state_the_pipelines_epochs_default() -> None:
     page = " ".join((REPO / "docs" / "data-workloads.md").read_text().split())
     stated += re.findall(r"`epochs` \(default (\d+)\)", page)
     assert len(stated) == 2 and set(stated) == {str(default)}, stated
+
+
+def test_the_loader_table_names_every_loader_with_the_formats_it_reads() -> None:
+    from checkpoint_storage_bench.contract import LOADER_FORMATS
+
+    page = (REPO / "docs" / "data-workloads.md").read_text()
+    rows = re.findall(r"^\| `(\w+)`(?: \(default\))? \| ([^|]+) \|", page, re.MULTILINE)
+    table = {name: cell.strip() for name, cell in rows if name in LOADER_FORMATS}
+    assert set(table) == set(LOADER_FORMATS)
+    assert table.pop("ours") == "every format"
+    for name, cell in table.items():
+        assert re.findall(r"`(\w+)`", cell) == list(LOADER_FORMATS[name]), name
