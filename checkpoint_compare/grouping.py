@@ -146,3 +146,26 @@ def group_by_profile(
     # Run order decides the default baseline: the profile whose training started first.
     groups.sort(key=lambda g: _time_key(g.trainings[0]))
     return groups, failed
+
+
+def pick_baseline(groups: list[ProfileRuns], baseline: str | None, what: str) -> str:
+    """The baseline of every workload's verdict: the profile named, else the first profile
+    run. ``what``: the runs' kind, for the message (``training``, ``scan``, ...).
+
+    Raises:
+        BadInput: No profile named and a run has no start time (summary files of a writer
+            that recorded none): which profile ran first is unknown, and the order of the
+            arguments must not decide the baseline and so the recommendation.
+        RunsMissing: The profile named has no successful run.
+    """
+    untimed = [r.label for g in groups for r in g.trainings if run_time(r) is None]
+    if baseline is None and untimed:
+        raise BadInput(
+            f"the runs {', '.join(untimed)} have no start time (e.g. summary files of a "
+            "writer that did not record started_at), so which profile ran first is unknown: "
+            "give --baseline PROFILE"
+        )
+    baseline = baseline or groups[0].profile
+    if baseline not in [g.profile for g in groups]:
+        raise RunsMissing(f"baseline profile {baseline}: no successful {what} run found")
+    return baseline

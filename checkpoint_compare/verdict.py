@@ -24,10 +24,9 @@ from checkpoint_compare.cost import (
     general_assumptions,
     profile_cost,
 )
-from checkpoint_compare.errors import BadInput, RunsMissing
 from checkpoint_compare.figures import ProfileFigures, profile_figures
 from checkpoint_compare.formatting import level, seconds, usd
-from checkpoint_compare.grouping import ProfileRuns, run_time
+from checkpoint_compare.grouping import ProfileRuns, pick_baseline
 from checkpoint_compare.intervals import Shift
 from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
@@ -213,18 +212,7 @@ def build_verdict(
     notes = check_comparable(groups, allow_resumed)
     notes += check_switches(groups, hook_runs or [])
     figures = [profile_figures(g, thresholds.warmup) for g in groups]
-    names = [f.profile for f in figures]
-    untimed = [g.profile for g in groups if any(run_time(r) is None for r in g.trainings)]
-    if baseline is None and untimed:
-        # Without start times "the first profile run" is only the order of the arguments.
-        raise BadInput(
-            f"the runs of {', '.join(untimed)} have no start time (e.g. summary files of a "
-            "trainer that did not record started_at), so which profile ran first is unknown: "
-            "give --baseline PROFILE"
-        )
-    baseline = baseline or names[0]
-    if baseline not in names:
-        raise RunsMissing(f"baseline profile {baseline}: no training run found")
+    baseline = pick_baseline(groups, baseline, "training")
     figures.sort(key=lambda f: f.profile != baseline)
     base = figures[0]
     costs = {f.profile: profile_cost(pricing, f.profile, f.runtime_s, f.hook) for f in figures}

@@ -33,9 +33,9 @@ from checkpoint_compare.comparability import (
 )
 from checkpoint_compare.comparison import NO_DIFFERENCE, Difference, Thresholds
 from checkpoint_compare.cost import Pricing, ProfileCost, profile_cost
-from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
+from checkpoint_compare.errors import BadInput, NotComparable
 from checkpoint_compare.figures import _hook_figures
-from checkpoint_compare.grouping import ProfileRuns, group_by_profile, run_time
+from checkpoint_compare.grouping import ProfileRuns, group_by_profile, pick_baseline, run_time
 from checkpoint_compare.intervals import Shift, run_level_shift
 from checkpoint_compare.recommendation import Budget, ProfileFit, Recommendation, choose
 from checkpoint_compare.records import SUMMARY_UUID_PREFIX, RunKind, RunRecord, parse_time
@@ -351,15 +351,7 @@ def judge_workloads(
     _refuse_incomparable(row, groups)
     notes = check_switches(groups, [r for r in records if r.kind is RunKind.HOOK])
     notes += [f"run {r.label} {r.status} and is not used: {r.message}" for r in failed]
-    untimed = [r.label for g in groups for r in g.trainings if run_time(r) is None]
-    if untimed:
-        notes.append(
-            f"no start time recorded by {', '.join(untimed)}: ordered after the runs with "
-            "one, by file name"
-        )
-    baseline = baseline or groups[0].profile
-    if baseline not in [g.profile for g in groups]:
-        raise RunsMissing(f"baseline {baseline} has no successful {workload} run")
+    baseline = pick_baseline(groups, baseline, workload)
     groups.sort(key=lambda g: g.profile != baseline)
     profiles = []
     for g in groups:

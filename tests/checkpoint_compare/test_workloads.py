@@ -109,7 +109,7 @@ def test_min_au_without_any_au_says_there_is_no_au_to_judge() -> None:
                   metrics={"scan_epoch_s": [(0, 1.0), (1, 1.0)]})
         for p in (BASE, FAST)
     ]  # fmt: skip
-    verdict = judge(runs, min_au=0.9)
+    verdict = judge(runs, baseline=BASE, min_au=0.9)
     assert verdict.recommended is None
     assert "there is no AU to judge against --min-au 0.9" in verdict.sentences[-1]
     assert "meets the budget" not in verdict.sentences[-1]
@@ -343,15 +343,17 @@ def test_the_baseline_follows_the_start_times_not_the_flag_order(tmp_path: Path)
         code, output = cli(*_summary_flags(order), "--json", str(out))
         assert code == 0, output
         assert json.loads(out.read_text())["baseline"] == BASE
-    # Without start times: by file name, and the report says so.
+    # Without start times which profile ran first is unknown, whatever the order of the
+    # flags or the file names: the checkpoint verdict's rule, --baseline is needed.
     untimed_b = write_summary(tmp_path / "b-untimed.json", BASE, [1.0] * 4)
     untimed_a = write_summary(tmp_path / "a-untimed.json", FAST, [1.0] * 4)
     for order in ([untimed_b, untimed_a], [untimed_a, untimed_b]):
         code, output = cli(*_summary_flags(order), "--json", str(out))
+        assert code == 2, output
+        assert "no start time" in output and "--baseline" in output
+        code, output = cli(*_summary_flags(order), "--baseline", BASE, "--json", str(out))
         assert code == 0, output
-        report = json.loads(out.read_text())
-        assert report["baseline"] == FAST  # a-untimed.json sorts first
-        assert any("ordered after the runs with one, by file name" in n for n in report["notes"])
+        assert json.loads(out.read_text())["baseline"] == BASE
 
 
 def test_a_data_summary_mixed_with_training_summaries_is_refused(tmp_path: Path) -> None:
@@ -431,4 +433,4 @@ def test_a_missing_headline_figure_is_bad_input() -> None:
     runs = [scan_run(BASE, [1.0, 1.0], [0.5] * 2),
             RunRecord(uuid="x", inputs={**SCAN_INPUTS, "storage_profile": FAST})]  # fmt: skip
     with pytest.raises(BadInput, match="no run recorded scan_epoch_s"):
-        judge(runs)
+        judge(runs, baseline=BASE)
