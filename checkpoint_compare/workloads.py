@@ -76,6 +76,7 @@ class WorkloadProfile:
     median: float
     au: float | None = None
     au_samples: list[float] = field(default_factory=list)
+    run_au: list[list[float]] = field(default_factory=list)
     difference: Difference | None = None
     relative: float | None = None
     noise: float | None = None
@@ -359,7 +360,8 @@ def judge_workloads(
         if not any(run_samples):
             raise BadInput(f"{g.profile}: no run recorded {row.headline}")
         samples = [v for s in run_samples for v in s]
-        au = [v for r in g.trainings for v in _au_samples(r, t.warmup)]
+        run_au = [_au_samples(r, t.warmup) for r in g.trainings]
+        au = [v for a in run_au for v in a]
         median = statistics.median(samples)
         seconds = median / 1000 if row.unit == "ms" else median
         profiles.append(
@@ -370,6 +372,7 @@ def judge_workloads(
                 median=median,
                 au=statistics.median(au) if au else None,
                 au_samples=au,
+                run_au=run_au,
                 noise=(max(samples) - min(samples)) / median
                 if median and len(samples) > 1
                 else None,
@@ -399,7 +402,7 @@ def judge_workloads(
                 p.difference.counts = False
                 p.difference.why_not = f"{row.label}: no larger than the baseline's drift"
     for p in profiles:
-        p.meets_budget = row.budget(p, budget)
+        p.meets_budget = _every_run_meets(row, budget, p)
     verdict = WorkloadVerdict(
         workload, baseline, row.label, row.unit, profiles, budget, None, [],
         notes=notes, drift=drift, confidence=t.confidence,
@@ -407,6 +410,28 @@ def judge_workloads(
     verdict.recommendation = _recommend(verdict)
     verdict.sentences = sentences(verdict)
     return verdict
+
+
+@dataclass(frozen=True)
+class _RunFigure:
+    """One run's figures as a budget test reads them."""
+
+    median: float
+    au: float | None
+
+
+def _every_run_meets(row: WorkloadRow, budget: WorkloadBudget, p: WorkloadProfile) -> bool | None:
+    """The budget is met when every run meets it, each on its own median (the run is the
+    unit: the epochs of a quick run must not carry a run that starved the GPUs); None when
+    no budget was asked or a run has no figure to judge."""
+    tests = [
+        row.budget(_RunFigure(statistics.median(s), statistics.median(a) if a else None), budget)
+        for s, a in zip(p.run_samples, p.run_au or [[]] * len(p.run_samples), strict=True)
+        if s
+    ]
+    if not tests or any(t is None for t in tests):
+        return None
+    return all(tests)
 
 
 def _monthly(p: WorkloadProfile) -> tuple[bool, float]:

@@ -93,6 +93,20 @@ def test_the_au_budget_picks_the_cheapest_profile_that_meets_it() -> None:
     assert "does not keep the GPUs fed" in none.sentences[0]
 
 
+def test_the_au_budget_is_met_by_every_run_not_by_the_epochs_pooled() -> None:
+    """Pooled, 8 of the fast profile's 12 epochs are at 97 % AU and the median meets 90 %;
+    its second run starved the GPUs at 80 % for most of its epochs."""
+    runs = [
+        *(scan_run(BASE, e, BASE_AU) for e in BASE_EPOCHS),
+        scan_run(FAST, FAST_EPOCHS[0], [0.97] * 6),
+        scan_run(FAST, FAST_EPOCHS[1], [0.97] * 2 + [0.8] * 4),
+    ]
+    verdict = judge(runs, min_au=0.9)
+    assert verdict.profiles[1].au == 0.97  # the pooled median
+    assert verdict.profiles[1].meets_budget is False
+    assert verdict.recommended is None
+
+
 def test_without_min_au_no_profile_is_said_to_keep_the_gpus_fed() -> None:
     runs = [
         scan_run(BASE, [1.0, 1.0, 1.0], [0.12] * 3),
