@@ -147,10 +147,6 @@ def bench(
                     "bs": read_block(fmt, data),
                     "qd": qd,
                     "scan_mbps": median([r["scan_mbps"] for r in got]),
-                    "scan_mbps_range": (
-                        min(r["scan_mbps"] for r in got),
-                        max(r["scan_mbps"] for r in got),
-                    ),
                     "fio_randread_mbps": fio_read,
                     "cpu_ms_per_mb": cpu,
                     "sys_ms_per_mb": median([r["sys_ms_per_mb"] for r in got]),

@@ -57,6 +57,15 @@ def _decoded(where: str, header: bytes, payload: Any) -> tuple[torch.Tensor, int
         raise DatasetCorruptError(f"record {where}: {exc}") from None
 
 
+def _shard_failed(exc: Exception) -> bool:
+    """webdataset's handler for a shard it cannot open or read (deleted or changed after the
+    dataset was verified): the dataset's error, exit 6, naming what the library says; a
+    record that does not decode is that error already."""
+    if isinstance(exc, DatasetCorruptError):
+        raise exc
+    raise DatasetCorruptError(f"a shard failed after the dataset was verified: {exc}") from None
+
+
 class _Epoch:
     """The epoch, in memory shared with the workers forked after it was made (persistent
     workers see the main process set it)."""
@@ -84,8 +93,13 @@ def _webdataset(data: ds.Dataset, cfg: Any, epoch: _Epoch) -> tuple[Any, dict[st
     urls = [str(p) for p in data.files]
     dataset = (
         wds.WebDataset(
-            urls, shardshuffle=len(urls), detshuffle=True, seed=cfg.seed, empty_check=False
-        )
+            urls,
+            shardshuffle=len(urls),
+            detshuffle=True,
+            seed=cfg.seed,
+            empty_check=False,
+            handler=_shard_failed,
+        )  # fmt: skip
         .shuffle(cfg.shuffle_buffer, initial=cfg.shuffle_buffer)
         .map(decode)
         .batched(min(cfg.batch_size, data.records), partial=True)

@@ -240,3 +240,16 @@ def test_the_cache_is_kept_out_for_the_libraries_and_that_is_measured(
     # the workers' reads are counted, not assumed.
     _, cfg = tiny(data_dir, fmt, num_workers=2, epochs=2, loader=loader, drop_cache=False)
     assert scan.run_scan(data, cfg)["figures"]["scan_cache_kept_out"] is False
+
+
+@pytest.mark.parametrize(("fmt", "loader"), [("webdataset", "webdataset"), ("files", "torch")])
+def test_a_file_deleted_after_verification_is_exit_6_through_the_library(
+    data_dir: Path, fmt: str, loader: str
+) -> None:
+    data, cfg = tiny(data_dir, fmt, num_workers=2, epochs=1, loader=loader, drop_cache=False)
+    victim = data.files[len(data.files) // 2]
+    victim.unlink()
+    with pytest.raises(DatasetCorruptError) as caught:
+        scan.run_scan(data, cfg)
+    assert caught.value.exit_code == 6 and str(victim) in caught.value.message
+    assert "Traceback" not in caught.value.message
