@@ -30,7 +30,7 @@ import mmap
 import random
 from collections.abc import Iterator
 from importlib import metadata
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
@@ -57,7 +57,7 @@ def _decoded(where: str, header: bytes, payload: Any) -> tuple[torch.Tensor, int
         raise DatasetCorruptError(f"record {where}: {exc}") from None
 
 
-def _shard_failed(exc: Exception) -> bool:
+def _shard_failed(exc: Exception) -> NoReturn:
     """webdataset's handler for a shard it cannot open or read (deleted or changed after the
     dataset was verified): the dataset's error, exit 6, naming what the library says; a
     record that does not decode is that error already."""
