@@ -25,25 +25,27 @@ from sandbox.config import (
     DEFAULT_PROJECT,
     SandboxPaths,
     default_root,
-    load_agent_settings,
 )
 from sandbox.errors import EXIT_CODES, ConfigError, ServerUnavailableError
+from sandbox.runtime import Runtime
 from sandbox.server import Sandbox
 
 EPILOG = exit_codes_help(EXIT_CODES)
 
 
-def _sandbox(root, host, port, agent_file, profiles_file) -> Sandbox:
+def _sandbox(root, host, port, agent_file, profiles_file, rt: Runtime | None = None) -> Sandbox:
+    """The sandbox at ``root`` as runtime ``rt`` configures its server (default: local)."""
     paths = SandboxPaths(root or default_root())
     if port is None:
         info = paths.read_info() or {}
         port = int(info.get("port", DEFAULT_PORT))
-    agent = load_agent_settings(
-        paths.root,
+    return (rt or commands.runtime("local")).sandbox(
+        paths,
+        host,
+        port,
         Path(agent_file) if agent_file else None,
         Path(profiles_file) if profiles_file else None,
     )
-    return Sandbox(paths=paths, agent=agent, host=host, port=port)
 
 
 def _common(fn):
@@ -103,7 +105,7 @@ def main(verbose: bool) -> None:
     )
 
 
-def _on_node_options(fn):
+def _runtime_options(fn):
     fn = click.option(
         "--node-state",
         type=click.Path(file_okay=False, path_type=Path),
@@ -111,46 +113,24 @@ def _on_node_options(fn):
     )(fn)
     return click.option(
         "--on-node",
-        is_flag=True,
+        "runtime",
+        flag_value="node",
+        default="local",
         help="Run on the local node (docs/agent-on-node.md): the server on the node's bridge "
         "address, Polyaxon's own agent and the operator stand-in instead of the local agent; "
         "the agent config defaults to connections/node-agent.yaml.",
     )(fn)
 
 
-def _node_sandbox(root, host, port, agent_file) -> Sandbox:
-    from sandbox.config import NODE_BRIDGE_ADDRESS
-    from sandbox.on_node import NODE_AGENT_FILE, server_settings
-
-    paths = SandboxPaths(root or default_root())
-    if port is None:
-        port = int((paths.read_info() or {}).get("port", DEFAULT_PORT))
-    return Sandbox(
-        paths=paths,
-        agent=server_settings(paths.root, Path(agent_file) if agent_file else NODE_AGENT_FILE),
-        host=NODE_BRIDGE_ADDRESS if host == DEFAULT_HOST else host,
-        port=port,
-    )
-
-
 @main.command(epilog=EPILOG)
 @_common
 @click.option("--project", default=DEFAULT_PROJECT, show_default=True, help="Project to create.")
-@_on_node_options
-def start(root, host, port, agent_file, profiles_file, project, on_node, node_state) -> None:
-    """Start the server (127.0.0.1, one worker) and the local agent; create the project."""
-    if on_node:
-        from sandbox.on_node import node_state_dir, start_on_node
-
-        sb = _node_sandbox(root, host, port, agent_file)
-        sb = start_on_node(
-            sb, DEFAULT_OWNER, project, node_state or node_state_dir(), echo=click.echo
-        )
-    else:
-        sb = _sandbox(root, host, port, agent_file, profiles_file)
-        sb = commands.start_all(
-            sb, DEFAULT_OWNER, project, echo=click.echo, fallback=profiles_file is None
-        )
+@_runtime_options
+def start(root, host, port, agent_file, profiles_file, project, runtime, node_state) -> None:
+    """Start the server (127.0.0.1, one worker) and the agent; create the project."""
+    rt = commands.runtime(runtime, profiles_file, node_state)
+    sb = _sandbox(root, host, port, agent_file, profiles_file, rt)
+    sb = rt.start(sb, DEFAULT_OWNER, project, echo=click.echo)
     click.echo(f"sandbox: runs table {sb.url}/ui/{DEFAULT_OWNER}/{project}/runs")
     click.echo(f"sandbox: stop with: {commands.stop_hint(sb)}")
 
@@ -168,7 +148,7 @@ def stop(root, host, port, agent_file, profiles_file) -> None:
             sb = _sandbox(root, last, port, agent_file, profiles_file)
         except ConfigError:
             pass
-    stopped = sb.stop()
+    stopped = commands.stop(sb)
     click.echo("sandbox: stopped " + (", ".join(stopped) if stopped else "nothing (not running)"))
 
 
@@ -178,15 +158,17 @@ def stop(root, host, port, agent_file, profiles_file) -> None:
 def status(root, host, port, agent_file, profiles_file, as_json) -> None:
     """Show whether the server and agent run, and where their logs are. Exit 6 if down."""
     sb = _sandbox(root, host, port, agent_file, profiles_file)
-    info = sb.status()
+    rt = commands.running_runtime(sb)
+    info = rt.status(sb)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
         for key, value in info.items():
             click.echo(f"{key:>15}: {value}")
-    if not (info["server_healthy"] and info["agent_pid"]):
-        down = "server" if not info["server_healthy"] else "agent"
-        raise ServerUnavailableError(f"the sandbox's {down} is not running ({sb.url})")
+    down = ["server"] if not info["server_healthy"] else []
+    down += [name for name in rt.processes if not info[f"{name}_pid"]]
+    if down:
+        raise ServerUnavailableError(f"the sandbox's {down[0]} is not running ({sb.url})")
 
 
 @main.command(epilog=EPILOG)
@@ -326,7 +308,7 @@ def submit(
     help="What each stage measures: the training's checkpoints, or a data workload "
     "(docs/data-workloads.md) at small sizes.",
 )
-@_on_node_options
+@_runtime_options
 def demo(
     root,
     host,
@@ -338,7 +320,7 @@ def demo(
     params,
     timeout,
     workload,
-    on_node,
+    runtime,
     node_state,
 ):
     """Start everything, run the storage-profile pipeline, print the comparison.
@@ -346,28 +328,14 @@ def demo(
     Re-running reuses the running server, project and hub (versions are re-registered from
     the files) and submits a fresh pipeline with caching disabled.
     """
-    if on_node:
-        from sandbox.on_node import node_state_dir, run_demo_on_node
-
-        run_demo_on_node(
-            _node_sandbox(root, host, port, agent_file),
-            project,
-            polyaxonfile,
-            _parse_params(params),
-            timeout,
-            node_state or node_state_dir(),
-            echo=click.echo,
-            workload=workload,
-        )
-        return
-    sb = _sandbox(root, host, port, agent_file, profiles_file)
+    rt = commands.runtime(runtime, profiles_file, node_state)
     commands.run_demo(
-        sb,
+        rt,
+        _sandbox(root, host, port, agent_file, profiles_file, rt),
         project,
         polyaxonfile,
         _parse_params(params),
         timeout,
         echo=click.echo,
-        fallback=profiles_file is None,
         workload=workload,
     )

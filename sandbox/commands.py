@@ -7,34 +7,24 @@ follow it, print the comparison; and the demo, which chains them.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from localcluster.emulation.io_limits import BlockDevice, ThrottleUnavailable, probe
-from localcluster.emulation.sandbox_profiles import SandboxProfiles
-from sandbox import claim
-from sandbox.components import ensure_project, find_components, pipeline_twin, register
-from sandbox.config import (
-    DEFAULT_OWNER,
-    MEDIA_PROFILES_FILE,
-    REPO_ROOT,
-    load_agent_settings,
-    prepare_media,
-)
+from sandbox.components import find_components, pipeline_twin, register
+from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import ConfigError, ServerUnavailableError
+from sandbox.local import LocalRuntime
+from sandbox.on_node import NodeRuntime, node_state_dir
 from sandbox.pipeline import comparison, follow, get_run, runs_table_url, submit
-from sandbox.server import Sandbox
-
-Echo = Callable[[str], None]
+from sandbox.runtime import Echo, Runtime
+from sandbox.server import RUNS_STOP_WAIT, Sandbox
 
 # The general pipeline: every profile of the sandbox's profiles file, in its order.
 DEFAULT_PIPELINE = REPO_ROOT / "polyaxonfiles" / "checkpoint-storage-profiles.yaml"
@@ -95,113 +85,39 @@ def require_server(sb: Sandbox) -> None:
         )
 
 
-def emulation_or_media(
-    sb: Sandbox, echo: Echo = print, made: list[claim.ClaimVolume] | None = None
-) -> Sandbox:
-    """The sandbox as it is when the kernel can emulate its profiles' classes (or none
-    needs emulating); else the same sandbox on the plain media profiles, said in one line.
-
-    For the default profiles file only: a profiles file the user named is used as it is
-    (and refused, exit 3, where its emulation is impossible). The claim's volumes are made
-    on the way (appended to ``made``); a fallback removes them again.
-    """
-    profiles = sb.agent.profiles
-    if profiles is None or not profiles.emulated:
-        return sb
-    volumes: list[claim.ClaimVolume] = []
-    try:
-        devices = emulation_devices(profiles, echo, volumes)
-    except ThrottleUnavailable as exc:
-        claim.remove_created(profiles, volumes)
-        echo(f"sandbox: cannot emulate the volume classes on this machine: {exc}")
-        echo(
-            f"sandbox: NOT AN EMULATION: falling back to {MEDIA_PROFILES_FILE.name}, two "
-            "plain media (the local disk and memory); the comparison shows the machinery, "
-            "not what the classes would do"
-        )
-        media = load_agent_settings(sb.paths.root, sb.agent.agent_file, MEDIA_PROFILES_FILE)
-        return dataclasses.replace(sb, agent=media)
-    if made is not None:
-        made.extend(volumes)
-    for profile in profiles.profiles.values():
-        what = (
-            f"emulates {profile.volume_attributes_class} ({profile.limits.describe()}) "
-            f"on {devices[profile.path].name} ({devices[profile.path].id})"
-            if profile.limits
-            else f"{profile.path} as it is (no emulation)"
-        )
-        echo(f"sandbox: profile {profile.name} {what}")
-    return sb
+def runtime(
+    name: str, profiles_file: Path | None = None, node_state: Path | None = None
+) -> Runtime:
+    """The runtime ``name`` (``local`` or ``node``) with its options: the local one falls
+    back to plain media only for the default profiles file; the node one reads the node's
+    state from ``node_state`` (default: that of ``python -m localcluster start --node``)."""
+    if name == LocalRuntime.name:
+        return LocalRuntime(fallback=profiles_file is None)
+    if name == NodeRuntime.name:
+        return NodeRuntime(node_state or node_state_dir())
+    raise ConfigError(f"unknown runtime {name!r}: expected local or node")
 
 
-def emulation_devices(
-    profiles: SandboxProfiles, echo: Echo = print, made: list[claim.ClaimVolume] | None = None
-) -> dict[Path, BlockDevice]:
-    """Make the claim's volumes (saying which device backs the claim and how fast it writes
-    unthrottled; appended to ``made``) and check the kernel can throttle them: each emulated
-    profile's directory → its device.
-
-    Raises:
-        ThrottleUnavailable: No volume, a volume too slow, or no throttle here.
-    """
-    for volume in claim.prepare_volumes(profiles):
-        echo(f"sandbox: {volume.describe()}")
-        if made is not None:
-            made.append(volume)
-    return {
-        p.path: probe(p.path, profiles.cgroup_name)[1]
-        for p in profiles.profiles.values()
-        if p.limits is not None
-    }
+def runtimes() -> list[Runtime]:
+    """Every runtime, as ``stop`` and ``status`` see them (no options needed)."""
+    return [LocalRuntime(), NodeRuntime(node_state_dir())]
 
 
-def start_all(
-    sb: Sandbox, owner: str, project: str, echo: Echo = print, fallback: bool = False
-) -> Sandbox:
-    """Media, server, project and agent; each step is skipped when already done.
-
-    With ``fallback`` (the default profiles file), profiles that emulate volume classes
-    fall back to plain media where the kernel cannot throttle (see
-    :func:`emulation_or_media`). Returns the sandbox as started.
-
-    Raises:
-        ConfigError: The profiles emulate classes the kernel cannot throttle here (before
-            anything is started).
-    """
-    created: list[claim.ClaimVolume] = []
-    if fallback:
-        sb = emulation_or_media(sb, echo, created)
-    elif sb.agent.profiles is not None and sb.agent.profiles.emulated:
-        try:
-            emulation_devices(sb.agent.profiles, echo, created)
-        except ThrottleUnavailable as exc:
-            claim.remove_created(sb.agent.profiles, created)
-            raise ConfigError(claim.cannot_emulate(sb.agent.profiles, str(exc))) from exc
-    try:
-        return _start(sb, owner, project, echo)
-    except BaseException:
-        if sb.agent.profiles is not None:
-            claim.remove_created(sb.agent.profiles, created)
-        raise
+def running_runtime(sb: Sandbox) -> Runtime:
+    """The runtime whose processes run in this sandbox (the local one when none runs)."""
+    every = runtimes()
+    return next((rt for rt in every if rt.running(sb)), every[0])
 
 
-def _start(sb: Sandbox, owner: str, project: str, echo: Echo) -> Sandbox:
-    claim.claim_cgroup(sb.agent.profiles)  # refuse an impossible emulation before starting
-    if sb.agent.profiles:
-        prepare_media(sb.agent.profiles)
-    sb.paths.state.mkdir(parents=True, exist_ok=True)
-    echo(f"sandbox: server on {sb.url} (log {sb.paths.server_log})")
-    sb.start_server()
-    ensure_project(owner, project, sb.client)
-    limits, killed = sb.start_agent()
-    if killed:
-        echo(
-            f"sandbox: ended {len(killed)} process(es) an earlier agent left in the claim's cgroup"
-        )
-    if limits:
-        echo(f"sandbox: {claim.summary(limits)}")
-    echo(f"sandbox: agent running (log {sb.paths.agent_log})")
-    return sb
+def stop(sb: Sandbox) -> list[str]:
+    """Stop the unfinished runs, every runtime's processes (whichever started them), then
+    the server. Returns what was stopped."""
+    agents = any(rt.running(sb) for rt in runtimes())
+    runs = sb.stop_unfinished_runs(wait=RUNS_STOP_WAIT if agents else 0)
+    stopped = [f"{len(runs)} unfinished run(s)"] if runs else []
+    for rt in runtimes():
+        stopped += rt.stop(sb)
+    return stopped + sb.stop_server()
 
 
 def declared_inputs(polyaxonfile: Path) -> set[str]:
@@ -393,26 +309,26 @@ def print_comparison(
 
 
 def run_demo(
+    rt: Runtime,
     sb: Sandbox,
     project: str,
     polyaxonfile: Path,
     overrides: dict[str, str],
     timeout: float,
     echo: Echo = print,
-    fallback: bool = False,
     workload: str = "checkpoint",
 ) -> str:
-    """Start everything, run the pipeline through the hub, follow it, print the comparison,
-    and always the runs-table URL and the stop command. Returns the pipeline's uuid.
-
-    ``fallback``: see :func:`start_all`. ``workload``: see :func:`demo_params`.
+    """Start everything in runtime ``rt``, submit the pipeline there (:meth:`Runtime.place`
+    says where its pods run), follow it, print the comparison, and always the runs-table
+    URL and the stop command. ``workload``: see :func:`demo_params`. Returns the pipeline's
+    uuid.
 
     Raises:
         SandboxError: Whatever step failed (the runs table is printed first).
     """
-    sb = start_all(sb, DEFAULT_OWNER, project, echo=echo, fallback=fallback)
-    values = demo_params(sb, polyaxonfile, overrides, workload)
-    uuid = submit_pipeline(sb, polyaxonfile, values, project, True, echo=echo)
+    sb = rt.start(sb, DEFAULT_OWNER, project, echo=echo)
+    values = demo_params(sb, polyaxonfile, overrides, workload, place=rt.place(sb, echo))
+    uuid = submit_pipeline(sb, polyaxonfile, values, project, rt.hub, echo=echo)
     try:
         ops = follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
         echo("")

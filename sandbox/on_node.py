@@ -1,5 +1,5 @@
-"""The sandbox on the local node: Polyaxon's own agent and the operator stand-in, not the
-process-based agent (docs/agent-on-node.md).
+"""The node runtime (:class:`NodeRuntime`): the sandbox on the local node, with Polyaxon's
+own agent and the operator stand-in instead of the process agent (docs/agent-on-node.md).
 
 What runs, beside the node (``python -m localcluster start --node``, which owns the bridge
 ``10.244.0.1`` and the API server on it):
@@ -29,19 +29,26 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
-from checkpoint_storage_bench.processes import stop_group
-from sandbox.config import NODE_BRIDGE_ADDRESS, REPO_ROOT, AgentSettings, SandboxPaths
+from sandbox.components import ensure_project
+from sandbox.config import (
+    DEFAULT_HOST,
+    NODE_BRIDGE_ADDRESS,
+    REPO_ROOT,
+    AgentSettings,
+    SandboxPaths,
+)
 from sandbox.errors import ConfigError, ServerStartError
-from sandbox.server import Sandbox, _spawn, read_pid, tail
+from sandbox.processes import read_pid, spawn, tail
+from sandbox.runtime import Echo, Runtime
+from sandbox.server import Sandbox
 
 NODE_AGENT_FILE = REPO_ROOT / "connections" / "node-agent.yaml"
 RUNS_ROLE = "polyaxon-runs-sidecar"
 READY_TIMEOUT = 60.0
-PROCESSES = ("plx-agent", "operator")
 
 
 def node_state_dir() -> Path:
@@ -286,127 +293,6 @@ def import_images(state_dir: Path) -> list[str]:
     ]
 
 
-@dataclass
-class NodeProcesses:
-    """Polyaxon's agent and the operator stand-in for one sandbox, as process groups with
-    their pid files in ``.sandbox/``."""
-
-    sandbox: Sandbox
-    kubeconfig: Path
-    config: dict[str, Any]
-
-    @property
-    def state(self) -> Path:
-        return self.sandbox.paths.state
-
-    def pid_file(self, name: str) -> Path:
-        return self.state / f"{name}.pid"
-
-    def log_file(self, name: str) -> Path:
-        return self.state / f"{name}.log"
-
-    def start(self) -> None:
-        if self.sandbox.host != NODE_BRIDGE_ADDRESS:
-            raise ConfigError(
-                f"on the node the server must listen on {NODE_BRIDGE_ADDRESS} (--host), "
-                "where the pods reach it"
-            )
-        home = self.state / "plx-agent-home"
-        home.mkdir(parents=True, exist_ok=True)
-        env = agent_env(self.config, self.sandbox.url, self.kubeconfig, home)
-        polyaxon = Path(sys.executable).with_name("polyaxon")
-        self._start("plx-agent", [str(polyaxon), "agent", "start"], env)
-        op_env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
-        op_env.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-        self._start(
-            "operator",
-            [
-                sys.executable,
-                "-m",
-                "operator_standin",
-                "--namespace",
-                self.config["namespace"],
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--api-host",
-                self.sandbox.url,
-            ],
-            op_env,
-        )
-        self._wait_ready()
-
-    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        if read_pid(self.pid_file(name)):
-            return
-        self.log_file(name).write_text("")
-        pid = _spawn(argv, env, self.log_file(name), REPO_ROOT)
-        self.pid_file(name).write_text(str(pid))
-
-    def _wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        marks = {"plx-agent": "Checking agent state", "operator": "watching polyaxon.com/v1"}
-        deadline = time.monotonic() + timeout
-        pending = dict(marks)
-        while pending and time.monotonic() < deadline:
-            for name, mark in list(pending.items()):
-                if not read_pid(self.pid_file(name)):
-                    raise ServerStartError(
-                        f"{name} exited while starting; last lines of {self.log_file(name)}:\n"
-                        f"{tail(self.log_file(name))}"
-                    )
-                if mark in self.log_file(name).read_text(errors="replace"):
-                    del pending[name]
-            time.sleep(0.5)
-        if pending:
-            raise ServerStartError(f"not ready after {timeout:.0f} s: {', '.join(pending)}")
-
-    def stop(self) -> list[str]:
-        return stop_node_processes(self.sandbox.paths)
-
-
-def stop_node_processes(paths: SandboxPaths) -> list[str]:
-    """Stop Polyaxon's agent and the operator stand-in of this sandbox, if they run."""
-    stopped = []
-    for name in PROCESSES:
-        pid_file = paths.state / f"{name}.pid"
-        pid = read_pid(pid_file)
-        if pid:
-            stop_group(pid)
-            stopped.append(f"{name} (pid {pid})")
-        pid_file.unlink(missing_ok=True)
-    return stopped
-
-
-def start_on_node(
-    sb: Sandbox, owner: str, project: str, node_state: Path, echo: Any = print
-) -> Sandbox:
-    """Cluster objects, images, the server on the bridge, the project, Polyaxon's agent
-    and the operator stand-in; each step is skipped when already done."""
-    from kubernetes import config as k8s_config
-
-    from sandbox.components import ensure_project
-
-    kubeconfig = node_kubeconfig(node_state)
-    agent_file = sb.agent.agent_file or NODE_AGENT_FILE
-    config = agent_config(agent_file)
-    api = k8s_config.new_client_from_config(str(kubeconfig))
-    made = prepare_cluster(api, config, sb.paths.server_data)
-    echo(f"sandbox: node {kubeconfig}: {', '.join(made) if made else 'objects already there'}")
-    t0 = time.monotonic()
-    images = import_images(node_state)
-    echo(f"sandbox: images in the node: {', '.join(images)} ({time.monotonic() - t0:.0f} s)")
-    sb.paths.state.mkdir(parents=True, exist_ok=True)
-    echo(f"sandbox: server on {sb.url} (log {sb.paths.server_log})")
-    sb.start_server()
-    ensure_project(owner, project, sb.client)
-    procs = NodeProcesses(sb, kubeconfig, config)
-    procs.start()
-    echo(
-        f"sandbox: Polyaxon's agent (log {procs.log_file('plx-agent')}) and the operator "
-        f"stand-in (log {procs.log_file('operator')}) running against the node"
-    )
-    return sb
-
-
 # The bundle's objects on the node: the node's CSI driver's StorageClass and classes, the
 # hook's RBAC, and the shipped claim on that StorageClass (WaitForFirstConsumer: bound when
 # the first op that mounts it is scheduled).
@@ -477,48 +363,134 @@ NODE_DEMO_OVERRIDES = {
 }
 
 
-def run_demo_on_node(
-    sb: Sandbox,
-    project: str,
-    polyaxonfile: Path,
-    overrides: dict[str, str],
-    timeout: float,
-    node_state: Path,
-    echo: Any = print,
-    workload: str = "checkpoint",
-) -> str:
-    """The pipeline on the node, as the README's cluster command submits it: start
-    everything, apply the bundle's objects, import the project's image, submit, follow,
-    print the comparison. ``workload``: see :func:`sandbox.commands.demo_params`. Returns
-    the pipeline's uuid."""
-    from kubernetes import config as k8s_config
+@dataclass
+class NodeRuntime(Runtime):
+    """Polyaxon's agent and the operator stand-in against the node whose state is in
+    ``state_dir`` (``python -m localcluster start --node``); the server on the node's bridge.
+    """
 
-    from sandbox import commands
-    from sandbox.config import DEFAULT_OWNER
-    from sandbox.pipeline import follow, runs_table_url
+    state_dir: Path
 
-    sb = start_on_node(sb, DEFAULT_OWNER, project, node_state, echo=echo)
-    config = agent_config(sb.agent.agent_file or NODE_AGENT_FILE)
-    api = k8s_config.new_client_from_config(str(node_kubeconfig(node_state)))
-    applied, classes = apply_bundle(api, config["namespace"])
-    echo(f"sandbox: applied {', '.join(applied)}")
-    name, archive = project_image(echo)
-    import_image(node_state, archive, name.rsplit(":", 1)[0])
-    node = dict(
-        NODE_DEMO_OVERRIDES,
-        image=name,
-        namespace=config["namespace"],
-        claim=_docs(CLAIM_FILE)[0]["metadata"]["name"],
-        profiles=json.dumps(classes),
-    )
-    values = commands.demo_params(sb, polyaxonfile, overrides, workload, place=node)
-    uuid = commands.submit_pipeline(sb, polyaxonfile, values, project, False, echo=echo)
-    try:
-        ops = follow(sb.client, DEFAULT_OWNER, project, uuid, timeout, echo=echo)
-        echo("")
-        commands.print_comparison(sb, project, uuid, ops, echo=echo)
-    finally:
-        echo("")
-        echo(f"runs table: {runs_table_url(sb.url, DEFAULT_OWNER, project, uuid)}")
-        echo(f"the server keeps running; stop it with: {commands.stop_hint(sb)}")
-    return uuid
+    name: ClassVar[str] = "node"
+    processes: ClassVar[tuple[str, ...]] = ("plx-agent", "operator")
+    hub: ClassVar[bool] = False
+
+    def sandbox(
+        self,
+        paths: SandboxPaths,
+        host: str,
+        port: int,
+        agent_file: Path | None,
+        profiles_file: Path | None,
+    ) -> Sandbox:
+        """The server with the node agent config's connections (the profiles are the node's
+        classes, not a profiles file), on the bridge unless another host was named."""
+        return Sandbox(
+            paths=paths,
+            agent=server_settings(paths.root, agent_file or NODE_AGENT_FILE),
+            host=NODE_BRIDGE_ADDRESS if host == DEFAULT_HOST else host,
+            port=port,
+        )
+
+    def config(self, sb: Sandbox) -> dict[str, Any]:
+        return agent_config(sb.agent.agent_file or NODE_AGENT_FILE)
+
+    def start(self, sb: Sandbox, owner: str, project: str, echo: Echo = print) -> Sandbox:
+        """Cluster objects, images, the server on the bridge, the project, Polyaxon's agent
+        and the operator stand-in; each step is skipped when already done."""
+        from kubernetes import config as k8s_config
+
+        kubeconfig = node_kubeconfig(self.state_dir)
+        config = self.config(sb)
+        api = k8s_config.new_client_from_config(str(kubeconfig))
+        made = prepare_cluster(api, config, sb.paths.server_data)
+        echo(f"sandbox: node {kubeconfig}: {', '.join(made) if made else 'objects already there'}")
+        t0 = time.monotonic()
+        images = import_images(self.state_dir)
+        echo(f"sandbox: images in the node: {', '.join(images)} ({time.monotonic() - t0:.0f} s)")
+        sb.paths.state.mkdir(parents=True, exist_ok=True)
+        echo(f"sandbox: server on {sb.url} (log {sb.paths.server_log})")
+        sb.start_server()
+        ensure_project(owner, project, sb.client)
+        self._start_processes(sb, kubeconfig, config)
+        echo(
+            f"sandbox: Polyaxon's agent (log {self.log_file(sb.paths, 'plx-agent')}) and the "
+            f"operator stand-in (log {self.log_file(sb.paths, 'operator')}) running against "
+            "the node"
+        )
+        return sb
+
+    def _start_processes(self, sb: Sandbox, kubeconfig: Path, config: dict[str, Any]) -> None:
+        if sb.host != NODE_BRIDGE_ADDRESS:
+            raise ConfigError(
+                f"on the node the server must listen on {NODE_BRIDGE_ADDRESS} (--host), "
+                "where the pods reach it"
+            )
+        home = sb.paths.state / "plx-agent-home"
+        home.mkdir(parents=True, exist_ok=True)
+        env = agent_env(config, sb.url, kubeconfig, home)
+        polyaxon = Path(sys.executable).with_name("polyaxon")
+        self._start(sb.paths, "plx-agent", [str(polyaxon), "agent", "start"], env)
+        op_env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
+        op_env.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
+        self._start(
+            sb.paths,
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "operator_standin",
+                "--namespace",
+                config["namespace"],
+                "--kubeconfig",
+                str(kubeconfig),
+                "--api-host",
+                sb.url,
+            ],
+            op_env,
+        )
+        self._wait_ready(sb.paths)
+
+    def _start(self, paths: SandboxPaths, name: str, argv: list[str], env: dict[str, str]) -> None:
+        if read_pid(self.pid_file(paths, name)):
+            return
+        self.log_file(paths, name).write_text("")
+        pid = spawn(argv, env, self.log_file(paths, name), REPO_ROOT)
+        self.pid_file(paths, name).write_text(str(pid))
+
+    def _wait_ready(self, paths: SandboxPaths, timeout: float = READY_TIMEOUT) -> None:
+        marks = {"plx-agent": "Checking agent state", "operator": "watching polyaxon.com/v1"}
+        deadline = time.monotonic() + timeout
+        pending = dict(marks)
+        while pending and time.monotonic() < deadline:
+            for name, mark in list(pending.items()):
+                log = self.log_file(paths, name)
+                if not read_pid(self.pid_file(paths, name)):
+                    raise ServerStartError(
+                        f"{name} exited while starting; last lines of {log}:\n{tail(log)}"
+                    )
+                if mark in log.read_text(errors="replace"):
+                    del pending[name]
+            time.sleep(0.5)
+        if pending:
+            raise ServerStartError(f"not ready after {timeout:.0f} s: {', '.join(pending)}")
+
+    def place(self, sb: Sandbox, echo: Echo = print) -> dict[str, str]:
+        """The pipeline as the README's cluster command submits it: the bundle's objects
+        applied, the project's image built and imported into the node, the pods sized for
+        the node (:data:`NODE_DEMO_OVERRIDES`)."""
+        from kubernetes import config as k8s_config
+
+        config = self.config(sb)
+        api = k8s_config.new_client_from_config(str(node_kubeconfig(self.state_dir)))
+        applied, classes = apply_bundle(api, config["namespace"])
+        echo(f"sandbox: applied {', '.join(applied)}")
+        name, archive = project_image(echo)
+        import_image(self.state_dir, archive, name.rsplit(":", 1)[0])
+        return dict(
+            NODE_DEMO_OVERRIDES,
+            image=name,
+            namespace=config["namespace"],
+            claim=_docs(CLAIM_FILE)[0]["metadata"]["name"],
+            profiles=json.dumps(classes),
+        )

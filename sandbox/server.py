@@ -1,7 +1,7 @@
-"""Start, watch and stop the sandbox's two processes: the Polyaxon CE server and the agent.
+"""The sandbox's Polyaxon CE server: start it, watch it, stop its unfinished runs, stop it.
 
-Each runs in its own session (process group) with its pid in ``.sandbox/*.pid``, so ``stop``
-can end the whole group, children included, and nothing is left behind.
+What executes the runs is a runtime's (:mod:`sandbox.runtime`): the local process agent or
+Polyaxon's own agent on the local node; both talk to this one server.
 """
 
 from __future__ import annotations
@@ -9,37 +9,29 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from checkpoint_storage_bench.processes import group_members, stop_group
-from sandbox import claim
-from sandbox.claim import ClaimLimits
+from checkpoint_storage_bench.processes import stop_group
 from sandbox.config import (
     DEFAULT_HOST,
     DEFAULT_OWNER,
-    REPO_ROOT,
     AgentSettings,
     SandboxPaths,
     check_loopback,
 )
 from sandbox.errors import PortInUseError, ServerStartError, ServerUnavailableError
+from sandbox.processes import read_pid, spawn, stop_recorded, tail
 
-# Seconds, as data: how long the server may take to answer /healthz, the agent to poll it
-# once, and how long a process group gets between SIGTERM and SIGKILL.
+# Seconds, as data: how long the server may take to answer /healthz, and how long ``stop``
+# lets a runtime's agent end the runs it asked to stop.
 SERVER_START_TIMEOUT = 90.0
-AGENT_START_TIMEOUT = 60.0
-RUNS_STOP_WAIT = 20.0  # how long ``stop`` lets the agent end the runs it asked to stop
-LOG_TAIL_LINES = 40
+RUNS_STOP_WAIT = 20.0
 
 
 def port_free(host: str, port: int) -> bool:
@@ -70,51 +62,6 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a text file ('' when it does not exist)."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def pid_in(path: Path) -> int | None:
-    """The pid written in ``path``, alive or not."""
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def read_pid(path: Path) -> int | None:
-    """The pid in ``path`` if that process is still alive (zombies count as dead)."""
-    pid = pid_in(path)
-    if pid is None:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return pid
-    except psutil.Error:
-        return None
-
-
-def _spawn(args: Sequence[str], env: dict[str, str], log: Path, cwd: Path) -> int:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            list(args),
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() ends it and its children
-        )
-    return proc.pid
 
 
 def server_env(paths: SandboxPaths, agent: AgentSettings) -> dict[str, str]:
@@ -160,9 +107,6 @@ class Sandbox:
     def server_pid(self) -> int | None:
         return read_pid(self.paths.server_pid)
 
-    def agent_pid(self) -> int | None:
-        return read_pid(self.paths.agent_pid)
-
     def start_server(self, timeout: float = SERVER_START_TIMEOUT) -> None:
         """Start the server unless this sandbox's server is already up; wait until healthy.
 
@@ -191,7 +135,7 @@ class Sandbox:
         cmd = [str(haupt)] if haupt.exists() else [sys.executable, "-m", "haupt"]
         cmd += ["sandbox", "start", "--host", self.host, "--port", str(self.port)]
         cmd += ["--workers", "1", "--path", str(self.paths.server_data)]
-        pid = _spawn(
+        pid = spawn(
             cmd, server_env(self.paths, self.agent), self.paths.server_log, self.paths.state
         )
         self.paths.server_pid.write_text(str(pid))
@@ -213,71 +157,12 @@ class Sandbox:
             f"of {self.paths.server_log}:\n{tail(self.paths.server_log)}"
         )
 
-    def agent_command(self, poll: float = 1.0) -> list[str]:
-        """``python -m sandbox agent`` with this sandbox's root, server and config files."""
-        cmd = [sys.executable, "-m", "sandbox", "agent", "--root", str(self.paths.root)]
-        cmd += ["--host", self.host, "--port", str(self.port), "--poll", str(poll)]
-        if self.agent.agent_file:
-            cmd += ["--agent-file", str(self.agent.agent_file)]
-        if self.agent.profiles_file:
-            cmd += ["--profiles-file", str(self.agent.profiles_file)]
-        return cmd
-
-    def start_agent(
-        self, poll: float = 1.0, timeout: float = AGENT_START_TIMEOUT
-    ) -> tuple[ClaimLimits | None, list[int]]:
-        """Start the local agent (``python -m sandbox agent``) unless it already runs; wait
-        until it has polled the server once (it then writes ``.sandbox/agent.ready``).
-
-        Before it starts, the claim's cgroup is reset: what an earlier agent left in it
-        (runs that outlived a crash) is killed, and it is made afresh with the claim's
-        current profile's limits.
-
-        Returns:
-            The claim's limits (None without an emulated profile) and the pids killed; (None,
-            []) when the agent already ran.
-
-        Raises:
-            ServerUnavailableError: No server answers.
-            ServerStartError: The agent exited or did not poll in time (log tail inside).
-            ConfigError: The profiles emulate classes and the kernel cannot throttle.
-        """
-        if self.agent_pid():
-            return None, []
-        if not self.healthy():
-            raise ServerUnavailableError(f"no server answers at {self.url}; start it first")
-        limits = claim.reset(self.agent.profiles)
-        self.paths.agent_ready.unlink(missing_ok=True)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
-        self.paths.agent_log.parent.mkdir(parents=True, exist_ok=True)
-        pid = _spawn(self.agent_command(poll), env, self.paths.agent_log, REPO_ROOT)
-        self.paths.agent_pid.write_text(str(pid))
-        deadline = time.monotonic() + timeout
-        while not self.paths.agent_ready.exists():
-            alive = read_pid(self.paths.agent_pid) is not None
-            if not alive or time.monotonic() > deadline:
-                what = f"did not poll the server within {timeout:.0f}s" if alive else "exited"
-                stop_group(pid)
-                self.paths.agent_pid.unlink(missing_ok=True)
-                # No agent, no runs: the claim's cgroup would only be left behind.
-                cgroup = claim.existing_cgroup(self.agent.profiles)
-                if cgroup is not None:
-                    cgroup.remove()
-                raise ServerStartError(
-                    f"the agent {what}; last lines of {self.paths.agent_log}:\n"
-                    f"{tail(self.paths.agent_log)}"
-                )
-            time.sleep(0.2)
-        return limits
-
     def stop_unfinished_runs(
         self, owner: str = DEFAULT_OWNER, wait: float = RUNS_STOP_WAIT
     ) -> list[str]:
         """Ask the server to stop every run that has not finished, so that none resumes at
-        the next ``start``; give the agent up to ``wait`` seconds to end them.
+        the next ``start``; give the agent up to ``wait`` seconds to end them (the caller
+        passes 0 when no agent runs: nothing would end them).
 
         Returns:
             The uuids of the runs it asked to stop ([] when no server answers).
@@ -303,8 +188,7 @@ class Sandbox:
             for project, uuid, status in unfinished:
                 if status != "stopping":
                     stop_run(client, owner, project, uuid)
-            agent_runs = self.agent_pid() or read_pid(self.paths.state / "plx-agent.pid")
-            deadline = time.monotonic() + (wait if agent_runs else 0)
+            deadline = time.monotonic() + wait
             while time.monotonic() < deadline and any(
                 get_run(client, owner, project, uuid).status not in DONE_STATUSES
                 for project, uuid, _ in unfinished
@@ -314,59 +198,17 @@ class Sandbox:
             return []  # the processes are stopped all the same
         return [uuid for _, uuid, _ in unfinished]
 
-    def stop(self) -> list[str]:
-        """Stop the unfinished runs, the agent, then the server. Returns what was stopped."""
-        runs = self.stop_unfinished_runs()
-        stopped = [f"{len(runs)} unfinished run(s)"] if runs else []
-        # On the node (sandbox.on_node): Polyaxon's agent and the operator stand-in, once
-        # the runs they were stopping are done.
-        from sandbox.on_node import stop_node_processes
-
-        stopped += stop_node_processes(self.paths)
-        for name, pid_file in (("agent", self.paths.agent_pid), ("server", self.paths.server_pid)):
-            pid = pid_in(pid_file)
-            if pid and read_pid(pid_file):
-                stop_group(pid)
-                stopped.append(f"{name} (pid {pid})")
-            elif pid and self._owns_group(pid):
-                # The leader died but its children live on in its group.
-                stop_group(pid)
-                stopped.append(f"{name}'s leftover processes (group {pid})")
-            pid_file.unlink(missing_ok=True)
-        self.paths.agent_ready.unlink(missing_ok=True)
-        # The claim's cgroup goes too (and whatever still ran in it): nothing of the
-        # emulation outlives the sandbox; the next start makes it afresh.
-        cgroup = claim.existing_cgroup(self.agent.profiles)
-        if cgroup is not None:
-            killed = cgroup.remove()
-            left = f" and {len(killed)} process(es) left in it" if killed else ""
-            stopped.append(f"claim cgroup {cgroup.path}{left}")
-        # Its volume goes last, once nothing runs on it: the RAM it holds is freed.
-        stopped += claim.remove_volumes(self.agent.profiles)
-        return stopped
-
-    def _owns_group(self, pgid: int) -> bool:
-        """Whether group ``pgid`` still has members that belong to this sandbox (a stale pid
-        file must never end someone else's processes)."""
-        root = str(self.paths.root)
-        for proc in group_members(pgid):
-            try:
-                if root in " ".join(proc.cmdline()) or root in proc.cwd():
-                    return True
-            except psutil.Error:
-                continue
-        return False
+    def stop_server(self) -> list[str]:
+        """Stop the server (the runtimes' processes first: see :func:`sandbox.commands.stop`)."""
+        stopped = stop_recorded(self.paths.root, "server", self.paths.server_pid)
+        return [stopped] if stopped else []
 
     def status(self) -> dict[str, object]:
-        """Pids, health and URL of this sandbox; the claim's profile and the block-I/O
-        limits in force, read back from the kernel."""
+        """The server's pid, health and URL, and where its log is."""
         return {
             "url": self.url,
             "server_pid": self.server_pid(),
             "server_healthy": self.healthy(),
-            "agent_pid": self.agent_pid(),
             "root": str(self.paths.root),
             "server_log": str(self.paths.server_log),
-            "agent_log": str(self.paths.agent_log),
-            **claim.describe(self.agent.profiles),
         }

@@ -17,8 +17,9 @@ import yaml
 
 from localcluster.emulation import loop_volume
 from localcluster.emulation.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
-from sandbox.commands import start_all
+from sandbox.commands import stop
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
+from sandbox.local import LocalRuntime
 from sandbox.server import Sandbox, free_port
 
 
@@ -128,10 +129,10 @@ def sandbox():
         port=free_port(),
     )
     try:
-        start_all(sb, DEFAULT_OWNER, "e2e", echo=print)
+        LocalRuntime().start(sb, DEFAULT_OWNER, "e2e", echo=print)
         yield sb
     finally:
-        stopped = sb.stop()
+        stopped = stop(sb)
         left = wait_gone(root)
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)

@@ -231,9 +231,10 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
     """``stop`` while a run is going: the run is stopped through the API (so it does not
     resume at the next start) and the agent ends its process group, then the agent and the
     server stop; nothing of this sandbox is left running."""
-    from sandbox.commands import start_all
+    from sandbox.commands import stop
     from sandbox.components import pipeline_twin
     from sandbox.config import SandboxPaths, load_agent_settings
+    from sandbox.local import LocalRuntime
     from sandbox.server import Sandbox, free_port
 
     from .conftest import shm_dir, wait_gone, write_profiles
@@ -243,7 +244,7 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
     sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, profiles_file=profiles),
                  port=free_port())  # fmt: skip
     try:
-        start_all(sb, DEFAULT_OWNER, "stop-test", echo=print)
+        LocalRuntime().start(sb, DEFAULT_OWNER, "stop-test", echo=print)
         twin = pipeline_twin(FILES / "slow-job.yaml", sb.paths.generated / "slow.yaml", None)
         run_uuid = submit(sb.client, sb.url, twin, DEFAULT_OWNER, "stop-test", {})
         deadline = time.monotonic() + 60
@@ -257,7 +258,7 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
         assert get_run(sb.client, DEFAULT_OWNER, "stop-test", run_uuid).status == "stopped"
         assert not _procs_with_home(home)
     finally:
-        stopped = sb.stop()
+        stopped = stop(sb)
         left = wait_gone(tmp_path)
         shutil.rmtree(shm, ignore_errors=True)
     assert [s.split(" ")[0] for s in stopped] == ["agent", "server"], stopped

@@ -25,8 +25,9 @@ import psutil
 import pytest
 
 from localcluster.emulation.io_limits import MIB, block_device
-from sandbox.commands import start_all, submit_and_follow
+from sandbox.commands import stop, submit_and_follow
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
+from sandbox.local import LocalRuntime
 from sandbox.pipeline import get_run, pipeline_ops, submit
 from sandbox.server import Sandbox, free_port
 
@@ -56,7 +57,7 @@ def emulated():
     claim_dir = profiles.profiles["checkpoint-baseline"].path
     said: list[str] = []
     try:
-        start_all(sb, DEFAULT_OWNER, PROJECT, echo=said.append)
+        LocalRuntime().start(sb, DEFAULT_OWNER, PROJECT, echo=said.append)
         print("\n".join(said))
         # The claim lives on the sandbox's own loop-device volume, measured before use.
         (volume,) = (line for line in said if line.startswith("sandbox: claim volume /dev/loop"))
@@ -65,7 +66,7 @@ def emulated():
         assert device.major == 7 and f"({device.id}, ext4" in volume, (device, volume)
         yield sb, group, device, speed, claim_dir
     finally:
-        stopped = sb.stop()
+        stopped = stop(sb)
         sweep_emulation(root, group, profiles.cgroup_name, [claim_dir])
         assert any(s.startswith("claim cgroup ") for s in stopped), stopped
 
@@ -122,7 +123,7 @@ def test_the_next_start_ends_what_a_crashed_agent_left_in_the_cgroup(emulated):
         assert time.monotonic() < deadline, "the claim-mounting run never joined the cgroup"
         time.sleep(0.5)
     orphans = group.pids()
-    agent = sb.agent_pid()
+    agent = LocalRuntime().agent_pid(sb)
     os.kill(agent, signal.SIGKILL)  # the agent crashes; its run lives on in the cgroup
     try:
         psutil.Process(agent).wait(timeout=10)
@@ -130,8 +131,8 @@ def test_the_next_start_ends_what_a_crashed_agent_left_in_the_cgroup(emulated):
         pass
     assert all(psutil.pid_exists(p) for p in orphans)
 
-    start_all(sb, DEFAULT_OWNER, PROJECT, echo=print)
-    assert sb.agent_pid() and sb.agent_pid() != agent
+    LocalRuntime().start(sb, DEFAULT_OWNER, PROJECT, echo=print)
+    assert LocalRuntime().agent_pid(sb) and LocalRuntime().agent_pid(sb) != agent
     for pid in orphans:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     assert group.exists() and group.pids() == []

@@ -21,10 +21,11 @@ from polyaxon.polyaxonfile import check_polyaxonfile
 
 from sandbox import claim as claim_module
 from sandbox.agent import localize, map_mounts
-from sandbox.commands import demo_params
+from sandbox.commands import demo_params, stop
 from sandbox.components import find_components, pipeline_twin
 from sandbox.config import REPO_ROOT, SandboxPaths, load_agent_settings, prepare_media
 from sandbox.errors import ConfigError, PortInUseError, ServerStartError
+from sandbox.local import LocalRuntime
 from sandbox.pipeline import comparison, runs_table_url
 from sandbox.server import Sandbox
 
@@ -368,7 +369,7 @@ def test_the_agent_command_carries_the_agent_file(tmp_path):
     agent_file = tmp_path / "agent.yaml"
     agent_file.write_text((REPO_ROOT / "connections" / "sandbox-agent.yaml").read_text())
     sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path, agent_file=agent_file))
-    cmd = sb.agent_command()
+    cmd = LocalRuntime().agent_command(sb)
     assert cmd[cmd.index("--agent-file") + 1] == str(agent_file)
 
 
@@ -402,7 +403,7 @@ def test_sandbox_stop_ends_its_leftovers_but_not_a_stranger_group(tmp_path):
     stranger, strangers_child = _orphaned_group(tmp_path)  # not under the sandbox root
     paths.server_pid.write_text(str(stranger))
     try:
-        assert sb.stop() == [f"agent's leftover processes (group {ours})"]
+        assert stop(sb) == [f"agent's leftover processes (group {ours})"]
         assert not psutil.pid_exists(our_child) or (
             psutil.Process(our_child).status() == psutil.STATUS_ZOMBIE
         )
@@ -466,9 +467,9 @@ def test_start_agent_fails_with_the_agent_log_when_it_cannot_poll(tmp_path, monk
     # The health check passes, yet no server is there: the agent's polls all fail.
     monkeypatch.setattr(Sandbox, "healthy", lambda self: True)
     with pytest.raises(ServerStartError, match="did not poll the server within 30s") as err:
-        sb.start_agent(poll=0.2, timeout=30)
+        LocalRuntime().start_agent(sb, poll=0.2, timeout=30)
     assert "poll failed" in str(err.value)
-    assert sb.agent_pid() is None and not sb.paths.agent_ready.exists()
+    assert LocalRuntime().agent_pid(sb) is None and not sb.paths.agent_ready.exists()
     # Where the claim's class was emulated, its cgroup does not outlive the failed start.
     if sb.agent.profiles.emulated:
         assert not Cgroup.find(sb.agent.profiles.cgroup_name).exists()
@@ -521,13 +522,13 @@ def _cannot_throttle(path, name):
 
 
 def test_where_the_kernel_cannot_throttle_the_default_falls_back_and_says_so(tmp_path, monkeypatch):
-    from sandbox import commands
+    from sandbox import local
 
-    monkeypatch.setattr(commands, "probe", _cannot_throttle)
+    monkeypatch.setattr(local, "probe", _cannot_throttle)
     sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path))  # the default file
     assert sb.agent.profiles.emulated
     said = []
-    media = commands.emulation_or_media(sb, echo=said.append)
+    media = local.emulation_or_media(sb, echo=said.append)
     assert media.agent.profiles_file.name == "sandbox-profiles-media.yaml"
     assert not media.agent.profiles.emulated
     assert "cannot emulate the volume classes on this machine: no block-I/O" in said[0]
@@ -557,13 +558,13 @@ def _slow_volume(monkeypatch, tmp_path, removed: list[str]):
 def test_a_claim_volume_slower_than_twice_the_fastest_class_falls_back_and_says_so(
     tmp_path, monkeypatch
 ):
-    from sandbox import commands
+    from sandbox import local
 
     removed: list[str] = []
     _slow_volume(monkeypatch, tmp_path, removed)
     sb = Sandbox(SandboxPaths(tmp_path), load_agent_settings(tmp_path))  # the default file
     said = []
-    media = commands.emulation_or_media(sb, echo=said.append)
+    media = local.emulation_or_media(sb, echo=said.append)
     assert not media.agent.profiles.emulated
     assert said[0] == (
         "sandbox: cannot emulate the volume classes on this machine: the claim's volume "
@@ -577,14 +578,12 @@ def test_a_claim_volume_slower_than_twice_the_fastest_class_falls_back_and_says_
 
 
 def test_a_named_file_is_refused_where_the_claim_volume_is_too_slow(tmp_path, monkeypatch):
-    from sandbox.commands import start_all
-
     removed: list[str] = []
     _slow_volume(monkeypatch, tmp_path, removed)
     sb = Sandbox(SandboxPaths(tmp_path),
                  load_agent_settings(tmp_path, profiles_file=emulated_profiles(tmp_path)))  # fmt: skip
     with pytest.raises(ConfigError, match="writes 700 MB/s unthrottled, less than 2x") as err:
-        start_all(sb, "default", "p", echo=lambda _: None)
+        LocalRuntime().start(sb, "default", "p", echo=lambda _: None)
     assert err.value.exit_code == 3
     assert not sb.paths.server_pid.exists()  # refused before anything started
     assert len(removed) == 1 and removed[0].startswith(sb.agent.profiles.cgroup_name)
@@ -592,13 +591,12 @@ def test_a_named_file_is_refused_where_the_claim_volume_is_too_slow(tmp_path, mo
 
 def test_a_named_emulating_file_is_refused_where_the_kernel_cannot_throttle(tmp_path, monkeypatch):
     from sandbox import claim
-    from sandbox.commands import start_all
 
     monkeypatch.setattr(claim, "probe", _cannot_throttle)
     sb = Sandbox(SandboxPaths(tmp_path),
                  load_agent_settings(tmp_path, profiles_file=emulated_profiles(tmp_path)))  # fmt: skip
     with pytest.raises(ConfigError, match="the kernel cannot throttle here") as err:
-        start_all(sb, "default", "p", echo=lambda _: None)
+        LocalRuntime().start(sb, "default", "p", echo=lambda _: None)
     assert err.value.exit_code == 3
     assert "sandbox-profiles-media.yaml" in str(err.value)
     assert not sb.paths.server_pid.exists()  # refused before anything started
