@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from localcluster.node import Node
+from sandbox.commands import stop
 from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
-from sandbox.on_node import server_settings, start_on_node
+from sandbox.on_node import NodeRuntime, server_settings
 from sandbox.server import Sandbox, free_port
 from tests.node.conftest import skip_tier_unless_ready, started_node
 
@@ -46,8 +47,8 @@ def sandbox_on_node(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Ite
         port=free_port(NODE_BRIDGE_ADDRESS),
     )
     try:
-        start_on_node(sb, "default", PROJECT, node.state_dir)
+        NodeRuntime(node.state_dir).start(sb, "default", PROJECT)
         yield sb
     finally:
-        stopped = sb.stop()
+        stopped = stop(sb)
         print("sandbox stopped:", stopped)

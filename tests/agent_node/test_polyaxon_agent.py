@@ -132,6 +132,6 @@ def test_stopping_a_run_stops_its_pod(node: Node, sandbox_on_node: Sandbox) -> N
 
 @pytest.mark.parametrize("name", ["plx-agent", "operator"])
 def test_the_processes_run_until_stop(sandbox_on_node: Sandbox, name: str) -> None:
-    from sandbox.server import read_pid
+    from sandbox.processes import read_pid
 
     assert read_pid(sandbox_on_node.paths.state / f"{name}.pid")
