@@ -28,6 +28,7 @@ import click
 
 from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
 from checkpoint_compare.formatting import seconds
+from checkpoint_compare.grouping import around_the_others
 from checkpoint_compare.intervals import Shift, run_level_shift
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
@@ -140,14 +141,12 @@ class Drift:
 def measure_drift(baseline: ProfileFigures, others: list[ProfileFigures], confidence: float):  # noqa: ANN201
     """The baseline's drift, when some of its runs came after every other profile's runs;
     None otherwise (no return to the first profile, or runs without start times)."""
-    other_starts = [r.started for f in others for r in f.per_run]
-    if not other_starts or None in other_starts:
+    split = around_the_others(
+        baseline.per_run, lambda r: r.started, [r.started for f in others for r in f.per_run]
+    )
+    if split is None:
         return None
-    first_other, last_other = min(other_starts), max(other_starts)  # type: ignore[type-var]
-    first = [r for r in baseline.per_run if r.started and r.started < first_other]
-    last = [r for r in baseline.per_run if r.started and r.started > last_other]
-    if not first or not last:
-        return None
+    first, last = split
     before = [[v for _, v in r.measured] for r in first if r.measured]
     after = [[v for _, v in r.measured] for r in last if r.measured]
     pause = run_level_shift(after, before, confidence) if before and after else None

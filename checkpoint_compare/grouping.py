@@ -3,10 +3,11 @@ repeats), the hook run that switched the claim to it and the fio sweep measured 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 from checkpoint_compare.errors import BadInput, RunsMissing
 from checkpoint_compare.records import RunKind, RunRecord
@@ -169,3 +170,25 @@ def pick_baseline(groups: list[ProfileRuns], baseline: str | None, what: str) ->
     if baseline not in [g.profile for g in groups]:
         raise RunsMissing(f"baseline profile {baseline}: no successful {what} run found")
     return baseline
+
+
+T = TypeVar("T")
+
+
+def around_the_others(
+    baseline_runs: list[T], started: Callable[[T], datetime | None], others: list[datetime | None]
+) -> tuple[list[T], list[T]] | None:
+    """The baseline's runs before every other profile's run and after them all, when the
+    pipeline returned to the first profile (A…B…A): what its drift is measured between.
+    None without a return, or when a start time is unknown (the order is then unknown too).
+
+    >>> from datetime import datetime as d
+    >>> around_the_others([d(2026, 1, 1), d(2026, 1, 3)], lambda r: r, [d(2026, 1, 2)])
+    ([datetime.datetime(2026, 1, 1, 0, 0)], [datetime.datetime(2026, 1, 3, 0, 0)])
+    """
+    if not others or None in others:
+        return None
+    first_other, last_other = min(others), max(others)  # type: ignore[type-var]
+    first = [r for r in baseline_runs if (w := started(r)) and w < first_other]
+    last = [r for r in baseline_runs if (w := started(r)) and w > last_other]
+    return (first, last) if first and last else None

@@ -35,7 +35,13 @@ from checkpoint_compare.comparison import NO_DIFFERENCE, Difference, Thresholds
 from checkpoint_compare.cost import Pricing, ProfileCost, profile_cost
 from checkpoint_compare.errors import BadInput, NotComparable
 from checkpoint_compare.figures import _hook_figures
-from checkpoint_compare.grouping import ProfileRuns, group_by_profile, pick_baseline, run_time
+from checkpoint_compare.grouping import (
+    ProfileRuns,
+    around_the_others,
+    group_by_profile,
+    pick_baseline,
+    run_time,
+)
 from checkpoint_compare.intervals import Shift, run_level_shift
 from checkpoint_compare.recommendation import Budget, ProfileFit, Recommendation, choose
 from checkpoint_compare.records import SUMMARY_UUID_PREFIX, RunKind, RunRecord, parse_time
@@ -303,15 +309,13 @@ def _drift(
 ) -> WorkloadDrift | None:
     """The baseline's runs before every other profile and after them (A…B…A): the drift's
     shift, last − first, between runs."""
-    starts = [run_time(r) for runs in others for r in runs]
-    if not starts or None in starts:
+    pairs = [(r, s) for r, s in zip(base_runs, base.run_samples, strict=True) if s]
+    split = around_the_others(
+        pairs, lambda pair: run_time(pair[0]), [run_time(r) for runs in others for r in runs]
+    )
+    if split is None:
         return None
-    first_other, last_other = min(starts), max(starts)  # type: ignore[type-var]
-    pairs = list(zip(base_runs, base.run_samples, strict=True))
-    first = [(r, s) for r, s in pairs if (w := run_time(r)) and w < first_other and s]
-    last = [(r, s) for r, s in pairs if (w := run_time(r)) and w > last_other and s]
-    if not first or not last:
-        return None
+    first, last = split
     shift = run_level_shift([s for _, s in last], [s for _, s in first], t.confidence)
     return WorkloadDrift([r.label for r, _ in first], [r.label for r, _ in last], shift)
 
