@@ -253,3 +253,18 @@ def test_a_file_deleted_after_verification_is_exit_6_through_the_library(
         scan.run_scan(data, cfg)
     assert caught.value.exit_code == 6 and str(victim) in caught.value.message
     assert "Traceback" not in caught.value.message
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "mds"])
+def test_materialize_reads_every_record_of_a_columnar_dataset(data_dir: Path, fmt: str) -> None:
+    from data_workloads.config import MaterializeConfig
+    from data_workloads.materialize import run_materialize
+    from data_workloads.scratch import ScratchDir
+
+    data, _ = tiny(data_dir, fmt)
+    cfg = MaterializeConfig(data_dir=data_dir, dataset_format=fmt, track=False)
+    with ScratchDir(data_dir, "materialize") as scratch:
+        result = run_materialize(data, cfg, scratch)
+    assert result["records"] == data.records
+    # float16 of every pixel, and each record's JSON header, in the output shards
+    assert result["figures"]["materialize_output_bytes"] > 2 * data.records * data.spec.record_bytes
