@@ -268,3 +268,15 @@ def test_materialize_reads_every_record_of_a_columnar_dataset(data_dir: Path, fm
     assert result["records"] == data.records
     # float16 of every pixel, and each record's JSON header, in the output shards
     assert result["figures"]["materialize_output_bytes"] > 2 * data.records * data.spec.record_bytes
+
+
+@pytest.mark.timeout(60)  # too few slots for what one read places would stall the workers
+def test_tiny_mds_records_take_more_buffers_than_one_read_and_all_arrive(data_dir: Path) -> None:
+    data, cfg = prepared(
+        data_dir, "mds", dataset_size="256KiB", record_size="192", shard_size="128KiB",
+        batch_size=64, shuffle_buffer=200, num_workers=2,
+    )  # fmt: skip
+    # Three buffers a sample: a shard of more than IOV_MAX / 3 samples needs several reads.
+    assert min(formats.mds_counts(data.root)) > scan.IOV_MAX // 3
+    with scan.open_loader(data, cfg) as reader:
+        assert sorted(epoch_labels(reader, data, 0)) == list(range(data.records))
