@@ -34,6 +34,8 @@ MAX_ITEM_BYTES = 1024**3
 """The most bytes of one record or one notebook: each is made in memory whole (and an
 image or a notebook of more is not one a workload reads)."""
 MAX_FILES = 1_000_000
+MAX_MDS_SHARD_BYTES = 2**32 - 2**20
+"""An MDS shard's offsets are 32-bit: a shard, its header included, stays below 4 GiB."""
 
 _SIZE = cli(click_type=str, metavar="SIZE")
 
@@ -166,6 +168,11 @@ class DatasetConfig(CommonConfig):
         self._size("dataset_size", self.record_size)
         self._size("shard_size", self.record_size)
         self._size("row_group_size", self.record_size)
+        if self.dataset_format == "mds" and self.shard_size > MAX_MDS_SHARD_BYTES:
+            raise ConfigError(
+                f"--shard-size must be at most {MAX_MDS_SHARD_BYTES} bytes for mds (its "
+                f"offsets are 32-bit), got {self.shard_size}"
+            )
 
 
 @dataclass

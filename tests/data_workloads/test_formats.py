@@ -280,3 +280,12 @@ def test_tiny_mds_records_take_more_buffers_than_one_read_and_all_arrive(data_di
     assert min(formats.mds_counts(data.root)) > scan.IOV_MAX // 3
     with scan.open_loader(data, cfg) as reader:
         assert sorted(epoch_labels(reader, data, 0)) == list(range(data.records))
+
+
+def test_an_mds_shard_beyond_its_32_bit_offsets_is_refused(data_dir: Path) -> None:
+    result = run_cli(
+        "scan", "--data-dir", data_dir, "--dataset-format", "mds", "--shard-size", "4GiB",
+        "--no-track",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "--shard-size must be at most" in result.output and "32-bit" in result.output
