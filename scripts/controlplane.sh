@@ -4,8 +4,10 @@
 #
 #   scripts/controlplane.sh build [NAME...]  build the missing or stale binaries (once; cached)
 #   scripts/controlplane.sh build --node     the same, with the node's too (kubelet,
-#                                            kube-scheduler, kube-proxy: docs/node.md)
+#                                            kube-scheduler, kube-proxy: docs/node.md) and
+#                                            the AWS EBS CSI driver (localcluster/ebs.py)
 #   scripts/controlplane.sh check [--node]   exit 1, naming what is missing, unless all are built
+#   scripts/controlplane.sh check NAME...    the same, for the binaries named
 #   scripts/controlplane.sh bin-dir          print the binary cache directory
 #   scripts/controlplane.sh start            start etcd, kube-apiserver, kube-controller-manager,
 #                                            the CSI driver, csi-provisioner and csi-resizer
@@ -39,6 +41,8 @@ K8S_NAMES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-pr
 # The control plane's; the node (localcluster/node.py) needs NODE_NAMES as well.
 NAMES=(etcd csi-hostpath-lite csi-resizer csi-provisioner kube-apiserver kube-controller-manager)
 NODE_NAMES=(kube-scheduler kubelet kube-proxy)
+# Built by `build --node` too, started only by the tests that use them (localcluster/ebs.py).
+EXTRA_NAMES=(aws-ebs-csi-driver)
 
 # name -> "wrapper-dir|main package|version|-ldflags -X ..."
 spec() {
@@ -47,6 +51,10 @@ spec() {
     csi-hostpath-lite) echo "hostpath|.|$HOSTPATH_VERSION|-X main.version=$HOSTPATH_VERSION" ;;
     csi-resizer) echo "resizer|github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer|$RESIZER_VERSION|-X main.version=$RESIZER_VERSION" ;;
     csi-provisioner) echo "provisioner|github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner|$PROVISIONER_VERSION|-X main.version=$PROVISIONER_VERSION" ;;
+    aws-ebs-csi-driver)
+      local p=github.com/kubernetes-sigs/aws-ebs-csi-driver/pkg
+      echo "aws-ebs-csi-driver|github.com/kubernetes-sigs/aws-ebs-csi-driver/cmd|$EBS_CSI_DRIVER_VERSION|-X $p/driver.driverVersion=$EBS_CSI_DRIVER_VERSION -X $p/cloud.driverVersion=$EBS_CSI_DRIVER_VERSION"
+      ;;
     kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy)
       # Without the stamp /version says v0.0.0 (and clients' version checks see that).
       local x="k8s.io/component-base/version" v=${K8S_VERSION#v}
@@ -54,7 +62,7 @@ spec() {
       minor=${minor%%.*}
       echo "kubernetes|k8s.io/kubernetes/cmd/$1|$K8S_VERSION|-X $x.gitVersion=$K8S_VERSION -X $x.gitMajor=$major -X $x.gitMinor=$minor -X $x.gitTreeState=clean"
       ;;
-    *) echo "unknown binary: $1 (one of: ${NAMES[*]} ${NODE_NAMES[*]})" >&2; return 2 ;;
+    *) echo "unknown binary: $1 (one of: ${NAMES[*]} ${NODE_NAMES[*]} ${EXTRA_NAMES[*]})" >&2; return 2 ;;
   esac
 }
 
@@ -108,7 +116,7 @@ build_group() {
 cmd_build() {
   local names=("$@")
   if [ "${1:-}" = --node ]; then
-    names=("${NAMES[@]}" "${NODE_NAMES[@]}")
+    names=("${NAMES[@]}" "${NODE_NAMES[@]}" "${EXTRA_NAMES[@]}")
   elif ((${#names[@]} == 0)); then
     names=("${NAMES[@]}")
   fi
@@ -133,10 +141,15 @@ cmd_build() {
 
 cmd_check() {
   local n missing=() names=("${NAMES[@]}")
-  [ "${1:-}" = --node ] && names+=("${NODE_NAMES[@]}")
+  if [ "${1:-}" = --node ]; then
+    names+=("${NODE_NAMES[@]}")
+  elif (($#)); then
+    names=("$@")
+    for n in "${names[@]}"; do spec "$n" >/dev/null; done
+  fi
   for n in "${names[@]}"; do up_to_date "$n" || missing+=("$n"); done
   if ((${#missing[@]})); then
-    echo "not built in $BIN_DIR: ${missing[*]} (run scripts/controlplane.sh build${1:+ $1})" >&2
+    echo "not built in $BIN_DIR: ${missing[*]} (run scripts/controlplane.sh build${*:+ $*})" >&2
     return 1
   fi
 }
