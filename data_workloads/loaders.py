@@ -15,8 +15,9 @@ the CRC32 of the image, a uint8 tensor), so the figures differ by the loader alo
   ``shuffle=True`` with the seed, each sample decoded in ``__getitem__`` as its docs
   subclass it, torch's default collation.
 - ``arrow``: the Parquet files as Hugging Face ``datasets`` streams them
-  (``IterableDataset`` of its Parquet builder): per worker its files, each read with
-  ``pyarrow.parquet.ParquetFile.iter_batches`` (a batch of a row group's rows), the rows
+  (``IterableDataset`` of its Parquet builder): per worker its files, each opened as a
+  Python file and read with ``pyarrow.parquet.ParquetFile.iter_batches`` (a batch of a
+  row group's rows), the rows
   as Python values (``to_pylist``), shuffled in a buffer of ``--shuffle-buffer`` (as its
   ``shuffle(buffer_size=...)``); torch's default collation. ``datasets`` itself is not
   installed (it adds its per-row formatting on top: this is the least it costs).
@@ -140,18 +141,20 @@ class ArrowParquetStream(IterableDataset):
         rng = random.Random(seed * 131 + worker)
         held: list[tuple[torch.Tensor, int]] = []
         for path in paths[worker::workers]:
-            reader = pq.ParquetFile(path, memory_map=False)
-            for batch in reader.iter_batches(
-                batch_size=self.rows_per_batch, columns=["image", "key", "meta"]
-            ):
-                for row in batch.to_pylist():
-                    sample = _decoded(f"{row['key']} of {path}", row["meta"], row["image"])
-                    if len(held) < self.buffer:
-                        held.append(sample)
-                        continue
-                    i = rng.randrange(len(held))
-                    held[i], sample = sample, held[i]
-                    yield sample
+            # A Python file object, as its Parquet builder opens each file.
+            with open(ds.open_data_file(path), "rb") as f:
+                reader = pq.ParquetFile(f)
+                for batch in reader.iter_batches(
+                    batch_size=self.rows_per_batch, columns=["image", "key", "meta"]
+                ):
+                    for row in batch.to_pylist():
+                        sample = _decoded(f"{row['key']} of {path}", row["meta"], row["image"])
+                        if len(held) < self.buffer:
+                            held.append(sample)
+                            continue
+                        i = rng.randrange(len(held))
+                        held[i], sample = sample, held[i]
+                        yield sample
         rng.shuffle(held)
         yield from held
 
