@@ -39,7 +39,32 @@ _V1_FILES = {
     "write_iops": "blkio.throttle.write_iops_device",
 }
 _V2_KEYS = {"read_bps": "rbps", "write_bps": "wbps", "read_iops": "riops", "write_iops": "wiops"}
-_THROUGHPUT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(Mi)?\s*$")
+# The class parameters are read as the node's CSI driver reads them (its Go regexp and
+# strconv; the table both check: localcluster/throttle_vectors.json): ASCII digits only, the
+# throughput's blanks ASCII ones (Go's \s), the iops trimmed of Unicode white space (Go's
+# strings.TrimSpace) and within a signed 64-bit integer.
+_THROUGHPUT = re.compile(r"[ \t\n\f\r]*([0-9]+(?:\.[0-9]+)?)[ \t\n\f\r]*(Mi)?[ \t\n\f\r]*")
+_IOPS = re.compile(r"[+-]?[0-9]+")
+_WHITE_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_INT64_MAX = 2**63 - 1
+
+
+def io_max_line(device: str, limits: IoLimits) -> str:
+    """The cgroup v2 ``io.max`` line that sets ``limits`` on ``device`` (``max``: none).
+
+    >>> io_max_line("7:0", IoLimits(write_bps=131072000))
+    '7:0 rbps=max wbps=131072000 riops=max wiops=max\\n'
+    """
+    values = limits.as_dict()
+    pairs = " ".join(f"{_V2_KEYS[k]}={'max' if v is None else v}" for k, v in values.items())
+    return f"{device} {pairs}\n"
+
+
+def blkio_lines(device: str, limits: IoLimits) -> dict[str, str]:
+    """The cgroup v1 ``blkio.throttle.*`` file → the line that sets ``limits`` on ``device``
+    (0 removes a limit)."""
+    values = limits.as_dict()
+    return {name: f"{device} {values[key] or 0}\n" for key, name in _V1_FILES.items()}
 
 
 class ThrottleUnavailable(Exception):
@@ -71,16 +96,14 @@ class IoLimits:
         """
         bps = iops = None
         if parameters.get("throughput") is not None:
-            match = _THROUGHPUT.match(str(parameters["throughput"]))
+            match = _THROUGHPUT.fullmatch(str(parameters["throughput"]))
             if not match or float(match.group(1)) <= 0:
                 raise ValueError(f"throughput {parameters['throughput']!r} is not MiB/s")
             bps = int(float(match.group(1)) * MIB)
         if parameters.get("iops") is not None:
-            try:
-                iops = int(str(parameters["iops"]))
-            except ValueError:
-                iops = 0
-            if iops <= 0:
+            figure = str(parameters["iops"]).strip(_WHITE_SPACE)
+            iops = int(figure) if _IOPS.fullmatch(figure) else 0
+            if not 0 < iops <= _INT64_MAX:
                 raise ValueError(f"iops {parameters['iops']!r} is not a positive integer")
         if bps is None and iops is None:
             raise ValueError("the class has neither a throughput nor an iops parameter")
@@ -408,17 +431,12 @@ class Cgroup:
         return {dev: IoLimits(**values) for dev, values in found.items()}
 
     def _write(self, device: str, limits: IoLimits) -> None:
-        values = limits.as_dict()
         try:
             if self.hierarchy.version == 1:
-                for key, name in _V1_FILES.items():
-                    # 0 removes the limit
-                    (self.path / name).write_text(f"{device} {values[key] or 0}\n")
+                for name, line in blkio_lines(device, limits).items():
+                    (self.path / name).write_text(line)
             else:
-                pairs = " ".join(
-                    f"{_V2_KEYS[k]}={'max' if v is None else v}" for k, v in values.items()
-                )
-                (self.path / "io.max").write_text(f"{device} {pairs}\n")
+                (self.path / "io.max").write_text(io_max_line(device, limits))
         except OSError as exc:
             raise ThrottleUnavailable(
                 f"the kernel refused block-I/O limits for device {device} in {self.path}: "
