@@ -12,7 +12,7 @@ from typing import Any
 from checkpoint_compare.errors import NotComparable
 from checkpoint_compare.grouping import ProfileRuns
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.table import CHECKPOINT
+from checkpoint_compare.table import CHECKPOINT, WorkloadRow
 from checkpoint_storage_bench.contract import (
     COMPARABLE_META,
     IMAGE_INPUT,
@@ -23,12 +23,9 @@ from checkpoint_storage_bench.contract import (
 
 
 def _runs(groups: list[ProfileRuns]) -> list[tuple[str, RunRecord]]:
-    """Every training run with a label: the profile, or profile[i] for repeats."""
-    labelled = []
-    for g in groups:
-        for i, run in enumerate(g.trainings):
-            labelled.append((g.profile if len(g.trainings) == 1 else f"{g.profile}[{i + 1}]", run))
-    return labelled
+    """Every measured run, labelled by its profile and the run (its uuid, or its summary's
+    file): which run to look at."""
+    return [(f"{g.profile} ({r.label})", r) for g in groups for r in g.trainings]
 
 
 def _recorded(value: Any) -> bool:
@@ -64,23 +61,32 @@ def image_identity(reference: str) -> str:
     return reference.split("@", 1)[1] if "@" in reference else reference
 
 
-def check_comparable(groups: list[ProfileRuns], allow_resumed: bool = False) -> list[str]:
-    """Refuse runs that do not measure the same thing.
+def check_comparable(
+    row: WorkloadRow, groups: list[ProfileRuns], allow_resumed: bool = False
+) -> list[str]:
+    """Refuse runs that do not measure the same thing, for every workload: the inputs of
+    its row (those bound to a dataset format only where that format is compared), the
+    build, GPU, image and claim, the row's own refusals (a scan served by the page cache),
+    and a resumed run ranked against an uninterrupted one.
 
     Returns:
         Notes for the report (resumed runs compared because ``allow_resumed``).
 
     Raises:
-        NotComparable: Naming every input, build, GPU or image that differs with its value
-            per run, and every resumed run ranked against an uninterrupted one.
+        NotComparable: Naming every difference with its value per run.
     """
     runs = _runs(groups)
-    if missing := missing_inputs([(f"{lb} ({r.label})", r) for lb, r in runs], CHECKPOINT.required):
-        raise NotComparable("runs are not comparable: " + "; ".join(missing))
+    what = "runs" if row is CHECKPOINT else f"{row.name} runs"
+    if missing := missing_inputs(runs, row.required):
+        raise NotComparable(f"{what} are not comparable: " + "; ".join(missing))
+    formats = {r.inputs.get("dataset_format") for _, r in runs}
+    keys = tuple(
+        k for k in row.comparable if k not in row.format_bound or formats & set(row.format_bound[k])
+    )
     differences = provenance_differences(runs) + claim_differences(groups)
-    differences += input_differences(runs, CHECKPOINT.comparable)
+    differences += input_differences(runs, keys) + row.refusals(runs)
     if differences:
-        raise NotComparable("runs are not comparable: " + "; ".join(differences))
+        raise NotComparable(f"{what} are not comparable: " + "; ".join(differences))
     return _resumed(runs, allow_resumed)
 
 
@@ -153,7 +159,7 @@ def _resumed(runs: list[tuple[str, RunRecord]], allow: bool) -> list[str]:
     ]
     if not resumed or len(resumed) == len(runs):
         return []  # nothing resumed, or every run was: like against like
-    listed = ", ".join(f"{label} ({run.label}) from step {step}" for label, run, step in resumed)
+    listed = ", ".join(f"{label} from step {step}" for label, _, step in resumed)
     if not allow:
         raise NotComparable(
             f"runs resumed part-way ({listed}) time only part of a run, so they are not "

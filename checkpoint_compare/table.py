@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import (
@@ -20,6 +20,7 @@ from checkpoint_storage_bench.contract import (
     COMPARABLE_INPUTS,
     MATERIALIZE_TOTAL_S,
     REQUIRED_INPUTS,
+    SCAN_CACHE_KEPT_OUT,
     SCAN_EPOCH_S,
     WORKLOAD_INPUT,
     WORKLOADS,
@@ -72,6 +73,8 @@ class WorkloadRow:
         unjudgeable: Why no profile can be held to the budget asked (e.g. no AU
             recorded), given the profiles; None when it can.
         budget_figure: The figure the budget is tested on, in words, for one profile.
+        refusals: The workload's own reasons to refuse runs, given (label, run) pairs:
+            one line each, none when the runs can be compared.
         title: What the workload stands for, for a report's title.
 
     The checkpoint row's budget (``--max-pause-s``, ``--max-pause-share``) is tested with
@@ -90,6 +93,7 @@ class WorkloadRow:
     budget_words: Callable[[WorkloadBudget], str | None] = lambda b: None
     unjudgeable: Callable[[list[Judged], WorkloadBudget], str | None] = lambda ps, b: None
     budget_figure: Callable[[Judged], str] = lambda p: ""
+    refusals: Callable[[list[tuple[str, Any]]], list[str]] = lambda runs: []
     title: str = ""
 
 
@@ -100,6 +104,21 @@ _DATASET = (
 # A shard size means nothing to a directory of files, a row group only to Parquet.
 _FORMAT_BOUND = {"shard_size": ("webdataset", "parquet", "mds"), "row_group_size": ("parquet",)}
 _DATASET_REQUIRED = ("dataset_format", "dataset_size")
+
+
+def _cache_not_kept_out(runs: list[tuple[str, Any]]) -> list[str]:
+    """A scan whose page cache was not kept out measured memory, not the volume."""
+    cached = [
+        label
+        for label, r in runs
+        if r.outputs.get(SCAN_CACHE_KEPT_OUT) is False or r.inputs.get("drop_cache") is False
+    ]
+    if not cached:
+        return []
+    return [
+        f"the page cache was not kept out of {', '.join(cached)} ({SCAN_CACHE_KEPT_OUT} "
+        "false, or --no-drop-cache): it measured memory, not the volume"
+    ]
 
 
 def _au_budget(p: Judged, b: WorkloadBudget) -> bool | None:
@@ -161,6 +180,7 @@ ROWS: dict[str, WorkloadRow] = {
                 else f"accelerator utilization (AU) >= {b.min_au:.0%} (MLPerf: 90 %)"
             ),
             unjudgeable=_no_au,
+            refusals=_cache_not_kept_out,
             budget_figure=lambda p: "no AU recorded" if p.au is None else f"AU {p.au:.0%}",
             title="reading the dataset as training does",
         ),

@@ -31,6 +31,7 @@ from checkpoint_compare.intervals import Shift
 from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
 from checkpoint_compare.switches import check_switches
+from checkpoint_compare.table import CHECKPOINT
 from checkpoint_storage_bench.contract import (
     RECOMMENDED_PROFILE_OUTPUT,
     VERDICT_OUTPUT,
@@ -209,7 +210,7 @@ def build_verdict(
             or a run lacks the figures needed.
         RunsMissing: The named baseline has no runs.
     """
-    notes = check_comparable(groups, allow_resumed)
+    notes = check_comparable(CHECKPOINT, groups, allow_resumed)
     notes += check_switches(groups, hook_runs or [])
     figures = [profile_figures(g, thresholds.warmup) for g in groups]
     baseline = pick_baseline(groups, baseline, "training")

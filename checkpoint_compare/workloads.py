@@ -25,18 +25,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from checkpoint_compare.comparability import (
-    claim_differences,
-    input_differences,
-    missing_inputs,
-    provenance_differences,
-)
+from checkpoint_compare.comparability import check_comparable
 from checkpoint_compare.comparison import NO_DIFFERENCE, Difference, Thresholds
 from checkpoint_compare.cost import Pricing, ProfileCost, profile_cost
 from checkpoint_compare.errors import BadInput, NotComparable
 from checkpoint_compare.figures import _hook_figures
 from checkpoint_compare.grouping import (
-    ProfileRuns,
     around_the_others,
     group_by_profile,
     pick_baseline,
@@ -55,7 +49,6 @@ from checkpoint_storage_bench.contract import (
     RUN_FINISHED_AT,
     RUN_STARTED_AT,
     SCAN_AU,
-    SCAN_CACHE_KEPT_OUT,
     SCAN_EPOCH_S,
     WORKLOAD_INPUT,
     WORKSPACE_SAVE_P99_MS,
@@ -273,37 +266,6 @@ def _au_samples(run: RunRecord, warmup: int) -> list[float]:
     return [float(au)] if _number(au) else []
 
 
-def _refuse_incomparable(row: WorkloadRow, groups: list[ProfileRuns]) -> None:
-    """The checkpoint verdict's refusals, in this workload's inputs.
-
-    Raises:
-        NotComparable: Naming every difference and each run whose page cache was not kept
-            out of a scan.
-    """
-    # Each run named by its profile and its file or uuid: which run to look at.
-    runs = [(f"{g.profile} ({r.label})", r) for g in groups for r in g.trainings]
-    if missing := missing_inputs(runs, row.required):
-        raise NotComparable(f"{row.name} runs are not comparable: " + "; ".join(missing))
-    formats = {r.inputs.get("dataset_format") for _, r in runs}
-    keys = tuple(
-        k for k in row.comparable if k not in row.format_bound or formats & set(row.format_bound[k])
-    )
-    problems = provenance_differences(runs) + claim_differences(groups)
-    problems += input_differences(runs, keys)
-    cached = [
-        label
-        for label, r in runs
-        if r.outputs.get(SCAN_CACHE_KEPT_OUT) is False or r.inputs.get("drop_cache") is False
-    ]
-    if cached:
-        problems.append(
-            f"the page cache was not kept out of {', '.join(cached)} ({SCAN_CACHE_KEPT_OUT} "
-            "false, or --no-drop-cache): it measured memory, not the volume"
-        )
-    if problems:
-        raise NotComparable(f"{row.name} runs are not comparable: " + "; ".join(problems))
-
-
 def _drift(
     base: WorkloadProfile, base_runs: list[RunRecord], others: list[list[RunRecord]], t: Thresholds
 ) -> WorkloadDrift | None:
@@ -353,8 +315,8 @@ def judge_workloads(
     if len(named) == 1 and not expected:
         raise NotComparable(f"{workload}: one profile only ({', '.join(map(str, named))})")
     groups, failed = group_by_profile(records, expected, kind=RunKind.DATA)
-    _refuse_incomparable(row, groups)
-    notes = check_switches(groups, [r for r in records if r.kind is RunKind.HOOK])
+    notes = check_comparable(row, groups)
+    notes += check_switches(groups, [r for r in records if r.kind is RunKind.HOOK])
     notes += [f"run {r.label} {r.status} and is not used: {r.message}" for r in failed]
     baseline = pick_baseline(groups, baseline, workload)
     groups.sort(key=lambda g: g.profile != baseline)
