@@ -6,6 +6,7 @@ trainer ...`` as a subprocess; the others check the pieces in this process.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +30,19 @@ from tests.trainer.helpers import REPO, metric_events, offline_runs, run_trainer
 from trainer import distributed
 from trainer.ckpt import checkpointer, sharded, store
 from trainer.ckpt.checkpointer import CheckpointRecord
-from trainer.ckpt.formats import RawFormat, flatten
+from trainer.ckpt.formats import RawFormat, WriteOptions, flatten, make_format
 from trainer.ckpt.fs import LocalFS
 from trainer.ckpt.io import AlignedBuffer, write_file
 from trainer.ckpt.lock import LOCK_NAME
 from trainer.config import PARALLEL, TrainConfig
-from trainer.errors import CheckpointCorruptError, ConfigError, WorldSizeError
+from trainer.errors import (
+    CheckpointCorruptError,
+    ConfigError,
+    RankFailedError,
+    StorageFullError,
+    TrainerError,
+    WorldSizeError,
+)
 from trainer.summary import RunSummary
 from trainer.train import train
 
@@ -638,3 +647,96 @@ def test_sharded_total_includes_the_wait_for_the_previous_checkpoint(tmp_path, m
         assert record.pause_s <= record.total_s, record
         for rank in record.ranks or []:
             assert rank["pause_s"] <= rank["total_s"], rank
+
+
+@dataclass
+class _Board:
+    """Where two thread-ranks meet: one slot each, and a barrier around every exchange."""
+
+    world: int
+    slots: list[Any]
+    barrier: threading.Barrier
+
+
+@dataclass
+class ThreadRanks(distributed.Ranks):
+    """A rank of a world whose ranks are threads of this process: the checkpoint
+    protocol's collectives go over a shared board, so the commit of every format can be
+    tested with several ranks and no torchrun."""
+
+    board: _Board | None = None
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        assert self.board is not None
+        self.board.slots[self.rank] = obj
+        self.board.barrier.wait(timeout=60)
+        out = list(self.board.slots)
+        self.board.barrier.wait(timeout=60)
+        return out
+
+    def barrier(self) -> None:
+        self._exchange(None)
+
+    def broadcast(self, obj: Any) -> Any:
+        return self._exchange(obj)[0]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        out = self._exchange(obj)
+        return out if self.is_main else None
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        return self._exchange(obj)
+
+
+class _FullOnFsync(LocalFS):
+    """A volume that fills up once ``full`` is set: the next file fsync fails (ENOSPC)."""
+
+    full = False
+
+    def fsync(self, fd: int) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().fsync(fd)
+
+
+@pytest.mark.parametrize("fmt", ["raw", "torch", "safetensors"])
+def test_a_rank_whose_volume_fills_commits_nothing_in_every_format(tmp_path, monkeypatch, fmt):
+    monkeypatch.setattr(checkpointer, "FAILED_RANK_GRACE_S", 0.0)
+    board = _Board(2, [None, None], threading.Barrier(2))
+    outcome: dict[int, Any] = {}
+
+    def state(step: int) -> dict[str, Any]:
+        weights = {"w": torch.arange(40_000, dtype=torch.float32), "b": torch.ones(3000)}
+        return {"step": step, "model": weights, "rng": {"torch": torch.get_rng_state()}}
+
+    def rank_main(rank: int) -> None:
+        ranks = ThreadRanks(rank, 2, rank, "ddp", torch.device("cpu"), None, 60.0, board=board)
+        fs = _FullOnFsync()
+        ckpt = checkpointer.Checkpointer(
+            tmp_path, make_format(fmt), fs, durable=True, keep=5, ranks=ranks,
+            options=WriteOptions(io_streams=2),
+        )  # fmt: skip
+        try:
+            ckpt.save(2, lambda: state(2))
+            outcome[rank] = ckpt.poll()
+            fs.full = rank == 1
+            ckpt.save(4, lambda: state(4))
+        except TrainerError as exc:
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    # The rank whose volume filled stops with its own error (exit 4), the other is told
+    # (exit 7); nothing of step 4 is published or left behind.
+    assert isinstance(outcome[1], StorageFullError), outcome
+    assert isinstance(outcome[0], RankFailedError) and "rank 1: StorageFullError" in str(outcome[0])
+    assert [r.step for r in store.list_checkpoints(tmp_path)] == [2]
+    assert hidden(tmp_path) == []
+    # Step 2, committed: every rank's shard, striped over two streams (or two library files).
+    manifest = store.read_manifest(tmp_path / store.final_name(2))
+    assert (manifest["layout"], manifest["world_size"]) == ("sharded", 2)
+    assert sorted(e["rank"] for e in manifest["files"]) == [0, 0, 1, 1]
+    assert manifest["shard_layout"] == make_format(fmt).layout
