@@ -26,7 +26,14 @@ import pytest
 import torch
 
 from checkpoint_storage_bench import contract
-from tests.trainer.helpers import REPO, metric_events, offline_runs, run_trainer, tiny_config
+from tests.trainer.helpers import (
+    REPO,
+    flip_byte,
+    metric_events,
+    offline_runs,
+    run_trainer,
+    tiny_config,
+)
 from trainer import distributed
 from trainer.ckpt import checkpointer, sharded, store
 from trainer.ckpt.checkpointer import CheckpointRecord
@@ -740,3 +747,76 @@ def test_a_rank_whose_volume_fills_commits_nothing_in_every_format(tmp_path, mon
     assert (manifest["layout"], manifest["world_size"]) == ("sharded", 2)
     assert sorted(e["rank"] for e in manifest["files"]) == [0, 0, 1, 1]
     assert manifest["shard_layout"] == make_format(fmt).layout
+
+
+def _in_two_thread_ranks(body) -> dict[int, Any]:
+    """Run ``body(ranks)`` on two thread-ranks at once; returns each rank's result (or the
+    error it raised)."""
+    board = _Board(2, [None, None], threading.Barrier(2))
+    outcome: dict[int, Any] = {}
+
+    def rank_main(rank: int) -> None:
+        ranks = ThreadRanks(rank, 2, rank, "ddp", torch.device("cpu"), None, 60.0, board=board)
+        try:
+            outcome[rank] = body(ranks)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return outcome
+
+
+@pytest.mark.parametrize("fmt", ["raw", "torch", "safetensors"])
+def test_two_ranks_resume_the_newest_checkpoint_every_rank_verifies_in_every_format(tmp_path, fmt):
+    def model_and_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = torch.nn.Linear(32, 32)
+        with torch.no_grad():
+            model.weight.copy_(torch.arange(32 * 32, dtype=torch.float32).reshape(32, 32))
+            model.bias.zero_()
+        return model, torch.optim.AdamW(model.parameters())
+
+    def save(ranks: distributed.Ranks) -> torch.Tensor:
+        model, opt = model_and_opt()
+        ckpt = checkpointer.Checkpointer(
+            tmp_path, make_format(fmt), LocalFS(), durable=True, keep=5, ranks=ranks,
+            options=WriteOptions(io_streams=2),
+        )  # fmt: skip
+        for step in (2, 4):
+            model(torch.ones(1, 32)).sum().backward()
+            opt.step()
+            state = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                     "rng": {"torch": torch.get_rng_state()}, "config": {}}  # fmt: skip
+            ckpt.save(step, lambda state=state: state)
+            if step == 2:
+                bias_at_2 = model.bias.detach().clone()
+        ckpt.finish()
+        return bias_at_2
+
+    saved = _in_two_thread_ranks(save)
+    assert all(isinstance(v, torch.Tensor) for v in saved.values()), saved
+    # Rank 1's part of step 4 is damaged: every rank skips step 4 and resumes step 2.
+    step4 = tmp_path / store.final_name(4)
+    manifest = store.read_manifest(step4)
+    flip_byte(step4 / max((e for e in manifest["files"] if e["rank"] == 1),
+                          key=lambda e: e["bytes"])["name"])  # fmt: skip
+    told: list[str] = []
+
+    def resume(ranks: distributed.Ranks) -> Any:
+        model, opt = model_and_opt()
+        restored = sharded.restore(
+            tmp_path, make_format(fmt), LocalFS(), model, opt, ranks, told.append,
+            check_config=lambda saved, name: None,
+        )  # fmt: skip
+        return restored, model.bias.detach().clone()
+
+    resumed = _in_two_thread_ranks(resume)
+    for rank in (0, 1):
+        restored, bias = resumed[rank]
+        assert restored.step == 2, resumed
+        assert torch.equal(bias, saved[rank])
+    assert any("skipping" in line and "step-00000004" in line for line in told), told
+    assert sum("continuing from step-00000002 (step 2), 2 shards verified" in t for t in told) == 2
