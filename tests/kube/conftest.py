@@ -16,12 +16,16 @@ from pathlib import Path
 import pytest
 
 from localcluster.controlplane import ControlPlane, ControlPlaneError, stop_recorded
+from localcluster.ebs import DRIVER_BINARY, EbsChain
 from tests.kube.cluster import BASELINE, CLAIM, NAMESPACE, REPO, Cluster, wait_for
+from tests.kube.ebs_cluster import EbsCluster
 
 SCRIPT = REPO / "scripts" / "controlplane.sh"
 # Per-session state dirs live under here (short: the CSI socket is in them).
 STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
 BUILD_TIMEOUT = 3600
+# The EBS chain's session dirs: ebs-<pytest pid> (its own control plane and driver chain).
+EBS_PREFIX = "ebs-"
 
 
 def _script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -113,6 +117,11 @@ def _clean_stale_sessions() -> None:
         if session.name.isdigit() and not Path(f"/proc/{session.name}").exists():
             stop_recorded(session)
             shutil.rmtree(session, ignore_errors=True)
+        pid = session.name.removeprefix(EBS_PREFIX)
+        if pid != session.name and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            stop_recorded(session / "ebs")
+            stop_recorded(session / "plane")
+            shutil.rmtree(session, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -170,3 +179,35 @@ def claim(cluster: Cluster) -> dict:
     cluster.delete_claim(CLAIM, NAMESPACE)
     cluster.create_bound_claim(CLAIM, NAMESPACE)
     return wait_for("the claim settled on checkpoint-baseline", lambda: cluster.settled(BASELINE))
+
+
+@pytest.fixture(scope="session")
+def ebs() -> Iterator[EbsCluster]:
+    """A control plane of its own with the real AWS EBS CSI driver against moto's EC2 (IAM
+    enforced), the shipped EBS StorageClass, classes and the hook's RBAC applied.
+
+    Its own plane: the shipped EBS classes have the names of the host-path ones.
+    """
+    bin_dir = _binaries()
+    _binaries(DRIVER_BINARY)
+    _clean_stale_sessions()
+    state = STATE_ROOT / f"{EBS_PREFIX}{os.getpid()}"
+    shutil.rmtree(state, ignore_errors=True)
+    plane = ControlPlane(bin_dir, state / "plane", die_with_parent=True)
+    chain = EbsChain(plane, state / "ebs", die_with_parent=True)
+    try:
+        plane.start()
+        chain.start()
+    except ControlPlaneError as exc:
+        chain.stop()
+        plane.stop()
+        pytest.fail(f"kube tier: the EBS chain did not start: {exc}", pytrace=False)
+    try:
+        cluster = EbsCluster(plane, chain)
+        cluster.bootstrap()
+        yield cluster
+    finally:
+        chain.stop()
+        plane.stop()
+        if not os.environ.get("KUBE_TIER_KEEP_STATE"):
+            shutil.rmtree(state, ignore_errors=True)
