@@ -175,7 +175,10 @@ class InFlight(Protocol):
 
 @dataclass
 class Staged:
-    """A checkpoint copied into host memory, ready to write: ``data`` is the whole file."""
+    """A checkpoint copied into host memory, ready to write: ``data`` is the whole file.
+
+    What the byte-image formats (raw, torch) stage inside their :meth:`begin`; the
+    checkpointer itself only ever calls ``begin``."""
 
     data: memoryview
     nbytes: int
@@ -293,6 +296,8 @@ class RawFormat:
         return Staged(data=self.data(plan), nbytes=plan.total, direct_ok=True)
 
     def stage(self, state: Any) -> Staged:
+        """The whole file image of ``state``, copied without overlap (``begin`` uses it
+        with ``--no-overlap``; tests read the image through it)."""
         return self.copy(self.plan(state))
 
     def begin(
@@ -339,6 +344,7 @@ class TorchFormat:
     collective = False
 
     def stage(self, state: Any) -> Staged:
+        """``torch.save`` of ``state`` into memory: the image ``begin`` writes."""
         out = io.BytesIO()
         torch.save(state, out)
         data = out.getbuffer()
