@@ -17,7 +17,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -29,22 +29,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def cli(
     *,
-    flag: str | None = None,
+    flag: str | tuple[str, ...] | None = None,
     envvar: str | None = None,
     metavar: str | None = None,
     click_type: Any = None,
     flag_value: Any = None,
     multiple: bool = False,
+    option: bool = True,
+    show_envvar: bool = True,
+    help_values: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Field metadata for the generated click option, where the field alone does not say it.
 
     Args:
-        flag: The option's declaration when it is not ``--<field-name>``.
+        flag: The option's declaration when it is not ``--<field-name>``: one spelling, or
+            several (``("-n", "--namespace")``). A ``bool`` field declared without a
+            ``/--off`` spelling is an on-switch (``--force``).
         envvar: An environment variable that supplies the value.
         metavar: What ``--help`` shows for the value.
         click_type: The click type when the field's own type is not what the user types.
         flag_value: The value of the option given without one.
         multiple: The option may be repeated; the field (a tuple) gets every value given.
+        option: False for a setting the program fills in (a retry schedule, a seam for
+            tests): no command-line option.
+        show_envvar: False where the help text already names ``envvar`` itself.
+        help_values: Values for the ``{name}`` fields of the docstring, for a help text that
+            quotes what is declared elsewhere (a default that depends on another option, the
+            names of shipped files).
     """
     return {
         "cli": {
@@ -54,8 +65,16 @@ def cli(
             "type": click_type,
             "flag_value": flag_value,
             "multiple": multiple,
+            "option": option,
+            "show_envvar": show_envvar,
+            "help_values": help_values,
         }
     }
+
+
+def is_option(f: Field) -> bool:
+    """Whether the field is a command-line option (:func:`cli` ``option=False``: it is not)."""
+    return f.metadata.get("cli", {}).get("option", True)
 
 
 def flag(name: str) -> str:
@@ -105,26 +124,32 @@ def option_for(f: Field, annotation: Any, doc: str) -> Callable[[F], F]:
     """The click option of one dataclass field."""
     extra = f.metadata.get("cli", {})
     click_type = extra.get("type") or _click_type(annotation)
+    if extra.get("help_values"):
+        doc = doc.format(**extra["help_values"]())
     kwargs: dict[str, Any] = {"help": doc}
     if f.default is MISSING:
         kwargs["required"] = True
     else:
         kwargs["default"] = f.default
         kwargs["show_default"] = f.default is not None
+    given = extra.get("flag")
+    decls = (given,) if isinstance(given, str) else tuple(given or ())
     if click_type is bool:
-        decl = extra.get("flag") or f"{flag(f.name)}/--no-{f.name.replace('_', '-')}"
+        decls = decls or (f"{flag(f.name)}/--no-{f.name.replace('_', '-')}",)
+        if not any("/" in d for d in decls):
+            kwargs["is_flag"] = True
     else:
-        decl = extra.get("flag") or flag(f.name)
+        decls = decls or (flag(f.name),)
         kwargs["type"] = click_type
     if extra.get("envvar"):
-        kwargs.update(envvar=extra["envvar"], show_envvar=True)
+        kwargs.update(envvar=extra["envvar"], show_envvar=extra.get("show_envvar", True))
     if extra.get("metavar"):
         kwargs["metavar"] = extra["metavar"]
     if extra.get("flag_value") is not None:
         kwargs.update(is_flag=False, flag_value=extra["flag_value"])
     if extra.get("multiple"):
         kwargs.update(multiple=True, show_default=False)
-    return click.option(decl, f.name, **kwargs)
+    return click.option(*decls, f.name, **kwargs)
 
 
 class FiniteFloat(click.ParamType):
@@ -163,7 +188,7 @@ def config_options(cls: type) -> Callable[[F], F]:
     docs = field_docs(cls)
 
     def decorate(fn: F) -> F:
-        for f in reversed(fields(cls)):
+        for f in reversed([f for f in fields(cls) if is_option(f)]):
             if not docs.get(f.name):
                 raise TypeError(f"{cls.__name__}.{f.name} has no docstring (its --help text)")
             fn = option_for(f, hints[f.name], docs[f.name])(fn)
@@ -172,14 +197,29 @@ def config_options(cls: type) -> Callable[[F], F]:
     return decorate
 
 
-OUTPUT_FORMATS = ("text", "json")
+OutputFormat = Literal["text", "json"]
+OUTPUT_FORMATS: tuple[str, ...] = typing.get_args(OutputFormat)
 """What a command that shows a state prints: the readable block, or JSON for a program."""
 
 
+@dataclass(kw_only=True)
+class Output:
+    """The setting of a command that prints a state: ``-o/--output text|json`` (the one
+    meaning of "JSON" on our CLIs that print: ``--json PATH`` elsewhere always names a file
+    to write). A command's settings take it as a base; :func:`output_option` adds it alone."""
+
+    output: OutputFormat = field(default="text", metadata=cli(flag=("-o", "--output")))
+    """What to print: the readable block, or JSON for a program."""
+
+    @property
+    def as_json(self) -> bool:
+        """Print JSON for a program instead of the readable block."""
+        return self.output == "json"
+
+
 def output_option(fn: F) -> F:
-    """``-o/--output text|json`` for a command that prints a state (the one meaning of
-    "JSON" on our CLIs that print: ``--json PATH`` elsewhere always names a file to write).
-    The command gets ``as_json``.
+    """:class:`Output`'s option for a command without a settings dataclass; the command gets
+    ``as_json``.
 
     >>> @click.command()
     ... @output_option
@@ -192,14 +232,6 @@ def output_option(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, output: str, **kwargs: Any) -> Any:
-        return fn(*args, as_json=output == "json", **kwargs)
+        return fn(*args, as_json=Output(output=output).as_json, **kwargs)  # type: ignore[arg-type]
 
-    wrapper = click.option(
-        "-o",
-        "--output",
-        type=click.Choice(OUTPUT_FORMATS),
-        default=OUTPUT_FORMATS[0],
-        show_default=True,
-        help="What to print: the readable block, or JSON for a program.",
-    )(wrapper)
-    return wrapper  # type: ignore[return-value]
+    return config_options(Output)(wrapper)  # type: ignore[return-value]
