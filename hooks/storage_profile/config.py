@@ -1,7 +1,14 @@
-"""What each command was asked to do, validated once; the retry schedule as data.
+"""What each command was asked to do, declared and validated once.
 
-``cli.py`` parses the options into these and calls ``commands.py``; a ``ValueError`` from
-validation is a usage error (exit 2).
+Each command's settings are a dataclass composed of option groups (:class:`Target`, then the
+command's own, then the shared ones such as :class:`Holder` or :class:`ReadDeadline`). A field
+is typed, documented by the string right below it and defaulted here alone: ``cli.py``
+generates every option from these fields (:func:`checkpoint_storage_bench.config_cli.
+config_options`: name, type, default, help text). A dataclass lists its bases' fields last
+base first, so a command's bases are written from its last option group to its first, and
+its ``--help`` lists the groups in the reverse of that order. Fields marked
+``cli(option=False)`` are set by the program (the retry schedule, test seams), never on the
+command line. A ``ValueError`` from validation is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -10,13 +17,20 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, get_args
 
+import click
+
+from checkpoint_storage_bench.config_cli import Output, cli
 from checkpoint_storage_bench.contract import output_key, output_key_clashes
 from checkpoint_storage_bench.retry import Backoff
 
-SETTLE_MODES = ("kubernetes", "provider")
-INFEASIBLE_ACTIONS = ("fail", "rollback")
-BACKENDS = ("kubernetes", "local")
+Settle = Literal["kubernetes", "provider"]
+OnInfeasible = Literal["fail", "rollback"]
+BackendName = Literal["kubernetes", "local"]
+SETTLE_MODES: tuple[str, ...] = get_args(Settle)
+INFEASIBLE_ACTIONS: tuple[str, ...] = get_args(OnInfeasible)
+BACKENDS: tuple[str, ...] = get_args(BackendName)
 
 DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
 """``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume
@@ -24,6 +38,9 @@ can stay ``optimizing`` for hours (docs/storage-profile.md, "Timeouts")."""
 LEASE_DURATION = 6 * 3600.0
 """Default Lease duration: outlasts the longest default wait, renewed by every switch."""
 HEARTBEAT_INTERVAL = 30.0
+"""Seconds between two "waiting" lines of a switch at most often."""
+WATCH_TIMEOUT = 300.0
+"""Longest single watch request of a switch, in seconds (re-listed afterwards)."""
 LEASE_DURATION_MAX = 2**31 - 1
 """A Lease's ``leaseDurationSeconds`` is an int32: kube-apiserver cannot decode more (400)."""
 
@@ -72,29 +89,80 @@ def check_holder(holder: str) -> None:
         raise ValueError(f"--holder must be 1 to 253 printable characters, not {holder!r}")
 
 
+_FILE = click.Path(dir_okay=False, path_type=Path)
+"""A file that the command writes or reads (it need not exist)."""
+
+
 @dataclass(kw_only=True)
-class Target:
-    """Where a command acts: the claim and how to reach it.
-
-    Attributes:
-        namespace: The claim's namespace.
-        claim: The claim's name.
-        backend: ``kubernetes`` or ``local`` (the embedded sandbox).
-        kubeconfig: A kubeconfig file; else in-cluster config, else the default kubeconfig.
-        profiles_file: The sandbox's profiles file (local backend).
-    """
-
-    namespace: str
-    claim: str
-    backend: str = "kubernetes"
-    kubeconfig: str | None = None
-    profiles_file: Path | None = None
+class Options:
+    """The end of the chain of checks: each option group checks its own fields in
+    ``__post_init__`` after calling ``super().__post_init__()``, so a command's settings are
+    checked group by group, the first group first."""
 
     def __post_init__(self) -> None:
+        pass
+
+
+@dataclass(kw_only=True)
+class Target(Options):
+    """Where a command acts: the claim and how to reach it (every command's first options)."""
+
+    namespace: str = field(metadata=cli(flag=("--namespace", "-n")))
+    """The claim's namespace."""
+
+    claim: str
+    """The PersistentVolumeClaim's name."""
+
+    kubeconfig: str | None = field(
+        default=None, metadata=cli(click_type=click.Path(exists=True, dir_okay=False))
+    )
+    """Else in-cluster config, else the default kubeconfig."""
+
+    backend: BackendName = "kubernetes"
+    """local: the embedded sandbox, no Kubernetes."""
+
+    profiles_file: Path | None = field(default=None, metadata=cli(click_type=_FILE))
+    """Sandbox profiles (default: connections/sandbox-profiles.yaml under $SANDBOX_ROOT or
+    the working directory)."""
+
+    backoff: Backoff = field(default_factory=Backoff, metadata=cli(option=False))
+    """Retry schedule for throttled or failing API calls."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         check_label("--namespace", self.namespace)
         check_subdomain("--claim", self.claim)
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}")
+
+
+@dataclass(kw_only=True)
+class Holder(Options):
+    """Who acts on the claim's Lease (switch, release, renew)."""
+
+    holder: str | None = field(
+        default=None, metadata=cli(envvar="STORAGE_PROFILE_HOLDER", show_envvar=False)
+    )
+    """Who holds the claim's Lease [default: $STORAGE_PROFILE_HOLDER, else inside a Polyaxon
+    run its pipeline's uuid (else the run's), else user@host]."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.holder is not None:
+            check_holder(self.holder)
+
+
+@dataclass(kw_only=True)
+class ReadDeadline(Options):
+    """renew, release, status and plan only read (or write a Lease): one short deadline for
+    all (always their last option)."""
+
+    timeout: float = 60.0
+    """Overall deadline in seconds for every API call."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_seconds("--timeout", self.timeout)
 
 
 def check_lease_duration(seconds: float) -> None:
@@ -111,47 +179,48 @@ def check_lease_duration(seconds: float) -> None:
         )
 
 
+def _timeout_defaults() -> dict[str, Any]:
+    return {f"{settle}_timeout": f"{seconds:g}" for settle, seconds in DEFAULT_TIMEOUT.items()}
+
+
 @dataclass(kw_only=True)
-class SwitchConfig(Target):
-    """Everything ``switch`` was asked to do, validated once.
+class SwitchOptions(Target):
+    """The options ``switch`` alone takes, after the target's."""
 
-    Attributes:
-        target: The VolumeAttributesClass (or sandbox profile) to switch to.
-        timeout: Overall deadline in seconds (default by ``settle``: :data:`DEFAULT_TIMEOUT`).
-        pending_grace: How long a ``Pending`` modify status may last.
-        settle: ``kubernetes`` or ``provider`` (also wait for the cloud provider).
-        on_infeasible: ``fail`` or ``rollback``.
-        dry_run: Preflight and print the patch only.
-        force: Switch even when the provider's rate limit would be exceeded.
-        stop_after_failure: Refuse (exit 3) when a run of the Polyaxon pipeline this switch
-            runs in (its outermost run) has failed: a pipeline's later stage does not switch
-            the claim.
-        only_if_switched: Do nothing (exit 0) unless the holder switched the claim before
-            (its ledger, or the sandbox's state): a pipeline's restore leaves a claim it never
-            touched alone.
-        summary_json: Where to write the report as JSON.
-        holder: Who holds the claim's Lease (None: :func:`lease.default_holder`).
-        lease_duration: Seconds the Lease lasts from this switch.
-        heartbeat: Seconds between two "waiting" lines at most often.
-        backoff: Retry schedule for throttled or failing API calls.
-        watch_timeout: Longest single watch request, in seconds (re-listed afterwards).
-    """
+    target: str = field(metadata=cli(flag="--to"))
+    """The VolumeAttributesClass (or profile)."""
 
-    target: str
-    timeout: float | None = None
+    timeout: float | None = field(default=None, metadata=cli(help_values=_timeout_defaults))
+    """Overall deadline in seconds (positive, finite) [default: {kubernetes_timeout} with
+    --settle kubernetes, {provider_timeout} with --settle provider: an EBS volume can stay
+    optimizing for hours]."""
+
     pending_grace: float = 120.0
-    settle: str = "provider"
-    on_infeasible: str = "fail"
-    dry_run: bool = False
-    force: bool = False
-    stop_after_failure: bool = False
-    only_if_switched: bool = False
-    summary_json: Path | None = None
-    holder: str | None = None
-    lease_duration: float = LEASE_DURATION
-    heartbeat: float = HEARTBEAT_INTERVAL
-    backoff: Backoff = field(default_factory=Backoff)
-    watch_timeout: float = 300.0
+    """Seconds a Pending modify status may last."""
+
+    settle: Settle = "provider"
+    """provider: also wait for the cloud (EBS optimizing)."""
+
+    on_infeasible: OnInfeasible = "fail"
+    """rollback: switch back to the previous class, wait, still exit 4."""
+
+    dry_run: bool = field(default=False, metadata=cli(flag="--dry-run"))
+    """Preflight and print the patch; change nothing."""
+
+    force: bool = field(default=False, metadata=cli(flag="--force"))
+    """Switch even past the provider's rate limit."""
+
+    stop_after_failure: bool = field(default=False, metadata=cli(flag="--stop-after-failure"))
+    """Refuse (exit 3, nothing changed) when a run of the Polyaxon pipeline this switch runs
+    in (its outermost run, at any depth of nesting) has failed: a pipeline's later stage does
+    not switch the claim."""
+
+    only_if_switched: bool = field(default=False, metadata=cli(flag="--only-if-switched"))
+    """Do nothing (exit 0) unless the claim's ledger has a switch by this holder: a
+    pipeline's restore leaves a claim it never switched alone."""
+
+    summary_json: Path | None = field(default=None, metadata=cli(click_type=_FILE))
+    """Write the report here."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -164,47 +233,45 @@ class SwitchConfig(Target):
         if self.timeout is None:
             self.timeout = DEFAULT_TIMEOUT[self.settle]
         check_seconds("--timeout", self.timeout)
-        check_lease_duration(self.lease_duration)
-        check_seconds("heartbeat", self.heartbeat)
-        if self.holder is not None:
-            check_holder(self.holder)
         check_seconds("--pending-grace", self.pending_grace, positive=False)
         if self.on_infeasible not in INFEASIBLE_ACTIONS:
             raise ValueError(f"--on-infeasible must be one of {', '.join(INFEASIBLE_ACTIONS)}")
+
+
+@dataclass(kw_only=True)
+class SwitchConfig(Holder, SwitchOptions):
+    """Everything ``switch`` was asked to do: the target, the switch's options, the holder,
+    then the Lease's duration. ``only_if_switched`` reads the holder's switches from the
+    claim's ledger, or the sandbox's state on the local backend."""
+
+    lease_duration: float = LEASE_DURATION
+    """Seconds the claim's Lease lasts from this switch."""
+
+    heartbeat: float = field(default=HEARTBEAT_INTERVAL, metadata=cli(option=False))
+    """Seconds between two "waiting" lines at most often."""
+
+    watch_timeout: float = field(default=WATCH_TIMEOUT, metadata=cli(option=False))
+    """Longest single watch request, in seconds (re-listed afterwards)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_lease_duration(self.lease_duration)
+        check_seconds("heartbeat", self.heartbeat)
         if self.watch_timeout <= 0:
             raise ValueError("watch_timeout must be positive")
 
 
 @dataclass(kw_only=True)
-class ReleaseConfig(Target):
-    """What ``release`` was asked to give up.
-
-    Attributes:
-        holder: Whose Lease it is (None: :func:`lease.default_holder`).
-        timeout: Overall deadline in seconds.
-        backoff: Retry schedule for throttled or failing API calls.
-    """
-
-    holder: str | None = None
-    timeout: float = 60.0
-    backoff: Backoff = field(default_factory=Backoff)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_seconds("--timeout", self.timeout)
-        if self.holder is not None:
-            check_holder(self.holder)
+class ReleaseConfig(ReadDeadline, Holder, Target):
+    """What ``release`` was asked to give up: the target, whose Lease, the deadline."""
 
 
 @dataclass(kw_only=True)
-class RenewConfig(ReleaseConfig):
-    """What ``renew`` was asked to extend.
-
-    Attributes:
-        lease_duration: Seconds the Lease lasts from this renewal.
-    """
+class Renewal(Holder):
+    """Whose Lease ``renew`` extends, and by how much."""
 
     lease_duration: float = LEASE_DURATION
+    """Seconds the claim's Lease lasts from this renewal."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -212,22 +279,14 @@ class RenewConfig(ReleaseConfig):
 
 
 @dataclass(kw_only=True)
-class StatusConfig(Target):
-    """What ``status`` was asked to show.
+class RenewConfig(ReadDeadline, Renewal, Target):
+    """What ``renew`` was asked to extend: the target, whose Lease and by how much, the
+    deadline."""
 
-    Attributes:
-        as_json: Print JSON instead of the readable block.
-        timeout: Overall deadline in seconds.
-        backoff: Retry schedule for throttled or failing API calls.
-    """
 
-    as_json: bool = False
-    timeout: float = 60.0
-    backoff: Backoff = field(default_factory=Backoff)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_seconds("--timeout", self.timeout)
+@dataclass(kw_only=True)
+class StatusConfig(ReadDeadline, Output, Target):
+    """What ``status`` was asked to show: the target, what to print, the deadline."""
 
 
 def parse_profiles(text: str) -> list[str]:
@@ -245,27 +304,39 @@ def parse_profiles(text: str) -> list[str]:
     return names
 
 
+class ProfileList(click.ParamType):
+    """``--profiles a,b,c``: the names, in order (:func:`parse_profiles`)."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):  # noqa: ANN201
+        if isinstance(value, list):
+            return value
+        try:
+            return parse_profiles(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 @dataclass(kw_only=True)
-class PlanConfig(Target):
-    """What ``plan`` was asked to judge.
+class PlanOptions(Target):
+    """The options ``plan`` alone takes, after the target's."""
 
-    Attributes:
-        profiles: The classes (sandbox profiles) the run switches to, in order.
-        return_to_first: The run ends with a switch back to the first profile.
-        restore_after: The run ends by switching the claim to ``restore_class``.
-        restore_class: The class of the restore (counted only with ``restore_after``).
-        summary_json: Where to write the plan as JSON.
-        timeout: Overall deadline in seconds.
-        backoff: Retry schedule for throttled or failing API calls.
-    """
+    profiles: list[str] = field(metadata=cli(click_type=ProfileList()))
+    """The classes (sandbox profiles) the run switches to, in order, comma-separated."""
 
-    profiles: list[str]
-    return_to_first: bool = False
-    restore_after: bool = False
-    restore_class: str | None = None
-    summary_json: Path | None = None
-    timeout: float = 60.0
-    backoff: Backoff = field(default_factory=Backoff)
+    return_to_first: bool = field(default=False, metadata=cli(flag="--return-to-first"))
+    """The run ends with a switch back to the first profile (A…B…A, measures drift)."""
+
+    restore_after: bool = field(default=False, metadata=cli(flag="--restore-after"))
+    """The run ends by switching the claim to --restore-class (the pipeline's restore):
+    counted as one more modification when the claim is not already on it by then."""
+
+    restore_class: str | None = field(default=None, metadata=cli(metavar="CLASS"))
+    """The class the restore switches the claim to (counted only with --restore-after)."""
+
+    summary_json: Path | None = field(default=None, metadata=cli(click_type=_FILE))
+    """Write the plan here."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -280,12 +351,16 @@ class PlanConfig(Target):
                 check_subdomain("--profiles", name)
             if self.restore_to is not None:
                 check_subdomain("--restore-class", self.restore_to)
-        check_seconds("--timeout", self.timeout)
 
     @property
     def restore_to(self) -> str | None:
         """The class the run ends on after its restore (None: no restore)."""
         return self.restore_class if self.restore_after else None
+
+
+@dataclass(kw_only=True)
+class PlanConfig(ReadDeadline, PlanOptions):
+    """What ``plan`` was asked to judge: the target, the run's profiles, the deadline."""
 
 
 def check_comparable(profiles: list[str]) -> None:
