@@ -77,12 +77,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not tier or os.environ.get("CI"):
         return  # under CI the fixture builds (or fails) instead of skipping
     reason = _missing()
+    name = "kube-tier"
     if reason is None:
-        return
+        # The tier runs; the EBS chain's tests stand aside together when its driver is missing.
+        ebs = [item for item in tier if "ebs" in getattr(item, "fixturenames", ())]
+        reason = _missing(DRIVER_BINARY) if ebs else None
+        if reason is None:
+            return
+        tier, name = ebs, "ebs-chain"
     parent = tier[0].parent
     while parent is not None and parent.path != here:
         parent = parent.parent
-    stand_in = _TierSkipped.from_parent(parent or tier[0].parent, name="kube-tier", reason=reason)
+    stand_in = _TierSkipped.from_parent(parent or tier[0].parent, name=name, reason=reason)
     items[items.index(tier[0])] = stand_in
     for item in tier[1:]:
         items.remove(item)
