@@ -48,6 +48,20 @@ def _sandbox(root, host, port, agent_file, profiles_file, rt: Runtime | None = N
     )
 
 
+def _running_sandbox(root, host, port, agent_file, profiles_file) -> Sandbox:
+    """The sandbox at ``root`` where its server last listened, unless ``--host`` names
+    another: the node runtime's server listens on the node's bridge, not on loopback. Once
+    the bridge is gone no server can be listening there; its pids are still this root's."""
+    sb = _sandbox(root, host, port, agent_file, profiles_file)
+    last = (sb.paths.read_info() or {}).get("host")
+    if host == DEFAULT_HOST and last not in (None, host):
+        try:
+            sb = _sandbox(root, last, port, agent_file, profiles_file)
+        except ConfigError:
+            pass
+    return sb
+
+
 def _common(fn):
     for option in reversed(
         [
@@ -139,15 +153,7 @@ def start(root, host, port, agent_file, profiles_file, project, runtime, node_st
 @_common
 def stop(root, host, port, agent_file, profiles_file) -> None:
     """Stop the agent (and any run it executes) and the server."""
-    sb = _sandbox(root, host, port, agent_file, profiles_file)
-    last = (sb.paths.read_info() or {}).get("host")
-    if host == DEFAULT_HOST and last not in (None, host):
-        # The server last listened elsewhere (the node's bridge): stop its runs there. Once
-        # the bridge is gone no server can be listening on it; the pids still get stopped.
-        try:
-            sb = _sandbox(root, last, port, agent_file, profiles_file)
-        except ConfigError:
-            pass
+    sb = _running_sandbox(root, host, port, agent_file, profiles_file)
     stopped = commands.stop(sb)
     click.echo("sandbox: stopped " + (", ".join(stopped) if stopped else "nothing (not running)"))
 
@@ -157,7 +163,7 @@ def stop(root, host, port, agent_file, profiles_file) -> None:
 @output_option
 def status(root, host, port, agent_file, profiles_file, as_json) -> None:
     """Show whether the server and agent run, and where their logs are. Exit 6 if down."""
-    sb = _sandbox(root, host, port, agent_file, profiles_file)
+    sb = _running_sandbox(root, host, port, agent_file, profiles_file)
     rt = commands.running_runtime(sb)
     info = rt.status(sb)
     if as_json:

@@ -158,3 +158,38 @@ def test_the_demo_starts_the_runtime_and_submits_where_it_places_the_pods(tmp_pa
     assert submitted == [({"image": "where-the-pods-run:1", "backend": "kubernetes",
                            "steps": "3"}, False)]  # fmt: skip
     assert any(line.startswith("runs table: ") for line in said)
+
+
+def test_status_asks_the_server_where_it_last_listened(tmp_path):
+    """The node runtime's server listens on the node's bridge, not on loopback: ``status``
+    (like ``stop``) asks it there, unless ``--host`` names another address."""
+    import http.server
+    import json
+    import threading
+
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    # Another loopback address stands for the bridge, which needs the node.
+    server = http.server.HTTPServer(("127.0.0.2", 0), Healthz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        paths = SandboxPaths(tmp_path)
+        paths.state.mkdir(parents=True)
+        port = server.server_address[1]
+        paths.info.write_text(json.dumps({"host": "127.0.0.2", "port": port}))
+        done = subprocess.run(
+            [sys.executable, "-m", "sandbox", "status", "--root", str(tmp_path), "-o", "json"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    info = json.loads(done.stdout)
+    assert info["url"] == f"http://127.0.0.2:{port}" and info["server_healthy"] is True, info
+    assert done.returncode == 6  # the server answers, but no agent runs
+    assert "the sandbox's agent is not running" in done.stderr
