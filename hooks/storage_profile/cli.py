@@ -17,6 +17,7 @@ from checkpoint_storage_bench.config_cli import config_options
 from checkpoint_storage_bench.errors import BenchError, exit_codes_help
 from checkpoint_storage_bench.retry import Backoff
 from hooks.storage_profile import commands, config
+from hooks.storage_profile.backends import Backend, make_backend
 from hooks.storage_profile.config import (
     PlanConfig,
     ReleaseConfig,
@@ -75,6 +76,11 @@ class HookGroup(click.Group):
             raise as_hook_error(exc) from exc
 
 
+def backend_of(cfg: config.Target) -> Backend:
+    """The one choice of where the command acts, from ``--backend``."""
+    return make_backend(cfg.backend, provider_for=PROVIDER_FOR)
+
+
 def config_or_usage_error(make: Any, **kwargs: Any) -> Any:
     """Build a config; its validation errors are usage errors (exit 2)."""
     try:
@@ -102,14 +108,15 @@ def switch(**options: Any) -> None:
         heartbeat=HEARTBEAT,
         **options,
     )
-    commands.run_switch(cfg, provider_for=PROVIDER_FOR)
+    commands.run_switch(cfg, backend_of(cfg))
 
 
 @main.command(epilog=EPILOG, short_help=SHORT_HELP["release"])
 @config_options(ReleaseConfig)
 def release(**options: Any) -> None:
     """Release the claim's Lease (the pipeline's last op): only its holder can."""
-    commands.run_release(config_or_usage_error(ReleaseConfig, backoff=BACKOFF, **options))
+    cfg = config_or_usage_error(ReleaseConfig, backoff=BACKOFF, **options)
+    commands.run_release(cfg, backend_of(cfg))
 
 
 @main.command(epilog=EPILOG, short_help=SHORT_HELP["renew"])
@@ -118,14 +125,16 @@ def renew(**options: Any) -> None:
     """Extend the claim's Lease by --lease-duration from now, only while this holder still
     holds it (a stage's op between its fio sweep and its training runs); exit 3 when the
     Lease was lost, released or taken."""
-    commands.run_renew(config_or_usage_error(RenewConfig, backoff=BACKOFF, **options))
+    cfg = config_or_usage_error(RenewConfig, backoff=BACKOFF, **options)
+    commands.run_renew(cfg, backend_of(cfg))
 
 
 @main.command(epilog=EPILOG, short_help=SHORT_HELP["status"])
 @config_options(StatusConfig)
 def status(**options: Any) -> None:
     """Desired and current class, modify status, conditions and recent events of a claim."""
-    commands.run_status(config_or_usage_error(StatusConfig, backoff=BACKOFF, **options))
+    cfg = config_or_usage_error(StatusConfig, backoff=BACKOFF, **options)
+    commands.run_status(cfg, backend_of(cfg))
 
 
 @main.command(epilog=EPILOG, short_help=SHORT_HELP["plan"])
@@ -133,4 +142,5 @@ def status(**options: Any) -> None:
 def plan(**options: Any) -> None:
     """How many volume modifications the run over the profiles needs, and whether the
     provider's window allows them now (else exit 3 naming when); changes nothing."""
-    commands.run_plan(config_or_usage_error(PlanConfig, backoff=BACKOFF, **options))
+    cfg = config_or_usage_error(PlanConfig, backoff=BACKOFF, **options)
+    commands.run_plan(cfg, backend_of(cfg))

@@ -12,7 +12,7 @@ import pytest
 from moto import mock_aws
 
 from checkpoint_storage_bench.contract import LEASE_PREFIX, LEDGER_ANNOTATION, parse_ledger
-from hooks.storage_profile import cli, commands
+from hooks.storage_profile import backends, cli
 from hooks.storage_profile.providers import EbsProvider
 from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import FAST_BACKOFF, Ec2, Stepper
@@ -29,7 +29,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
     checks that the hook only ever patched claims' class (and ledger) and wrote the claims'
     Leases."""
     kube = FakeKube()
-    monkeypatch.setattr(commands, "connect", lambda cfg, deadline: kube)
+    monkeypatch.setattr(backends, "connect", lambda cfg, deadline: kube)
     yield kube
     for write in kube.writes:
         if write.verb == "patch":
