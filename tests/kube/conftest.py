@@ -95,23 +95,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.hook.pytest_deselected(items=tier)
 
 
-_build_failure: list[str] = []  # a failed CI build, so that it is tried once per session
+# A failed CI build, per what was asked for (the tier's binaries, one extra binary such as
+# the EBS driver), so that each is tried once per session and one failing extra binary does
+# not fail the tests that do not need it.
+_build_failure: dict[tuple[str, ...], str] = {}
 
 
 def _binaries(*options: str) -> Path:
     """The binary directory, built; skips (or, under CI, builds or fails) otherwise."""
-    if _build_failure:
-        pytest.fail(_build_failure[0], pytrace=False)
+    if options in _build_failure:
+        pytest.fail(_build_failure[options], pytrace=False)
     reason = _missing(*options)
     if reason is not None:
         if not os.environ.get("CI"):
             pytest.skip(reason)
         build = _script("build", *options, timeout=BUILD_TIMEOUT)
         if build.returncode != 0:
-            _build_failure.append(
+            _build_failure[options] = (
                 "kube tier (CI): scripts/controlplane.sh build failed:\n" + build.stderr[-4000:]
             )
-            pytest.fail(_build_failure[0], pytrace=False)
+            pytest.fail(_build_failure[options], pytrace=False)
     return Path(_script("bin-dir").stdout.strip())
 
 
