@@ -69,3 +69,30 @@ def test_the_chain_refuses_to_start_without_the_driver(tmp_path: Path) -> None:
     with pytest.raises(EbsError, match=f"build {DRIVER_BINARY}"):
         chain.start()
     assert chain.procs == []
+
+
+def test_a_failed_ci_build_of_the_driver_fails_only_what_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.kube import conftest
+
+    builds: list[tuple[str, ...]] = []
+
+    def script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        if args[0] == "build":
+            builds.append(args[1:])
+            return subprocess.CompletedProcess(args, 1, "", "go: build failed")
+        return subprocess.CompletedProcess(args, 0, "/cache/bin\n", "")
+
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.setattr(conftest, "_build_failure", {})
+    monkeypatch.setattr(conftest, "_script", script)
+    monkeypatch.setattr(
+        conftest, "_missing", lambda *options: "missing" if options == (DRIVER_BINARY,) else None
+    )
+
+    for _ in range(2):
+        with pytest.raises(pytest.fail.Exception, match="go: build failed"):
+            conftest._binaries(DRIVER_BINARY)
+    assert conftest._binaries() == Path("/cache/bin")
+    assert builds == [(DRIVER_BINARY,)]  # tried once per session
