@@ -26,6 +26,7 @@ from checkpoint_storage_bench.fio import (
 from checkpoint_storage_bench.interrupts import deferred_signals
 from checkpoint_storage_bench.tracking import Tracker
 from checkpoint_storage_bench.units import format_bytes
+from fio_sweep.config import Config
 from fio_sweep.errors import FioJobError
 from fio_sweep.runner import (
     Target,
@@ -37,31 +38,11 @@ from fio_sweep.runner import (
     scratch_dir,
     supports_direct_io,
 )
-from fio_sweep.spec import SYNC_ENGINES, Case, Spec, check_scale, load_spec, writers_case
+from fio_sweep.spec import SYNC_ENGINES, Case, Spec, load_spec, writers_case
 
 OVERHEAD_THRESHOLD_PCT = 10.0
 FALLBACK_ENGINE = "psync"
 METRICS = ("bw_mbps", "iops", *PERCENTILES)
-
-
-@dataclass
-class Config:
-    """The sweep's options, as the CLI takes them (see docs/contracts.md)."""
-
-    mount: Path
-    target: Path | None = None
-    spec: str | None = None
-    size_scale: float = 1.0
-    runtime: int | None = None
-    reference_dir: Path | None = None
-    summary_json: Path | None = None
-    allow_raw_device: bool = False
-    writers: int | None = None
-
-    def __post_init__(self) -> None:
-        check_scale(self.size_scale, self.runtime)
-        if self.writers is not None:
-            writers_case(self.writers)  # validates the count
 
 
 @dataclass

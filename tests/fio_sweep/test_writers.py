@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fio_sweep.commands import Config
+from fio_sweep.config import Config
 from fio_sweep.errors import SpecError
 from fio_sweep.spec import WRITERS_CASE, load_spec, writers_case
 
