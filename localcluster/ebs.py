@@ -9,8 +9,9 @@ each in its own process group, its log and pid in its own state directory:
 2. ``aws-ebs-csi-driver`` in controller mode (the upstream binary, scripts/controlplane.sh),
    its EC2 calls sent to moto as the driver's user;
 3. ``csi-provisioner`` and ``csi-resizer`` on the driver's socket, with the flags the
-   driver's own Helm chart gives them (``--extra-create-metadata``: the volume's tags name its
-   claim).
+   driver's own manifests give them (``--extra-create-metadata`` and
+   ``--extra-modify-metadata``: the driver sees the claim's name, for the volume's tags), as
+   the admin or, with ``controller_rbac``, as the driver's controller ServiceAccount.
 
 It registers the instance as a node the way the kubelet and the driver's node plugin would:
 a ``Node`` labelled with the instance's zone (providerID ``aws:///ZONE/i-…``) and a
@@ -50,6 +51,7 @@ from localcluster.controlplane import (
     _stop_group,
     free_port,
     tail,
+    write_kubeconfig,
 )
 
 EBS_DRIVER = "ebs.csi.aws.com"
@@ -60,6 +62,8 @@ ZONE = "us-east-1a"
 # carries these keys and its Node the same labels, which the provisioner turns into the
 # CreateVolume's topology requirement.
 TOPOLOGY_KEYS = ("kubernetes.io/os", "topology.ebs.csi.aws.com/zone", "topology.kubernetes.io/zone")
+# The sidecars' ServiceAccount in kube-system (the driver's manifests' name).
+CONTROLLER_SERVICE_ACCOUNT = "ebs-csi-controller-sa"
 # Order of start; stop goes the other way.
 PROCESSES = ("moto", DRIVER_BINARY, "csi-provisioner", "csi-resizer")
 ADMIN_USER = "admin"
@@ -166,6 +170,10 @@ class EbsChain:
         state_dir: Logs, the driver's socket, the pid file (short: the socket is in it).
         enforce_iam: Turn moto's IAM enforcement on before the driver starts, so that every
             EC2 call from then on, the driver's too, is checked against its caller's policy.
+        controller_rbac: A manifest with the sidecars' ServiceAccount ``kube-system/``
+            :data:`CONTROLLER_SERVICE_ACCOUNT` and its RBAC (e.g.
+            connections/rbac-ebs-csi-controller.yaml): applied, and the sidecars run with a
+            token of that account. None: they run as the admin.
         die_with_parent: As for the control plane (PR_SET_PDEATHSIG).
         moto: Set by :meth:`start`.
         node_name: The registered node (the instance's private DNS name), set by :meth:`start`.
@@ -175,6 +183,7 @@ class EbsChain:
     plane: ControlPlane
     state_dir: Path
     enforce_iam: bool = True
+    controller_rbac: Path | None = None
     die_with_parent: bool = False
     moto: Moto = field(init=False)
     driver_credentials: Credentials = field(init=False)
@@ -241,7 +250,8 @@ class EbsChain:
             env=self.moto.env(self.driver_credentials),
         )
         self._wait(DRIVER_BINARY, self.socket.exists, 60)
-        kubeconfig = f"--kubeconfig={self.plane.admin_kubeconfig}"
+        admin = AdminClient(self.plane)
+        kubeconfig = f"--kubeconfig={self._sidecar_kubeconfig(admin)}"
         csi = f"--csi-address=unix://{self.socket}"
         self._spawn(
             "csi-provisioner",
@@ -267,16 +277,43 @@ class EbsChain:
                 kubeconfig,
                 "--leader-election=false",
                 "--handle-volume-inuse-error=false",
+                "--extra-modify-metadata",
                 "--retry-interval-start=1s",
                 "--retry-interval-max=30s",
                 "--timeout=60s",
                 "--v=4",
             ],
         )
-        self.register_node(AdminClient(self.plane))
+        self.register_node(admin)
         time.sleep(0.5)  # the sidecars exit early when they cannot talk to the driver
         for proc in self.procs:
             self._check_running(proc)
+
+    def _sidecar_kubeconfig(self, admin: AdminClient) -> Path:
+        """The admin's kubeconfig, or one with a token of the controller's ServiceAccount
+        once ``controller_rbac`` is applied."""
+        if self.controller_rbac is None:
+            return self.plane.admin_kubeconfig
+        import yaml
+        from kubernetes import client
+
+        with self.controller_rbac.open() as f:
+            for doc in yaml.safe_load_all(f):
+                if doc:
+                    admin.apply(doc)
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=24 * 3600)
+        )
+        token = admin.core.create_namespaced_service_account_token(
+            CONTROLLER_SERVICE_ACCOUNT, "kube-system", request
+        ).status.token
+        return write_kubeconfig(
+            self.state_dir / "controller.kubeconfig",
+            self.plane.server,
+            self.plane.pki.ca_crt,
+            user={"token": token},
+            user_name=f"system:serviceaccount:kube-system:{CONTROLLER_SERVICE_ACCOUNT}",
+        )
 
     def register_node(self, admin: AdminClient) -> None:
         """The Node and CSINode the kubelet and the driver's node plugin would write."""
