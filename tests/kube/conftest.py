@@ -203,7 +203,12 @@ def ebs() -> Iterator[EbsCluster]:
     state = STATE_ROOT / f"{EBS_PREFIX}{os.getpid()}"
     shutil.rmtree(state, ignore_errors=True)
     plane = ControlPlane(bin_dir, state / "plane", die_with_parent=True)
-    chain = EbsChain(plane, state / "ebs", die_with_parent=True)
+    chain = EbsChain(
+        plane,
+        state / "ebs",
+        controller_rbac=REPO / "connections" / "rbac-ebs-csi-controller.yaml",
+        die_with_parent=True,
+    )
     try:
         plane.start()
         chain.start()
