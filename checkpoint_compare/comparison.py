@@ -149,7 +149,8 @@ def measure_drift(baseline: ProfileFigures, others: list[ProfileFigures], confid
     first, last = split
     before = [[v for _, v in r.measured] for r in first if r.measured]
     after = [[v for _, v in r.measured] for r in last if r.measured]
-    pause = run_level_shift(after, before, confidence) if before and after else None
+    # Before every other profile, and after them all: one block each.
+    pause = run_level_shift(after, before, confidence, (1, 1)) if before and after else None
     runtime = statistics.median(r.runtime_s for r in last) - statistics.median(
         r.runtime_s for r in first
     )
@@ -234,12 +235,22 @@ class Comparison:
         return same_direction and abs(self.pause_delta_s) * checkpoints > self.runtime.floor
 
 
+def _blocks(base: ProfileFigures, cand: ProfileFigures) -> tuple[int, int] | None:
+    """The candidate's and the baseline's blocks of back-to-back runs, when known."""
+    if cand.blocks is None or base.blocks is None:
+        return None
+    return cand.blocks, base.blocks
+
+
 def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
     """The runs' runtimes against each other, each run one value: Student's t between runs
     as for the pause (a range of the differences between 2 and 2 runs is a 67 % interval,
     which calls run-to-run noise a difference about every other time); one run a side has
     no interval."""
-    return run_level_shift([[r] for r in cand.runtimes], [[r] for r in base.runtimes], t.confidence)
+    return run_level_shift(
+        [[r] for r in cand.runtimes], [[r] for r in base.runtimes], t.confidence,
+        _blocks(base, cand),
+    )  # fmt: skip
 
 
 def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
@@ -248,7 +259,7 @@ def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> S
     x = [[v for _, v in r.measured] for r in cand.per_run if r.measured]
     y = [[v for _, v in r.measured] for r in base.per_run if r.measured]
     if x and y:
-        return run_level_shift(x, y, t.confidence)
+        return run_level_shift(x, y, t.confidence, _blocks(base, cand))
     return Shift(
         cand.pause.median - base.pause.median, None, None, None, len(x), len(y),
         "no per-checkpoint pauses after warm-up (only the runs' summary outputs, or every "
@@ -262,7 +273,7 @@ def _restore_difference(
     x, y = cand.restores, base.restores
     if not x or not y:
         return None
-    shift = run_level_shift([[v] for v in x], [[v] for v in y], t.confidence)
+    shift = run_level_shift([[v] for v in x], [[v] for v in y], t.confidence, _blocks(base, cand))
     return Difference.judge(shift, t.practical_floor_s, "restore")
 
 

@@ -147,6 +147,7 @@ class ProfileFigures:
         warmup_pauses: The warm-up pauses of all runs, pooled.
         fio: fio case → headline figures.
         hook: What the hook recorded: claim identity, applied class, settle times.
+        blocks: How many blocks of back-to-back runs its runs make (None: not known).
     """
 
     profile: str
@@ -157,6 +158,7 @@ class ProfileFigures:
     warmup_pauses: list[float]
     fio: dict[str, dict[str, float]] = field(default_factory=dict)
     hook: dict[str, Any] = field(default_factory=dict)
+    blocks: int | None = None
 
     @property
     def pause(self) -> StageFigures:

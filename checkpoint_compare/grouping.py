@@ -192,3 +192,28 @@ def around_the_others(
     first = [r for r in baseline_runs if (w := started(r)) and w < first_other]
     last = [r for r in baseline_runs if (w := started(r)) and w > last_other]
     return (first, last) if first and last else None
+
+
+def block_counts(groups: list[ProfileRuns]) -> dict[str, int]:
+    """How many blocks each profile's runs make: stretches of its runs with no other
+    profile's run between them, in start order over every profile (the pipeline's
+    repeats are one block; a return to the first profile is a second). A profile with a run
+    of unknown start time counts as one block.
+
+    >>> from datetime import datetime as d
+    >>> def run(p, day): return RunRecord(uuid=f"{p}{day}", started_at=d(2026, 1, day))
+    >>> a = ProfileRuns("a", [run("a", 1), run("a", 2), run("a", 5)])
+    >>> block_counts([a, ProfileRuns("b", [run("b", 3), run("b", 4)])])
+    {'a': 2, 'b': 1}
+    """
+    timed = [(run_time(r), g.profile) for g in groups for r in g.trainings]
+    counts = dict.fromkeys((g.profile for g in groups), 1)
+    if any(when is None for when, _ in timed):
+        return counts
+    counts = dict.fromkeys(counts, 0)
+    previous = None
+    for _, profile in sorted(timed, key=lambda t: t[0]):  # type: ignore[arg-type,return-value]
+        if profile != previous:
+            counts[profile] += 1
+        previous = profile
+    return counts

@@ -32,6 +32,15 @@ quantile in closed form (no scipy): deterministic, no seed, no resampling. With 
 two runs on a side there is no between-run spread to measure on that side and no interval
 is given.
 
+A profile's repeats run back to back, one block (its minutes on the machine), and whatever
+changes between two blocks — the machine's load, a neighbour — moves every run of a block
+together: more runs of one block do not replicate the block. The calibration measured it
+(docs/compare.md): 2 runs a side claimed no difference in 38 A/A comparisons, 4 runs a side
+claimed one in 2 of 6, the second block slower in all four runs. So with ``blocks`` given,
+a side counts at most :data:`RUNS_PER_BLOCK` runs per block as independent: the spread is
+still estimated from every run, but the interval is never narrower than the calibrated
+design of two runs a block gives.
+
 >>> r = run_level_shift([[2.0, 2.1, 2.2], [2.3, 2.2, 2.4]], [[1.0, 1.1, 1.2], [1.2, 1.1, 1.3]])
 >>> round(r.estimate, 3), r.n_x, r.n_y, r.excludes_zero, r.confidence
 (1.05, 2, 2, True, 0.95)
@@ -49,6 +58,9 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+RUNS_PER_BLOCK = 2
+"""Runs of one block (repeats back to back) counted as independent: the calibrated design."""
 
 # Up to this many pairs the Mann–Whitney distribution is computed exactly; above it the
 # normal approximation (with continuity correction) is within a rank of the exact one.
@@ -258,12 +270,15 @@ def run_level_shift(
     runs_x: Sequence[Sequence[float]],
     runs_y: Sequence[Sequence[float]],
     confidence: float = 0.95,
+    blocks: tuple[int, int] | None = None,
 ) -> Shift:
     """How much the runs ``runs_x`` are above the runs ``runs_y`` (same units as the
     samples), the run being the unit of replication: each run summarised by its median,
     the interval Student's t on those medians with the between-run variance pooled (see
     the module's docstring for why). ``n_x``/``n_y`` count runs. With fewer than two runs
     on a side, the estimate alone: one run cannot tell the profile from the run.
+    ``blocks``: how many blocks of back-to-back runs each side's runs make (None: every
+    run independent); a side then counts at most ``RUNS_PER_BLOCK`` runs a block.
 
     Raises:
         ValueError: A side without runs, a run without values or with a value that is not
@@ -282,13 +297,24 @@ def run_level_shift(
             " at least 2 runs of each profile are needed",
             confidence,
         )  # fmt: skip
-    df = n_x + n_y - 2
-    pooled = ((n_x - 1) * statistics.variance(x) + (n_y - 1) * statistics.variance(y)) / df
+    pooled = ((n_x - 1) * statistics.variance(x) + (n_y - 1) * statistics.variance(y)) / (
+        n_x + n_y - 2
+    )
+    e_x, e_y = n_x, n_y
+    if blocks is not None:
+        e_x = min(n_x, RUNS_PER_BLOCK * max(1, blocks[0]))
+        e_y = min(n_y, RUNS_PER_BLOCK * max(1, blocks[1]))
+    df = e_x + e_y - 2
     half = student_t_quantile(1 - (1 - confidence) / 2, df) * math.sqrt(
-        pooled * (1 / n_x + 1 / n_y)
+        pooled * (1 / e_x + 1 / e_y)
+    )
+    counted = (
+        f"; {e_x} and {e_y} counted: runs back to back share their block"
+        if (e_x, e_y) != (n_x, n_y)
+        else ""
     )
     return Shift(
         estimate, estimate - half, estimate + half, confidence, n_x, n_y,
-        f"Student's t on the run medians, between-run variance pooled ({df} df)",
+        f"Student's t on the run medians, between-run variance pooled ({df} df{counted})",
         confidence,
     )  # fmt: skip

@@ -26,7 +26,7 @@ from checkpoint_compare.cost import (
 )
 from checkpoint_compare.figures import ProfileFigures, profile_figures
 from checkpoint_compare.formatting import level, seconds, usd
-from checkpoint_compare.grouping import ProfileRuns, pick_baseline
+from checkpoint_compare.grouping import ProfileRuns, block_counts, pick_baseline
 from checkpoint_compare.intervals import Shift
 from checkpoint_compare.recommendation import Budget, Recommendation, recommend
 from checkpoint_compare.records import RunRecord
@@ -213,6 +213,9 @@ def build_verdict(
     notes = check_comparable(CHECKPOINT, groups, allow_resumed)
     notes += check_switches(groups, hook_runs or [])
     figures = [profile_figures(g, thresholds.warmup) for g in groups]
+    blocks = block_counts(groups)
+    for f in figures:
+        f.blocks = blocks[f.profile]
     baseline = pick_baseline(groups, baseline, "training")
     figures.sort(key=lambda f: f.profile != baseline)
     base = figures[0]

@@ -32,6 +32,7 @@ from checkpoint_compare.errors import BadInput, NotComparable
 from checkpoint_compare.figures import _hook_figures
 from checkpoint_compare.grouping import (
     around_the_others,
+    block_counts,
     group_by_profile,
     pick_baseline,
     run_time,
@@ -76,6 +77,7 @@ class WorkloadProfile:
     au: float | None = None
     au_samples: list[float] = field(default_factory=list)
     run_au: list[list[float]] = field(default_factory=list)
+    blocks: int | None = None
     difference: Difference | None = None
     relative: float | None = None
     noise: float | None = None
@@ -278,7 +280,8 @@ def _drift(
     if split is None:
         return None
     first, last = split
-    shift = run_level_shift([s for _, s in last], [s for _, s in first], t.confidence)
+    # Before every other profile, and after them all: one block each.
+    shift = run_level_shift([s for _, s in last], [s for _, s in first], t.confidence, (1, 1))
     return WorkloadDrift([r.label for r, _ in first], [r.label for r, _ in last], shift)
 
 
@@ -320,6 +323,7 @@ def judge_workloads(
     notes += [f"run {r.label} {r.status} and is not used: {r.message}" for r in failed]
     baseline = pick_baseline(groups, baseline, workload)
     groups.sort(key=lambda g: g.profile != baseline)
+    blocks = block_counts(groups)
     profiles = []
     for g in groups:
         run_samples = [_samples(r, row, t.warmup) for r in g.trainings]
@@ -339,6 +343,7 @@ def judge_workloads(
                 au=statistics.median(au) if au else None,
                 au_samples=au,
                 run_au=run_au,
+                blocks=blocks[g.profile],
                 noise=(max(samples) - min(samples)) / median
                 if median and len(samples) > 1
                 else None,
@@ -351,8 +356,9 @@ def judge_workloads(
     drift = _drift(base, groups[0].trainings, [g.trainings for g in groups[1:]], t)
     for p in profiles[1:]:
         shift = run_level_shift(
-            [s for s in p.run_samples if s], [s for s in base.run_samples if s], t.confidence
-        )
+            [s for s in p.run_samples if s], [s for s in base.run_samples if s], t.confidence,
+            (p.blocks or 1, base.blocks or 1),
+        )  # fmt: skip
         floor = t.runtime_floor * base.median
         p.difference = Difference.judge(shift, floor, row.label, row.unit)
         p.relative = shift.estimate / base.median if base.median else None
