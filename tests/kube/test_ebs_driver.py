@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from localcluster.ebs import EBS_DRIVER, ZONE
+from localcluster.ebs import CONTROLLER_SERVICE_ACCOUNT, EBS_DRIVER, ZONE
 from tests.kube.cluster import BASELINE, CLAIM, THROUGHPUT, wait_for
 from tests.kube.ebs_cluster import EbsCluster
 
@@ -198,3 +198,36 @@ def test_the_hook_refuses_to_switch_when_its_iam_user_lacks_the_policy(
     # Refused before the patch: the claim and the volume are as they were.
     assert ebs.settled(BASELINE)
     assert ebs.volume(ebs.handle(ebs_claim))["Iops"] == 3000
+
+
+def test_the_controller_rbac_grants_the_class_reads_a_switch_needs_and_no_secrets(
+    ebs: EbsCluster,
+) -> None:
+    user = f"system:serviceaccount:kube-system:{CONTROLLER_SERVICE_ACCOUNT}"
+
+    def allowed(verb: str, resource: str, group: str = "", sub: str = "") -> bool:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system"],
+                "resourceAttributes": {
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                    "subresource": sub,
+                    "namespace": "ml-team",
+                },
+            },
+        }
+        answer = ebs.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+        return answer["status"].get("allowed", False)
+
+    for verb in ("get", "list", "watch"):
+        assert allowed(verb, "volumeattributesclasses", "storage.k8s.io"), verb
+    assert allowed("patch", "persistentvolumeclaims", sub="status")
+    assert allowed("create", "persistentvolumes")
+    assert not allowed("patch", "persistentvolumeclaims")  # the claim's spec is the hook's
+    assert not allowed("get", "secrets")
+    assert not allowed("create", "volumeattributesclasses", "storage.k8s.io")
