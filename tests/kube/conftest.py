@@ -212,10 +212,12 @@ def ebs() -> Iterator[EbsCluster]:
     try:
         plane.start()
         chain.start()
-    except ControlPlaneError as exc:
+    except BaseException as exc:
         chain.stop()
         plane.stop()
-        pytest.fail(f"kube tier: the EBS chain did not start: {exc}", pytrace=False)
+        if isinstance(exc, ControlPlaneError):
+            pytest.fail(f"kube tier: the EBS chain did not start: {exc}", pytrace=False)
+        raise
     try:
         cluster = EbsCluster(plane, chain)
         cluster.bootstrap()
