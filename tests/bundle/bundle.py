@@ -535,3 +535,20 @@ def pipeline_jobs(
     """Every job of a pipeline with params, compiled (once per session: several test files
     look at the same pipelines, and compiling every job of a tree takes a while)."""
     return _pipeline_jobs(path, json.dumps(dict(params or {}), sort_keys=True), agent_config)
+
+
+JOB_FILES = [p for p in sorted(COMPONENTS.glob("*/*.yaml")) if not is_dag(p)]
+"""Every version of every component that runs one job (not a pipeline)."""
+YAML_FILES = sorted([*CONNECTIONS.rglob("*.yaml"), *CONNECTIONS.rglob("*.yml")])
+"""Every YAML file in ``connections/``: manifests and config files."""
+
+
+def is_manifest(doc: Any) -> bool:
+    """A Kubernetes object, as opposed to a config file (agent config, sandbox profiles...)."""
+    return isinstance(doc, dict) and "apiVersion" in doc and "kind" in doc
+
+
+def manifests(kind: str | None = None) -> list[dict]:
+    """The Kubernetes objects in ``connections/``, of one kind or all."""
+    docs = [doc for path in YAML_FILES for doc in load_yaml_documents(path) if is_manifest(doc)]
+    return [doc for doc in docs if kind is None or doc["kind"] == kind]

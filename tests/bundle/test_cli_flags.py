@@ -33,7 +33,7 @@ from tests.bundle.bundle import (
     load_dag,
     pipeline_jobs,
 )
-from tests.bundle.test_polyaxonfiles import REAL_PARAMS, SMALL_PIPELINE, SMALL_THREE
+from tests.bundle.params import REAL_PARAMS, SMALL_PIPELINE, SMALL_THREE
 
 # argv: MODULE, then a JSON list of argument lists. Prints a JSON list of results.
 # Leaf commands stop once their arguments are parsed and converted. A group runs its own

@@ -15,6 +15,7 @@ import yaml
 from tests.bundle.bundle import (
     AGENT_CONFIGS,
     COMPONENTS,
+    JOB_FILES,
     Pod,
     compile_component,
     current,
@@ -25,6 +26,7 @@ from tests.bundle.bundle import (
     package_version,
     pipeline_jobs,
 )
+from tests.bundle.params import KIND_OF_COMPONENT
 
 HOOK_SERVICE_ACCOUNT = "storage-profile-hook"
 CLAIM = {"/checkpoints": "training-checkpoints"}
@@ -141,20 +143,6 @@ def assert_kind_of_op(pod: Pod, kind: str) -> None:
     else:
         assert "nvidia.com/gpu" not in limits
         assert pod.env.get("NVIDIA_VISIBLE_DEVICES") == "none"  # Polyaxon hides the GPUs
-
-
-KIND_OF_COMPONENT = {
-    "checkpoint-training": ("train", {"storage_profile": "checkpoint-baseline"}),
-    "storage-profile": ("switch", {"target_class": "checkpoint-throughput"}),
-    "storage-profile-plan": ("hook", {"profiles": ["checkpoint-baseline"]}),
-    "storage-profile-release": ("hook", {"holder": "0" * 32}),
-    "storage-profile-renew": ("hook", {}),
-    "fio-sweep": ("fio", {}),
-    "data-workload": ("data", {"storage_profile": "checkpoint-baseline"}),
-    "checkpoint-compare": ("compare", {"pipeline": "0" * 32}),
-    "checkpoint-training-pytorchjob": ("pytorchjob", {"storage_profile": "checkpoint-baseline"}),
-}
-JOB_FILES = [p for p in sorted(COMPONENTS.glob("*/*.yaml")) if not is_dag(p)]
 
 
 @pytest.mark.parametrize("agent_config", AGENT_CONFIGS, ids=lambda p: p.stem)

@@ -14,9 +14,8 @@ import kubernetes_validate
 import pytest
 
 from checkpoint_storage_bench.contract import TRAINING_OUTPUTS
-from tests.bundle.bundle import CONNECTIONS, Pod, check, compile_component, current
-from tests.bundle.test_manifests import manifests
-from tests.bundle.test_polyaxonfiles import PLACEMENT
+from tests.bundle.bundle import CONNECTIONS, Pod, check, compile_component, current, manifests
+from tests.bundle.params import PLACEMENT
 
 FIXED_UUID = "0123456789abcdef0123456789abcdef"
 SINGLE = current("checkpoint-training")

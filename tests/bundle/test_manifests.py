@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -12,22 +11,13 @@ import pytest
 from tests.bundle.bundle import (
     AGENT_CONFIGS,
     CONNECTIONS,
+    YAML_FILES,
     check,
     current,
+    is_manifest,
     load_yaml_documents,
+    manifests,
 )
-
-YAML_FILES = sorted([*CONNECTIONS.rglob("*.yaml"), *CONNECTIONS.rglob("*.yml")])
-
-
-def is_manifest(doc: Any) -> bool:
-    """A Kubernetes object, as opposed to a config file (agent config, sandbox profiles...)."""
-    return isinstance(doc, dict) and "apiVersion" in doc and "kind" in doc
-
-
-def manifests(kind: str | None = None) -> list[dict]:
-    docs = [doc for path in YAML_FILES for doc in load_yaml_documents(path) if is_manifest(doc)]
-    return [doc for doc in docs if kind is None or doc["kind"] == kind]
 
 
 def by_name(kind: str) -> dict[str, dict]:

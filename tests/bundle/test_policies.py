@@ -20,7 +20,7 @@ from tests.bundle.bundle import (
     current,
     load_yaml_documents,
 )
-from tests.bundle.test_polyaxonfiles import REAL_PARAMS
+from tests.bundle.params import PLACEMENT, REAL_PARAMS
 
 IMAGE = "registry.example.com/ml/checkpoint-storage-bench:9.9.9"
 FIXED_UUID = "0123456789abcdef0123456789abcdef"
@@ -206,29 +206,6 @@ def test_measuring_jobs_record_their_node_and_image(name: str) -> None:
     if name == "checkpoint-training":
         # The image reference the run was started with, as the trainer's provenance.
         assert pod.env["IMAGE_REF"] == IMAGE
-
-
-PLACEMENT = {
-    "node_selector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
-    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    "affinity": {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {
-                                "key": "topology.kubernetes.io/zone",
-                                "operator": "In",
-                                "values": ["us-east-1a"],
-                            }
-                        ]
-                    }
-                ]
-            }
-        }
-    },
-}
 
 
 @pytest.mark.parametrize("name", ["checkpoint-training", "fio-sweep"])

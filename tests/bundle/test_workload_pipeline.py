@@ -13,7 +13,7 @@ from checkpoint_storage_bench.contract import (
     WORKLOADS,
 )
 from tests.bundle.bundle import PIPELINE_UUID, PROFILES_PIPELINE, check, load_dag
-from tests.bundle.test_polyaxonfiles import SMALL_THREE
+from tests.bundle.params import SMALL_THREE
 
 THREE = SMALL_THREE["profiles"]
 

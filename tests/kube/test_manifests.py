@@ -19,12 +19,13 @@ from kubernetes.client.rest import ApiException
 from tests.bundle.bundle import (
     AGENT_CONFIG,
     CONNECTIONS,
+    JOB_FILES,
     Pod,
     compile_component,
     load_yaml_documents,
     pipeline_jobs,
 )
-from tests.bundle.test_compile import JOB_FILES, KIND_OF_COMPONENT
+from tests.bundle.params import KIND_OF_COMPONENT
 from tests.kube.cluster import NAMESPACE, Cluster, is_manifest
 
 pytestmark = pytest.mark.kube
