@@ -3,12 +3,14 @@
 Each command's settings are a dataclass composed of option groups (:class:`Target`, then the
 command's own, then the shared ones such as :class:`Holder` or :class:`ReadDeadline`). A field
 is typed, documented by the string right below it and defaulted here alone: ``cli.py``
-generates every option from these fields (:func:`checkpoint_storage_bench.config_cli.
-config_options`: name, type, default, help text). A dataclass lists its bases' fields last
-base first, so a command's bases are written from its last option group to its first, and
-its ``--help`` lists the groups in the reverse of that order. Fields marked
-``cli(option=False)`` are set by the program (the retry schedule, test seams), never on the
-command line. A ``ValueError`` from validation is a usage error (exit 2).
+generates every option from these fields (name, type, default, help text) with
+:func:`~checkpoint_storage_bench.config_cli.config_options`.
+
+A dataclass lists its bases' fields last base first, so a command's bases are written from
+its last option group to its first, and its ``--help`` lists the groups in the reverse of
+that order. Fields marked ``cli(option=False)`` are set by the program (the retry schedule,
+test seams), never on the command line. A ``ValueError`` from validation is a usage error
+(exit 2).
 """
 
 from __future__ import annotations
