@@ -10,7 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from checkpoint_storage_bench.config_cli import Output, cli, config_options
+from checkpoint_storage_bench.config_cli import Output, cli, config_options, output_option
 
 
 @dataclass(kw_only=True)
@@ -101,3 +101,20 @@ def test_a_field_without_a_docstring_is_refused() -> None:
 
     with pytest.raises(TypeError, match="Undocumented.silent has no docstring"):
         config_options(Undocumented)(lambda **_: None)
+
+
+def test_commands_that_print_a_state_take_output_text_or_json() -> None:
+    @click.command()
+    @output_option
+    def show(as_json: bool) -> None:
+        click.echo("json" if as_json else "text")
+
+    run = CliRunner().invoke
+    assert [run(show, a).output for a in ([], ["-o", "json"], ["--output", "text"])] == [
+        "text\n",
+        "json\n",
+        "text\n",
+    ]
+    # --json names a file to write on every CLI: here it is no option at all.
+    assert run(show, ["--json"]).exit_code == 2
+    assert run(show, ["-o", "yaml"]).exit_code == 2
