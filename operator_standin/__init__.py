@@ -26,13 +26,17 @@ What it does (:mod:`operator_standin.controller`):
   {uuid}/statuses`` when ``syncStatuses`` is set;
 - on deletion (the agent's stop): posts ``stopped`` unless the run is done, deletes the batch
   Job (its pods get their grace period), removes the finalizers;
-- deletes a done object after ``termination.ttlSecondsAfterFinished`` (at once without one).
+- deletes a done object after ``termination.ttlSecondsAfterFinished`` (at once without one);
+- for each ``KfJob`` with a ``pytorchJobSpec`` (a ``kind: pytorchjob`` run), the same, with a
+  ``kubeflow.org/v1`` PyTorchJob for Kubeflow's training operator to run instead of the batch
+  Job (mloperator's ``generatePytorchJob``), its phases from the job's last condition
+  (Created/Running -> Running, Succeeded, Failed, Restarting -> Warning).
 
 What it leaves out, compared with mloperator:
 
 - every other kind: ``Service`` objects are served by the CRD but not run (no Deployment, no
-  Service), and ``KfJob`` (PyTorchJob, TFJob, MPIJob, ...), ``Cluster`` (Ray, Dask) and Spark
-  have no CRD here; an unknown spec is marked Failed;
+  Service), a ``KfJob`` of TFJob or MPIJob is marked Failed, and ``Cluster`` (Ray, Dask) and
+  Spark have no CRD here; an unknown spec is marked Failed;
 - log collection at the end (mloperator asks the streams service to archive the pod logs
   before the object goes): here the logs reach the server only through Polyaxon's sidecar;
 - notifications (``notifications`` on the object, the notifications finalizer is added and

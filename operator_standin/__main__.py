@@ -12,6 +12,7 @@ from kubernetes import client, config
 
 from operator_standin import crd
 from operator_standin.controller import ApiStatusSink, Controller, Reconciler
+from operator_standin.crd import JOB_PLURAL, KFJOB_PLURAL
 
 EXIT_CONFIG = 2
 
@@ -19,7 +20,8 @@ EXIT_CONFIG = 2
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m operator_standin",
-        description="Stand-in for Polyaxon's operator: runs polyaxon.com/v1 Jobs as batch Jobs.",
+        description="Stand-in for Polyaxon's operator: runs polyaxon.com/v1 Jobs as batch Jobs "
+        "and KfJobs as PyTorchJobs.",
     )
     parser.add_argument("--namespace", default=os.environ.get("POLYAXON_K8S_NAMESPACE"))
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
@@ -52,13 +54,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.api_host
         else None
     )
-    controller = Controller(Reconciler(api, args.namespace, sink))
-    signal.signal(signal.SIGTERM, lambda *_: controller.stop_event.set())
-    signal.signal(signal.SIGINT, lambda *_: controller.stop_event.set())
-    logging.getLogger("operator_standin").info(
-        "watching polyaxon.com/v1 jobs in %s (statuses to %s)", args.namespace, args.api_host or "-"
+    # One controller per kind, sharing one stop: Jobs become batch Jobs, KfJobs PyTorchJobs.
+    jobs = Controller(Reconciler(api, args.namespace, sink, JOB_PLURAL))
+    kfjobs = Controller(
+        Reconciler(api, args.namespace, sink, KFJOB_PLURAL), stop_event=jobs.stop_event
     )
-    controller.run_forever()
+    signal.signal(signal.SIGTERM, lambda *_: jobs.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: jobs.stop_event.set())
+    logging.getLogger("operator_standin").info(
+        "watching polyaxon.com/v1 jobs and kfjobs in %s (statuses to %s)",
+        args.namespace,
+        args.api_host or "-",
+    )
+    kfjobs.start()
+    try:
+        jobs.run_forever()
+    finally:
+        kfjobs.stop()
     client.ApiClient.close(api)
     return 0
 

@@ -22,7 +22,15 @@ from typing import Any, Protocol
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from operator_standin.crd import API_VERSION, GROUP, JOB_KIND, JOB_PLURAL, VERSION
+from operator_standin.crd import (
+    API_VERSION,
+    GROUP,
+    JOB_KIND,
+    JOB_PLURAL,
+    KFJOB_KIND,
+    KFJOB_PLURAL,
+    VERSION,
+)
 
 log = logging.getLogger("operator_standin")
 
@@ -251,13 +259,114 @@ def job_phase(job: Any, pods: list[Any]) -> tuple[str, str, str] | None:
     return None
 
 
+KF_GROUP, KF_VERSION, PYTORCHJOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+# The label the training operator puts on every pod of a job.
+KF_REPLICA_LABEL = "training.kubeflow.org/job-name"
+
+
+def pytorchjob_manifest(obj: dict[str, Any]) -> dict[str, Any]:
+    """The ``kubeflow.org/v1`` PyTorchJob for a ``KfJob`` with a ``pytorchJobSpec``, as
+    mloperator's ``generatePytorchJob`` writes it: same name, namespace and labels; each
+    replica's pod template with the object's labels and annotations added; ``termination``
+    mapped to the run policy's backoff limit (0 without one) and deadline, with the
+    ``cleanPodPolicy`` and ``schedulingPolicy`` the agent wrote, and the ``elasticPolicy``.
+
+    Two differences, both so that nothing is lost: mloperator sets the run policy's TTL to 0
+    when the run has none, so the training operator deletes a finished job at once and its
+    last phase can be missed; here the TTL is copied only when set (the job goes with the
+    object, which owns it). And, like mloperator, the agent's ``nProcPerNode`` is not copied:
+    mloperator reads ``nprocPerNode`` and drops it, so the training operator sets no
+    ``PET_NPROC_PER_NODE`` and counts one rank per pod in ``WORLD_SIZE`` (the component's
+    torchrun line names ``--nproc-per-node`` itself)."""
+    meta = obj["metadata"]
+    spec = obj["pytorchJobSpec"]
+    labels = dict(meta.get("labels") or {})
+    annotations = dict(meta.get("annotations") or {})
+    replicas = {}
+    for kind, replica in (spec.get("replicaSpecs") or {}).items():
+        template = replica["template"]
+        pod_meta = dict(template.get("metadata") or {})
+        replicas[kind] = {
+            "replicas": replica.get("replicas", 1),
+            "template": {
+                "metadata": {
+                    "labels": {**(pod_meta.get("labels") or {}), **labels},
+                    "annotations": {**(pod_meta.get("annotations") or {}), **annotations},
+                },
+                "spec": template["spec"],
+            },
+        }
+        if replica.get("restartPolicy"):
+            replicas[kind]["restartPolicy"] = replica["restartPolicy"]
+    termination = obj.get("termination") or {}
+    run_policy: dict[str, Any] = {
+        "backoffLimit": termination.get("backoffLimit", DEFAULT_BACKOFF_LIMIT),
+    }
+    if termination.get("activeDeadlineSeconds") is not None:
+        run_policy["activeDeadlineSeconds"] = termination["activeDeadlineSeconds"]
+    if termination.get("ttlSecondsAfterFinished") is not None:
+        run_policy["ttlSecondsAfterFinished"] = termination["ttlSecondsAfterFinished"]
+    for key in ("cleanPodPolicy", "schedulingPolicy"):
+        if spec.get(key):
+            run_policy[key] = spec[key]
+    job_spec: dict[str, Any] = {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas}
+    if spec.get("elasticPolicy"):
+        job_spec["elasticPolicy"] = spec["elasticPolicy"]
+    return {
+        "apiVersion": f"{KF_GROUP}/{KF_VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": KFJOB_KIND,
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": job_spec,
+    }
+
+
+def kfjob_phase(job: dict[str, Any], pods: list[Any]) -> tuple[str, str, str] | None:
+    """The condition a Kubeflow job's state calls for (mloperator's ``reconcileKFJobStatus``):
+    Warning for a stuck pod; else from the job's last condition: Created or Running ->
+    Running, Succeeded, Failed, Restarting -> Warning; None for no change."""
+    warning = pods_warning(pods)
+    if warning is not None:
+        return WARNING, warning[0], warning[1]
+    conditions = (job.get("status") or {}).get("conditions") or []
+    if not conditions:
+        return None
+    last = conditions[-1]
+    kind, reason = last.get("type"), last.get("reason") or REASON
+    message = last.get("message") or ""
+    if kind in ("Created", "Running"):
+        return RUNNING, REASON, "Operation is running"
+    if kind == "Succeeded":
+        return SUCCEEDED, REASON, "Operation has succeeded"
+    if kind == "Failed":
+        return FAILED, reason, message or "Job failed"
+    if kind == "Restarting":
+        return WARNING, reason, message or "Job is restarting"
+    return None
+
+
 @dataclass
 class Reconciler:
-    """Reconciles the ``polyaxon.com/v1`` Jobs of one namespace."""
+    """Reconciles the ``polyaxon.com/v1`` objects of one kind (``plural``: ``jobs`` or
+    ``kfjobs``) in one namespace."""
 
     api: client.ApiClient
     namespace: str
     sink: StatusSink | None = None
+    plural: str = JOB_PLURAL
     custom: client.CustomObjectsApi = field(init=False)
     batch: client.BatchV1Api = field(init=False)
     core: client.CoreV1Api = field(init=False)
@@ -272,7 +381,7 @@ class Reconciler:
     def get(self, name: str) -> dict[str, Any] | None:
         try:
             return self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, JOB_PLURAL, name
+                GROUP, VERSION, self.namespace, self.plural, name
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -281,14 +390,14 @@ class Reconciler:
 
     def names(self) -> list[str]:
         listed = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, JOB_PLURAL
+            GROUP, VERSION, self.namespace, self.plural
         )
         return [item["metadata"]["name"] for item in listed.get("items", [])]
 
     def _patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
         """Write ``status``; ``obj`` becomes the object as stored (new resourceVersion)."""
         stored = self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, self.namespace, JOB_PLURAL, obj["metadata"]["name"], {"status": status}
+            GROUP, VERSION, self.namespace, self.plural, obj["metadata"]["name"], {"status": status}
         )
         obj.clear()
         obj.update(stored)
@@ -301,7 +410,7 @@ class Reconciler:
             GROUP,
             VERSION,
             self.namespace,
-            JOB_PLURAL,
+            self.plural,
             meta["name"],
             {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
         )
@@ -349,6 +458,12 @@ class Reconciler:
         if is_done(obj.get("status") or {}):
             self._clean_up(obj)
             return
+        if self.plural == KFJOB_PLURAL:
+            if "pytorchJobSpec" not in obj:
+                self._log(obj, FAILED, "OperatorUnsupported", "the stand-in runs PyTorchJobs only")
+                return
+            self._reconcile_kfjob(obj)
+            return
         if "batchJobSpec" not in obj:
             self._log(obj, FAILED, "OperatorUnsupported", "the stand-in runs batchJobSpec only")
             return
@@ -387,6 +502,63 @@ class Reconciler:
         if phase is not None:
             self._log(obj, *phase)
 
+    def _read_pytorchjob(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                KF_GROUP, KF_VERSION, self.namespace, PYTORCHJOB_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _reconcile_kfjob(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        job = self._read_pytorchjob(name)
+        if job is None:
+            last = last_condition(obj.get("status") or {})
+            if last is not None and last["type"] in (RUNNING, WARNING):
+                self._log(obj, STOPPED, "JobDeleted", "The underlying PyTorchJob was deleted")
+                return
+            try:
+                self.custom.create_namespaced_custom_object(
+                    KF_GROUP, KF_VERSION, self.namespace, PYTORCHJOB_PLURAL,
+                    pytorchjob_manifest(obj),
+                )  # fmt: skip
+            except ApiException as exc:
+                if exc.status == 409:
+                    return
+                self._log(obj, WARNING, "OperatorCreateJob", _api_message(exc))
+                if exc.status in (400, 403, 404, 422):
+                    # Refused by the schema or the training operator's webhook, or no
+                    # training operator's CRD: no retry makes it run.
+                    self._log(obj, FAILED, "OperatorCreateJob", _api_message(exc))
+                return
+            self._log(obj, STARTING, REASON, "Operation is starting")
+            return
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{KF_REPLICA_LABEL}={name}"
+        ).items
+        phase = kfjob_phase(job, pods)
+        if phase is not None:
+            self._log(obj, *phase)
+
+    def _delete_run(self, name: str) -> None:
+        """Delete what runs the object (background: the pods get their grace period)."""
+        try:
+            if self.plural == KFJOB_PLURAL:
+                self.custom.delete_namespaced_custom_object(
+                    KF_GROUP, KF_VERSION, self.namespace, PYTORCHJOB_PLURAL, name,
+                    propagation_policy="Background",
+                )  # fmt: skip
+            else:
+                self.batch.delete_namespaced_job(
+                    name, self.namespace, propagation_policy="Background"
+                )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def _finalize(self, obj: dict[str, Any]) -> None:
         """A stop request (the agent deletes the object) or the clean-up of a done run."""
         meta = obj["metadata"]
@@ -403,13 +575,7 @@ class Reconciler:
                 },
             )
         # Background propagation: the pods get their grace period, the object does not wait.
-        try:
-            self.batch.delete_namespaced_job(
-                meta["name"], self.namespace, propagation_policy="Background"
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        self._delete_run(meta["name"])
         rest = [f for f in meta.get("finalizers") or [] if f not in FINALIZERS]
         try:
             self._set_finalizers(obj, rest)
@@ -427,7 +593,7 @@ class Reconciler:
                 return
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, JOB_PLURAL, obj["metadata"]["name"]
+                GROUP, VERSION, self.namespace, self.plural, obj["metadata"]["name"]
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -524,10 +690,29 @@ class Controller:
             GROUP,
             VERSION,
             rec.namespace,
-            JOB_PLURAL,
+            rec.plural,
         )
 
     def _watch_jobs(self) -> None:
+        rec = self.reconciler
+        if rec.plural == KFJOB_PLURAL:
+
+            def kf_owner(job: dict[str, Any]) -> str | None:
+                for ref in job["metadata"].get("ownerReferences") or []:
+                    if ref.get("apiVersion") == API_VERSION and ref.get("kind") == KFJOB_KIND:
+                        return ref["name"]
+                return None
+
+            self._watch(
+                rec.custom.list_namespaced_custom_object,
+                kf_owner,
+                KF_GROUP,
+                KF_VERSION,
+                rec.namespace,
+                PYTORCHJOB_PLURAL,
+            )
+            return
+
         def owner(job: Any) -> str | None:
             for ref in job.metadata.owner_references or []:
                 if ref.api_version == API_VERSION and ref.kind == JOB_KIND:

@@ -258,7 +258,7 @@ def test_the_batch_job_keeps_the_pod_failure_policy() -> None:
 
 @pytest.mark.kube
 def test_the_crds_accept_what_polyaxons_agent_creates(api: client.ApiClient, crds) -> None:
-    assert crds == ["jobs.polyaxon.com", "services.polyaxon.com"]
+    assert crds == ["jobs.polyaxon.com", "services.polyaxon.com", "kfjobs.polyaxon.com"]
     obj = polyaxon_object()
     name = create(api, obj)
     stored = read(api, name)
