@@ -7,6 +7,8 @@
   images: busybox for the pause image, the cached Debian base (docs/node.md);
 - :mod:`localcluster.client`: the admin's client of a started plane;
 - :mod:`localcluster.state`: the state directory, the binary cache, what is running;
+- :mod:`localcluster.ebs`: the real AWS EBS CSI driver in controller mode against moto's
+  EC2 (and IAM), beside a control plane (docs/controlplane.md);
 - ``localcluster/go/``: the Go sources of the binaries ``scripts/controlplane.sh build``
   compiles (pinned wrapper modules and our CSI driver, ``csi-hostpath-lite``).
 
