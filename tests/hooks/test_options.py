@@ -1,5 +1,6 @@
 """The hook's options: generated from the settings dataclasses, so each default, choice and
-help text is declared once (hooks/storage_profile/config.py), under the names it always had."""
+help text is declared once (hooks/storage_profile/config.py), under the names it always had;
+a bad value is a usage error (exit 2) before any request."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from click.testing import CliRunner
 
 from hooks.storage_profile import config
 from hooks.storage_profile.cli import main
+from tests.hooks.fake_kube import FakeKube
+from tests.hooks.helpers import run_hook
+from tests.hooks.kube_state import make_class, make_volume
+
+NS, CLAIM = "ml-team", "training-checkpoints"
 
 TARGET = ["--namespace", "-n", "--claim", "--kubeconfig", "--backend", "--profiles-file"]
 OPTIONS = {
@@ -82,3 +88,69 @@ def test_a_bad_profiles_list_is_a_usage_error_naming_the_option() -> None:
     assert result.exit_code == 2, result.output
     assert "Invalid value for '--profiles'" in result.output
     assert "--profiles must be class names separated by commas" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["switch", "-n", NS, "--claim", CLAIM],  # no --to
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--settle", "eventually"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--timeout", "0"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--on-infeasible", "retry"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--kubeconfig", "/nonexistent"],
+        ["switch", "-n", "", "--claim", CLAIM, "--to", "x"],
+        ["status", "--claim", CLAIM],
+        ["switch", "-n", NS, "--claim", "..", "--to", "x"],
+        ["switch", "-n", NS, "--claim", "Training", "--to", "x"],
+        ["switch", "-n", "ml_team", "--claim", CLAIM, "--to", "x"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "../../x"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--timeout", "nan"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--timeout", "inf"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "x", "--pending-grace", "nan"],
+        ["status", "-n", NS, "--claim", CLAIM, "--timeout", "nan"],
+        ["status", "-n", NS, "--claim", "a/b"],
+    ],
+    ids=[
+        "no-target",
+        "bad-settle",
+        "zero-timeout",
+        "bad-action",
+        "missing-kubeconfig",
+        "empty-namespace",
+        "status-no-namespace",
+        "claim-dotdot",
+        "claim-uppercase",
+        "namespace-underscore",
+        "class-path",
+        "timeout-nan",
+        "timeout-inf",
+        "grace-nan",
+        "status-timeout-nan",
+        "status-claim-slash",
+    ],
+)
+def test_bad_arguments_exit_2(args: list[str]):
+    result = run_hook(*args)
+    assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["switch", "-n", f"{NS}\n", "--claim", CLAIM, "--to", "fast"],
+        ["switch", "-n", NS, "--claim", f"{CLAIM}\n", "--to", "fast"],
+        ["switch", "-n", NS, "--claim", CLAIM, "--to", "fast\n"],
+        ["status", "-n", NS, "--claim", f"{CLAIM}\n"],
+        ["plan", "-n", NS, "--claim", f"{CLAIM}\n", "--profiles", "fast"],
+    ],
+    ids=["namespace", "claim", "class", "status-claim", "plan-claim"],
+)
+def test_a_name_with_a_trailing_newline_is_refused_before_any_request(
+    fake: FakeKube, args: list[str]
+):
+    make_volume(fake)
+    make_class(fake, "fast", iops="6000")
+    result = run_hook(*args)
+    assert result.exit_code == 2, result.output
+    assert "is not a valid" in result.stderr and "\\n'" in result.stderr
+    assert fake.calls == []
