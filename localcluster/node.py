@@ -460,6 +460,9 @@ class Node:
     timings: dict[str, float] = field(default_factory=dict)
     lock: Any = None
     client_class: type[AdminClient] | None = None
+    # A cluster DNS for the pods (localcluster/cluster_dns.py), for pods that find each other
+    # by a Service's name (a PyTorchJob's workers); off, the pods use the host's resolv.conf.
+    cluster_dns: bool = False
 
     def __enter__(self) -> Node:
         return self.start()
@@ -691,17 +694,13 @@ class Node:
         )
         self.kubelet_healthz = free_port()
         config = self.state_dir / "kubelet.yaml"
-        config.write_text(
-            json.dumps(
-                kubelet_config(
-                    self.state_dir,
-                    ca=pki.ca_crt,
-                    port=free_port(BRIDGE_IP),
-                    healthz=self.kubelet_healthz,
-                ),
-                indent=2,
-            )
+        settings = kubelet_config(
+            self.state_dir, ca=pki.ca_crt, port=free_port(BRIDGE_IP), healthz=self.kubelet_healthz
         )
+        if self.cluster_dns:
+            self._start_cluster_dns()
+            settings["clusterDNS"] = [BRIDGE_IP]
+        config.write_text(json.dumps(settings, indent=2))
         self._spawn(
             "kubelet",
             [
@@ -717,6 +716,23 @@ class Node:
         self._wait(
             "kubelet", lambda: _http_ok(f"http://127.0.0.1:{self.kubelet_healthz}/healthz"), 90
         )
+
+    def _start_cluster_dns(self) -> None:
+        import sys
+
+        from localcluster import cluster_dns
+
+        assert self.plane is not None
+        self._spawn(
+            "cluster-dns",
+            [
+                sys.executable, "-m", "localcluster.cluster_dns",
+                f"--kubeconfig={self.plane.admin_kubeconfig}", f"--listen={BRIDGE_IP}:53",
+            ],
+            in_namespace=False,
+            env={"PYTHONPATH": str(Path(cluster_dns.__file__).resolve().parent.parent)},
+        )  # fmt: skip
+        self._wait("cluster-dns", lambda: cluster_dns.answers(BRIDGE_IP), 30)
 
     def _start_scheduler(self) -> None:
         assert self.plane is not None

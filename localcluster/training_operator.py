@@ -58,6 +58,22 @@ CRD_FILES = ("kubeflow.org_pytorchjobs.yaml",)
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ROOT / "localcluster" / "go" / "versions.env"
 WRAPPER = ROOT / "localcluster" / "go" / "training-operator"
+INIT_IMAGE = "localhost/csb-busybox:init"
+# The operator's init container for workers, as its default template but with the node's
+# busybox image (nothing is pulled here) and the master's full name (busybox's nslookup does
+# not walk the search list; glibc's resolver, torchrun's, does).
+INIT_TEMPLATE = """
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: Never
+  resources:
+    limits: {cpu: 100m, memory: 20Mi}
+    requests: {cpu: 50m, memory: 10Mi}
+  command: ['sh', '-c', 'err=1; ns=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace);
+    for i in $(busybox seq {{.MaxTries}}); do
+    if busybox nslookup {{.MasterAddr}}.$ns.svc.cluster.local; then err=0 && break; fi;
+    echo waiting for master; sleep 2; done; exit $err']
+"""
 # The rotator replaces certificates that expire within 90 days.
 VALIDITY = dt.timedelta(days=3 * 365)
 
@@ -254,10 +270,23 @@ class TrainingOperator:
             tmp.write_bytes(data[name])
             tmp.chmod(0o600)
             tmp.rename(serving / name)
+        flags = []
+        if self.node.cluster_dns:
+            from localcluster.node import busybox_image
+
+            images = self.node.state_dir / "images"
+            self.node.import_image(busybox_image(images, "init", ["/bin/sh"]), INIT_IMAGE[:-5])
+            template = self.node.state_dir / "pytorch-init-container.yaml"
+            template.write_text(INIT_TEMPLATE)
+            flags = [
+                f"--pytorch-init-container-image={INIT_IMAGE}",
+                f"--pytorch-init-container-template-file={template}",
+            ]
         self.proc = self.node._spawn(
             BINARY,
             [
                 str(binary),
+                *flags,
                 "--enable-scheme=pytorchjob",
                 "--gang-scheduler-name=",
                 "--metrics-bind-address=0",

@@ -13,6 +13,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,15 +109,16 @@ def done_with(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def started_node(name: str, tier: str = "node") -> Iterator[Node]:
-    """Start a node for a tier's fixture, yield it, stop it and prove nothing was left."""
+def started_node(name: str, tier: str = "node", **options: Any) -> Iterator[Node]:
+    """Start a node for a tier's fixture, yield it, stop it and prove nothing was left.
+    ``options``: more of :class:`Node`'s fields (``cluster_dns``)."""
     reason = missing_here()
     if reason is not None:
         pytest.fail(reason.replace("node tier", f"{tier} tier"), pytrace=False)
     bin_dir = _binaries("--node")
     clean_stale_sessions()
     state = state_dir(name)
-    node = Node(bin_dir, state, die_with_parent=True, client_class=Cluster)
+    node = Node(bin_dir, state, die_with_parent=True, client_class=Cluster, **options)
     try:
         node.start()
     except NodeError as exc:

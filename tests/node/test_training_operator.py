@@ -1,6 +1,7 @@
 """Kubeflow's training operator on the node (localcluster/training_operator.py): the API server
 reaches its webhook on loopback, and a PyTorchJob of a master and a worker runs as two pods
-whose env is what the component's torchrun line reads."""
+whose env is what the component's torchrun line reads, the worker finding the master's
+Service by name through the node's cluster DNS (localcluster/cluster_dns.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ from localcluster import training_operator
 from localcluster.node import Node
 from tests.kube.cluster import wait_for
 from tests.kube.conftest import _binaries
+from tests.node.conftest import started_node
 from tests.node.test_lifecycle import IMAGE, NAMESPACE, prepare
 
 PORT = 23456
+
+
+@pytest.fixture(scope="module")
+def node(bin_dir) -> Iterator[Node]:
+    yield from started_node("pytorch", cluster_dns=True)
 
 
 @pytest.fixture(scope="module")
@@ -92,22 +99,31 @@ def test_the_webhook_refuses_what_only_it_checks(node: Node, operator) -> None:
     assert "must be 1" in refused.value.body
 
 
+def pod_log(node: Node, name: str) -> dict[str, str]:
+    log = node.cluster.core.read_namespaced_pod_log(
+        name, NAMESPACE, _preload_content=False
+    ).data.decode()
+    return dict(line.split("=", 1) for line in log.split() if "=" in line)
+
+
+def pod_phase(node: Node, name: str) -> str | None:
+    phase = node.cluster.core.read_namespaced_pod(name, NAMESPACE).status.phase
+    return phase if phase in ("Succeeded", "Failed") else None
+
+
 def test_a_master_and_a_worker_get_the_env_torchrun_reads(node: Node, operator) -> None:
     keys = "MASTER_ADDR MASTER_PORT RANK WORLD_SIZE PET_NNODES PET_NODE_RANK PET_NPROC_PER_NODE"
     command = f"for k in {keys}; do eval echo $k=\\${{$k}}; done"
     create(node, pytorchjob("envcheck", command))
     try:
-        # The job succeeds with its master (the default success policy).
         outcome = wait_for("the PyTorchJob's end", lambda: condition(node, "envcheck"), timeout=120)
-        core = node.cluster.core
-        log = core.read_namespaced_pod_log(
-            "envcheck-master-0", NAMESPACE, _preload_content=False
-        ).data.decode()
-        master = dict(line.split("=", 1) for line in log.split() if "=" in line)
-        assert outcome == "Succeeded", master
-        worker_pod = core.read_namespaced_pod("envcheck-worker-0", NAMESPACE)
-        (container,) = [c for c in worker_pod.spec.containers if c.name == "pytorch"]
-        worker = {e.name: e.value for e in container.env if e.name in keys.split()}
+        # The worker starts once its init container resolved the master's name (the
+        # operator's init container, through the cluster DNS), then runs to its end.
+        worker_end = wait_for(
+            "the worker's end", lambda: pod_phase(node, "envcheck-worker-0"), timeout=120
+        )
+        master, worker = pod_log(node, "envcheck-master-0"), pod_log(node, "envcheck-worker-0")
+        assert (outcome, worker_end) == ("Succeeded", "Succeeded"), (master, worker)
         for env, rank in ((master, "0"), (worker, "1")):
             assert env == {
                 "MASTER_ADDR": "envcheck-master-0",
@@ -118,13 +134,14 @@ def test_a_master_and_a_worker_get_the_env_torchrun_reads(node: Node, operator) 
                 "PET_NODE_RANK": rank,
                 "PET_NPROC_PER_NODE": "1",
             }, rank
-        # The master's address is a headless Service of the job's master pod, which only a
-        # cluster DNS resolves: the worker first waits in the operator's init container until
-        # the name resolves (the node has no cluster DNS, so here it waits).
+        core = node.cluster.core
         service = core.read_namespaced_service("envcheck-master-0", NAMESPACE)
-        assert service.spec.cluster_ip == "None"
+        assert service.spec.cluster_ip == "None"  # headless: only a DNS resolves it
+        worker_pod = core.read_namespaced_pod("envcheck-worker-0", NAMESPACE)
         (init,) = worker_pod.spec.init_containers
-        assert "nslookup envcheck-master-0" in " ".join(init.command)
+        assert "nslookup envcheck-master-0." in " ".join(init.command)
+        (init_status,) = worker_pod.status.init_container_statuses
+        assert init_status.state.terminated.exit_code == 0
     finally:
         client.CustomObjectsApi(node.cluster.api).delete_namespaced_custom_object(
             "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", "envcheck"

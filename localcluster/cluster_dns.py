@@ -1,0 +1,178 @@
+"""A cluster DNS for the local node: ``<service>.<namespace>.svc.cluster.local`` answered from
+the API server, for the pods that find each other by name (a PyTorchJob's workers find their
+master through its headless Service: localcluster/training_operator.py).
+
+A real cluster runs CoreDNS; this answers only what the node's pods ask: A records of
+Services (a headless Service's ready endpoints, else its cluster IP), an empty answer for
+other types of a known name, NXDOMAIN for every other name (nothing is forwarded: the node
+reaches no outside resolver anyway). UDP only, one question per query. The kubelet points the
+pods at it when the node is started with ``cluster_dns=True`` (``clusterDNS`` in its config).
+
+``python -m localcluster.cluster_dns --kubeconfig K --listen ADDRESS[:PORT]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import socket
+import struct
+import sys
+from typing import Any
+
+DOMAIN = "cluster.local"
+TTL = 5
+A, CLASS_IN = 1, 1
+NOERROR, FORMERR, NXDOMAIN = 0, 1, 3
+SERVICE_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9][-a-z0-9]*)\.svc\.cluster\.local$"
+)
+
+log = logging.getLogger("cluster_dns")
+
+
+def parse_query(packet: bytes) -> tuple[int, int, str, int, int, int]:
+    """(id, flags, name, qtype, qclass, end of the question) of a one-question query.
+    Raises ValueError on anything else."""
+    if len(packet) < 12:
+        raise ValueError("short header")
+    ident, flags, qdcount = struct.unpack("!HHH", packet[:6])
+    if qdcount != 1:
+        raise ValueError(f"{qdcount} questions")
+    labels, pos = [], 12
+    while True:
+        if pos >= len(packet):
+            raise ValueError("truncated name")
+        length = packet[pos]
+        pos += 1
+        if length == 0:
+            break
+        if length > 63:
+            raise ValueError("compressed or bad label")
+        labels.append(packet[pos : pos + length].decode("ascii", "replace"))
+        pos += length
+    if pos + 4 > len(packet):
+        raise ValueError("truncated question")
+    qtype, qclass = struct.unpack("!HH", packet[pos : pos + 4])
+    return ident, flags, ".".join(labels).lower(), qtype, qclass, pos + 4
+
+
+def response(query: bytes, rcode: int, addresses: list[str] | None = None) -> bytes:
+    """The answer to ``query``: its question echoed, one A record per address."""
+    ident, flags, _name, _qtype, _qclass, end = parse_query(query)
+    addresses = addresses or []
+    rd = flags & 0x0100
+    header = struct.pack("!HHHHHH", ident, 0x8000 | 0x0400 | rd | rcode, 1, len(addresses), 0, 0)
+    answers = b"".join(
+        struct.pack("!HHHIH", 0xC00C, A, CLASS_IN, TTL, 4) + socket.inet_aton(a) for a in addresses
+    )
+    return header + query[12:end] + answers
+
+
+def error(query: bytes, rcode: int) -> bytes:
+    ident = struct.unpack("!H", query[:2])[0] if len(query) >= 2 else 0
+    return struct.pack("!HHHHHH", ident, 0x8000 | rcode, 0, 0, 0, 0)
+
+
+class Resolver:
+    """Names -> addresses from the API server."""
+
+    def __init__(self, api: Any) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.discovery = client.DiscoveryV1Api(api)
+
+    def lookup(self, name: str) -> list[str] | None:
+        """The addresses of ``name`` (empty: a known Service without ready endpoints), or None
+        when no such Service exists."""
+        from kubernetes.client.exceptions import ApiException
+
+        match = SERVICE_NAME.match(name)
+        if match is None:
+            return None
+        service, namespace = match.group(1), match.group(3)
+        try:
+            svc = self.core.read_namespaced_service(service, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if svc.spec.cluster_ip and svc.spec.cluster_ip != "None":
+            return [svc.spec.cluster_ip]
+        slices = self.discovery.list_namespaced_endpoint_slice(
+            namespace, label_selector=f"kubernetes.io/service-name={service}"
+        ).items
+        found = []
+        for item in slices:
+            for endpoint in item.endpoints or []:
+                ready = endpoint.conditions is None or endpoint.conditions.ready is not False
+                if ready and item.address_type == "IPv4":
+                    found += [a for a in endpoint.addresses if a not in found]
+        return found
+
+
+def answer(resolver: Resolver, query: bytes) -> bytes:
+    try:
+        _ident, _flags, name, qtype, qclass, _end = parse_query(query)
+    except ValueError:
+        return error(query, FORMERR)
+    try:
+        addresses = resolver.lookup(name) if qclass == CLASS_IN else None
+    except Exception as exc:  # noqa: BLE001 - the API may be restarting: the client retries
+        log.warning("lookup %s: %r", name, exc)
+        return error(query, 2)  # SERVFAIL
+    if addresses is None:
+        return response(query, NXDOMAIN)
+    return response(query, NOERROR, addresses if qtype == A else [])
+
+
+def serve(resolver: Resolver, address: str, port: int) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((address, port))
+    log.info("serving %s on %s:%d", DOMAIN, address, port)
+    while True:
+        query, peer = sock.recvfrom(512)
+        sock.sendto(answer(resolver, query), peer)
+
+
+def query(name: str, qtype: int = A, ident: int = 0x1234) -> bytes:
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
+    return (
+        struct.pack("!HHHHHH", ident, 0x0100, 1, 0, 0, 0)
+        + labels
+        + b"\0"
+        + struct.pack("!HH", qtype, CLASS_IN)
+    )
+
+
+def answers(address: str, port: int = 53, timeout: float = 0.5) -> bool:
+    """Whether a server on ``address`` answers a query (the start's readiness check)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendto(query(f"kubernetes.default.svc.{DOMAIN}"), (address, port))
+            return len(sock.recv(512)) >= 12
+        except OSError:
+            return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m localcluster.cluster_dns")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--listen", required=True, help="ADDRESS[:PORT] (port 53 by default)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    host, _, port = args.listen.partition(":")
+    if port and not port.isdigit():
+        print(f"cluster_dns: bad --listen {args.listen!r}", file=sys.stderr)
+        return 2
+    from kubernetes import config
+
+    serve(Resolver(config.new_client_from_config(args.kubeconfig)), host, int(port or 53))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

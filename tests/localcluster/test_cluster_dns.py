@@ -1,0 +1,66 @@
+"""The node's cluster DNS (localcluster/cluster_dns.py): a Service's name gets its addresses,
+an unknown name NXDOMAIN, over a real UDP socket as a pod's resolver asks."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+from localcluster import cluster_dns as dns
+
+NAME = "job-master-0.ml-team.svc.cluster.local"
+
+
+class Table:
+    """Stands for the API server: one headless Service with two ready pods."""
+
+    def lookup(self, name: str) -> list[str] | None:
+        if dns.SERVICE_NAME.match(name) is None:
+            return None
+        return ["10.244.0.7", "10.244.0.8"] if name == NAME else None
+
+
+def header(packet: bytes) -> tuple[int, ...]:
+    return struct.unpack("!HHHHHH", packet[:12])
+
+
+def addresses(packet: bytes) -> list[str]:
+    count = header(packet)[3]
+    return [
+        socket.inet_ntoa(packet[len(packet) - 16 * (count - i) + 12 :][:4]) for i in range(count)
+    ]
+
+
+def test_a_services_name_gets_its_addresses() -> None:
+    reply = dns.answer(Table(), dns.query(NAME, ident=7))
+    ident, flags, questions, answers, _, _ = header(reply)
+    assert (ident, flags & 0xF, questions, answers) == (7, dns.NOERROR, 1, 2)
+    assert flags & 0x8000 and flags & 0x0400  # a response, authoritative
+    assert addresses(reply) == ["10.244.0.7", "10.244.0.8"]
+
+
+def test_an_unknown_name_is_nxdomain_and_another_type_empty() -> None:
+    assert header(dns.answer(Table(), dns.query("nope.ml-team.svc.cluster.local")))[1] & 0xF == 3
+    assert header(dns.answer(Table(), dns.query("example.org")))[1] & 0xF == dns.NXDOMAIN
+    aaaa = header(dns.answer(Table(), dns.query(NAME, qtype=28)))
+    assert (aaaa[1] & 0xF, aaaa[3]) == (dns.NOERROR, 0)
+
+
+def test_a_malformed_query_is_a_format_error() -> None:
+    assert header(dns.answer(Table(), b"\x00\x09" + b"\x01" * 11))[1] & 0xF == dns.FORMERR
+    assert header(dns.answer(Table(), b"\x00"))[1] & 0xF == dns.FORMERR
+
+
+def test_the_server_answers_over_udp() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    threading.Thread(target=dns.serve, args=(Table(), "127.0.0.1", port), daemon=True).start()
+    for _ in range(50):
+        if dns.answers("127.0.0.1", port, timeout=0.1):
+            break
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(2)
+        sock.sendto(dns.query(NAME), ("127.0.0.1", port))
+        assert addresses(sock.recv(512)) == ["10.244.0.7", "10.244.0.8"]
