@@ -1,0 +1,533 @@
+"""One way to reach Kubernetes: get, apply, delete, one watch, one wait under one deadline.
+
+Objects are the API's JSON (camelCase dicts, what ``kubectl get -o json`` shows), so a
+manifest file is applied as it is read. Every call goes through :meth:`Client.request`, the
+one place an answer becomes an error (:func:`api_error`): throttling, server errors and a
+dropped connection are a :class:`TemporaryError`, retried by the shared loop; any other
+answer is a :class:`KubeError` named for its status.
+
+A resource is a declaration (:class:`Kind`); kinds that are not declared here are found
+through the API's discovery document.
+
+>>> CLAIM.path("ml-team", "training-checkpoints")
+'/api/v1/namespaces/ml-team/persistentvolumeclaims/training-checkpoints'
+>>> Kind("storage.k8s.io/v1", "StorageClass", "storageclasses", namespaced=False).path()
+'/apis/storage.k8s.io/v1/storageclasses'
+
+Against a cluster (``client = Client.from_kubeconfig("admin.kubeconfig")``)::
+
+    client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}})
+    client.wait(CLAIM, "data", lambda c: c and c["status"].get("phase") == "Bound",
+                Deadline(60), namespace="demo")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from checkpoint_storage_bench.errors import BenchError
+from checkpoint_storage_bench.retry import (
+    Backoff,
+    Deadline,
+    DeadlineExceeded,
+    TemporaryError,
+    retry,
+)
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "checkpoint-storage-bench"
+# Per-request limits; near a deadline what is left of it bounds the request instead.
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+# A watch request asks the server to end it after this long; it is then resumed.
+WATCH_SECONDS = 300.0
+# A server that keeps a watch open past its own timeoutSeconds is cut this much later.
+WATCH_GRACE = 5.0
+CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError)
+
+
+class KubeError(BenchError):
+    """An answer of the API server that is not worth another try (exit 1), with the
+    server's own message.
+
+    Attributes:
+        status: The HTTP status.
+        server_message: The ``message`` of the Kubernetes Status body, else the HTTP reason.
+    """
+
+    def __init__(self, status: int, server_message: str) -> None:
+        super().__init__(f"the API server answered {status}: {server_message}")
+        self.status = status
+        self.server_message = server_message
+
+
+class Forbidden(KubeError):
+    """403: RBAC or admission refused the request."""
+
+
+class NotFound(KubeError):
+    """404: the object (or its kind) does not exist."""
+
+
+class Conflict(KubeError):
+    """409: the object exists already, changed since it was read, or another field manager
+    owns a field an apply sets."""
+
+
+class Gone(KubeError):
+    """410: a watch's resourceVersion is older than what the server still keeps."""
+
+
+class Invalid(KubeError):
+    """422: the object fails validation (or changes an immutable field)."""
+
+
+ERRORS: dict[int, type[KubeError]] = {
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+}
+
+
+def api_error(status: int, body: Any, reason: str = "", retry_after: Any = None) -> Exception:
+    """An answer as what it means: :class:`TemporaryError` for throttling (429) and server
+    errors (5xx), else the :class:`KubeError` of its status.
+
+    >>> api_error(409, '{"message": "namespaces \\\\"a\\\\" already exists"}')
+    Conflict('the API server answered 409: namespaces "a" already exists')
+    >>> api_error(503, "", "Service Unavailable", "2")
+    TemporaryError('the API server answered 503: Service Unavailable')
+    """
+    message = _message(body) or f"{reason or status}"
+    if status == 429 or status >= 500:
+        try:
+            after = float(retry_after) if retry_after is not None else None
+        except ValueError:
+            after = None
+        return TemporaryError(f"the API server answered {status}: {message}", after)
+    return ERRORS.get(status, KubeError)(status, message)
+
+
+def _message(body: Any) -> str | None:
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return body.strip() or None
+    return body.get("message") if isinstance(body, dict) else None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A resource: its ``apiVersion``, ``kind``, plural and scope."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        return f"{base}/{name}" if name else base
+
+
+NAMESPACE = Kind("v1", "Namespace", "namespaces", namespaced=False)
+NODE = Kind("v1", "Node", "nodes", namespaced=False)
+POD = Kind("v1", "Pod", "pods")
+EVENT = Kind("v1", "Event", "events")
+CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+VOLUME = Kind("v1", "PersistentVolume", "persistentvolumes", namespaced=False)
+SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
+CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
+LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases")
+JOB = Kind("batch/v1", "Job", "jobs")
+STORAGE_CLASS = Kind("storage.k8s.io/v1", "StorageClass", "storageclasses", namespaced=False)
+VOLUME_ATTRIBUTES_CLASS = Kind(
+    "storage.k8s.io/v1", "VolumeAttributesClass", "volumeattributesclasses", namespaced=False
+)
+ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
+CRD = Kind(
+    "apiextensions.k8s.io/v1",
+    "CustomResourceDefinition",
+    "customresourcedefinitions",
+    namespaced=False,
+)
+KINDS = {
+    (k.api_version, k.kind): k
+    for k in (NAMESPACE, NODE, POD, EVENT, CLAIM, VOLUME, SERVICE_ACCOUNT, CONFIG_MAP, LEASE)
+    + (JOB, STORAGE_CLASS, VOLUME_ATTRIBUTES_CLASS, ROLE, ROLE_BINDING, CRD)
+}
+
+
+class Stored(dict):
+    """An object as the server answered it; ``created``: that answer was a 201 (the call
+    made the object, as an apply does when there was none)."""
+
+    created: bool = False
+
+
+def load_manifests(path: Path) -> list[dict]:
+    """The objects of a YAML file (documents without ``apiVersion`` and ``kind`` are left
+    out); a file that cannot be read is a one-line error."""
+    try:
+        docs = list(yaml.safe_load_all(path.read_text()))
+    except (OSError, yaml.YAMLError) as exc:
+        raise BenchError(f"cannot read manifests {path}: {exc}") from exc
+    return [d for d in docs if isinstance(d, dict) and "apiVersion" in d and "kind" in d]
+
+
+@dataclass
+class Client:
+    """The API server of one ``ApiClient`` (a kubeconfig, in-cluster config).
+
+    Args:
+        api: The official client's ``ApiClient`` (only its transport and credentials are used).
+        field_manager: Who applies (server-side apply's field manager).
+        backoff: The retries of a :class:`TemporaryError`.
+        sleep: Injectable for tests.
+    """
+
+    api: k8s.ApiClient
+    field_manager: str = FIELD_MANAGER
+    backoff: Backoff = field(default_factory=lambda: Backoff(delays=(0.5, 1.0, 2.0, 4.0)))
+    sleep: Callable[[float], None] = time.sleep
+    _kinds: dict[tuple[str, str], Kind] = field(default_factory=lambda: dict(KINDS))
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path | str, **kwargs: Any) -> Client:
+        return cls(k8s_config.new_client_from_config(str(path)), **kwargs)
+
+    # -- the one request path ----------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+        deadline: Deadline | None = None,
+        read_timeout: float = READ_TIMEOUT,
+        stream: bool = False,
+    ) -> Any:
+        """One call, retried while it fails for a temporary reason; the decoded JSON body
+        (``stream``: the open response, for :meth:`watch`).
+
+        Raises:
+            KubeError: The server's answer (:func:`api_error`).
+            TemporaryError: Still temporary after the last try.
+            DeadlineExceeded: ``deadline`` passed between tries.
+        """
+        what = f"{method} {path}"
+
+        def once() -> Any:
+            timeout: float | tuple[float, float] = (CONNECT_TIMEOUT, read_timeout)
+            if deadline is not None:
+                left = deadline.check(what)
+                if left < CONNECT_TIMEOUT + read_timeout:
+                    timeout = max(0.05, left)
+            try:
+                resp = self.api.call_api(
+                    path,
+                    method,
+                    query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                    header_params={"Accept": "application/json", "Content-Type": content_type},
+                    body=body,
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _return_http_data_only=True,
+                    _request_timeout=timeout,
+                )
+            except ApiException as exc:
+                raise api_error(
+                    exc.status, exc.body, exc.reason, (exc.headers or {}).get("Retry-After")
+                ) from exc
+            except CONNECTION_ERRORS as exc:
+                raise TemporaryError(f"{what}: {exc}") from exc
+            if stream:
+                return resp
+            data = json.loads(resp.data) if resp.data else None
+            if isinstance(data, dict):
+                data = Stored(data)
+                data.created = resp.status == 201
+            return data
+
+        return retry(once, what=what, backoff=self.backoff, deadline=deadline, sleep=self.sleep)
+
+    # -- objects -----------------------------------------------------------------------------
+
+    def kind(self, api_version: str, kind: str) -> Kind:
+        """The declared kind, else the one the server's discovery names."""
+        found = self._kinds.get((api_version, kind))
+        if found is None:
+            base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            try:
+                listing = self.request("GET", base)
+            except NotFound:
+                listing = {"resources": []}
+            for res in listing.get("resources", []):
+                if res.get("kind") == kind and "/" not in res["name"]:
+                    found = Kind(api_version, kind, res["name"], res["namespaced"])
+                    self._kinds[(api_version, kind)] = found
+                    break
+            else:
+                raise NotFound(404, f"the server has no kind {kind} in {api_version}")
+        return found
+
+    def get(
+        self, kind: Kind, name: str, namespace: str | None = None, deadline: Deadline | None = None
+    ) -> dict | None:
+        """The object, or None when there is none."""
+        try:
+            return self.request("GET", kind.path(namespace, name), deadline=deadline)
+        except NotFound:
+            return None
+
+    def list(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        deadline: Deadline | None = None,
+        **selectors: str,
+    ) -> tuple[list[dict], str]:
+        """The objects (``fieldSelector=``, ``labelSelector=``) and the list's resourceVersion."""
+        listing = self.request("GET", kind.path(namespace), query=selectors, deadline=deadline)
+        return listing.get("items") or [], listing["metadata"]["resourceVersion"]
+
+    def apply(
+        self,
+        doc: dict,
+        *,
+        force: bool = True,
+        dry_run: bool = False,
+        strict: bool = True,
+        deadline: Deadline | None = None,
+    ) -> dict:
+        """Server-side apply ``doc``: create it or patch the fields it names, in one request.
+
+        ``force``: take over fields another manager set (a :class:`Conflict` otherwise);
+        ``strict``: unknown fields are an :class:`Invalid`. The stored object comes back
+        (:class:`Stored`: ``created`` when there was none).
+        """
+        meta = doc.get("metadata") or {}
+        kind = self.kind(doc["apiVersion"], doc["kind"])
+        query = {
+            "fieldManager": self.field_manager,
+            "force": "true" if force else None,
+            "fieldValidation": "Strict" if strict else "Ignore",
+            "dryRun": "All" if dry_run else None,
+        }
+        return self.request(
+            "PATCH",
+            kind.path(meta.get("namespace"), meta["name"]),
+            doc,
+            query=query,
+            content_type="application/apply-patch+yaml",
+            deadline=deadline,
+        )
+
+    def apply_file(self, path: Path, *, namespace: str | None = None, **kwargs: Any) -> list[dict]:
+        """Apply every object of a YAML file; namespaced ones go to ``namespace`` when given."""
+        applied = []
+        for doc in load_manifests(path):
+            if namespace and self.kind(doc["apiVersion"], doc["kind"]).namespaced:
+                doc["metadata"]["namespace"] = namespace
+            applied.append(self.apply(doc, **kwargs))
+        return applied
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: dict,
+        namespace: str | None = None,
+        deadline: Deadline | None = None,
+    ) -> dict:
+        """A JSON merge patch (a ``metadata.resourceVersion`` in it makes it conditional)."""
+        return self.request(
+            "PATCH",
+            kind.path(namespace, name),
+            patch,
+            content_type="application/merge-patch+json",
+            deadline=deadline,
+        )
+
+    def delete(
+        self, kind: Kind, name: str, namespace: str | None = None, deadline: Deadline | None = None
+    ) -> bool:
+        """Ask for the object's deletion; False when there was none."""
+        try:
+            self.request("DELETE", kind.path(namespace, name), deadline=deadline)
+        except NotFound:
+            return False
+        return True
+
+    # -- watching ----------------------------------------------------------------------------
+
+    def watch(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        seen: Iterable[dict] = (),
+        deadline: Deadline | None = None,
+        watch_seconds: float = WATCH_SECONDS,
+        stop: Callable[[], bool] = lambda: False,
+        **selectors: str,
+    ) -> Iterator[tuple[str, dict]]:
+        """``(type, object)`` for every object, then for every change: list, then watch from
+        the list's resourceVersion, for ever (or until ``deadline``, or ``stop()`` between
+        watches).
+
+        The listed objects come as ``ADDED``. A watch the server ends is resumed from the
+        last resourceVersion seen; a 410 Gone (that version is no longer kept) or a dropped
+        stream lists again, and what vanished meanwhile comes as ``DELETED``. Starting
+        from ``resource_version`` skips the first list; ``seen`` are the objects the caller
+        has at that version (a later list reports their deletion).
+
+        Raises:
+            DeadlineExceeded: ``deadline`` passed.
+            KubeError: Another answer than 410 (e.g. :class:`Forbidden`).
+        """
+        known = {_key(o): o for o in seen}
+        version = resource_version
+        failures = 0
+        while not stop():
+            if version is None:
+                items, version = self.list(kind, namespace, deadline, **selectors)
+                listed = {_key(o): o for o in items}
+                for key in [k for k in known if k not in listed]:
+                    yield "DELETED", known.pop(key)
+                for key, obj in listed.items():
+                    known[key] = obj
+                    yield "ADDED", obj
+            seconds = watch_seconds
+            if deadline is not None:
+                seconds = min(seconds, deadline.check(f"watching {kind.plural}"))
+            query = dict(
+                selectors,
+                watch="true",
+                resourceVersion=version,
+                allowWatchBookmarks="true",
+                timeoutSeconds=str(max(1, int(seconds))),
+            )
+            try:
+                resp = self.request(
+                    "GET",
+                    kind.path(namespace),
+                    query=query,
+                    deadline=deadline,
+                    read_timeout=seconds + WATCH_GRACE,
+                    stream=True,
+                )
+                try:
+                    for line in iter_resp_lines(resp):
+                        event = json.loads(line)
+                        kind_, obj = event["type"], event["object"]
+                        if kind_ == "ERROR":
+                            raise api_error(obj.get("code") or 500, obj)
+                        version = obj["metadata"].get("resourceVersion") or version
+                        if kind_ == "BOOKMARK":
+                            continue
+                        if kind_ == "DELETED":
+                            known.pop(_key(obj), None)
+                        else:
+                            known[_key(obj)] = obj
+                        failures = 0
+                        yield kind_, obj
+                finally:
+                    resp.release_conn()
+            except Gone:
+                log.info(
+                    "watch of %s: resourceVersion %s expired; listing again", kind.plural, version
+                )
+                version = None
+            except (TemporaryError, *CONNECTION_ERRORS) as exc:
+                # Resumed from a fresh list after a growing pause: a server that drops every
+                # watch gets one request per pause, not one per round trip.
+                version = None
+                delay = self.backoff.delay(failures, getattr(exc, "retry_after", None))
+                failures += 1
+                log.warning(
+                    "watch of %s dropped (%s); listing again in %.1fs", kind.plural, exc, delay
+                )
+                if deadline is not None:
+                    deadline.sleep(delay, f"watching {kind.plural}", self.sleep)
+                else:
+                    self.sleep(delay)
+
+    def wait(
+        self,
+        kind: Kind,
+        name: str,
+        test: Callable[[dict | None], Any],
+        deadline: Deadline,
+        namespace: str | None = None,
+    ) -> Any:
+        """Until ``test(object)`` is truthy (the object is None while there is none): read and
+        test, then watch and test again on every change, all under ``deadline``; returns
+        what ``test`` returned.
+
+        Raises:
+            DeadlineExceeded: Naming the object and the last state tested.
+        """
+        ref = f"{kind.kind} {namespace + '/' if namespace else ''}{name}"
+        selector = f"metadata.name={name}"
+        last: dict | None = None
+        try:
+            items, version = self.list(kind, namespace, deadline, fieldSelector=selector)
+            last = items[0] if items else None
+            result = test(last)
+            if result:
+                return result
+            events = self.watch(
+                kind,
+                namespace,
+                resource_version=version,
+                seen=items,
+                deadline=deadline,
+                fieldSelector=selector,
+            )
+            for event, obj in events:
+                last = None if event == "DELETED" else obj
+                result = test(last)
+                if result:
+                    return result
+        except DeadlineExceeded as exc:
+            raise DeadlineExceeded(f"{exc.format_message()}: {ref}; last: {_brief(last)}") from exc
+        raise AssertionError("unreachable: the watch ends only by its deadline")
+
+
+def _key(obj: dict) -> str:
+    meta = obj["metadata"]
+    return f"{meta.get('namespace', '')}/{meta['name']}"
+
+
+def _brief(obj: dict | None) -> str:
+    if obj is None:
+        return "none"
+    return json.dumps({"metadata.name": obj["metadata"]["name"], "status": obj.get("status")})
