@@ -14,9 +14,11 @@ What runs, beside the node (``python -m localcluster start --node``, which owns 
 - the operator stand-in (``python -m operator_standin``), which runs those objects as batch
   Jobs and reports their phases to the server.
 
-Before those start, the cluster gets what the runs need: the namespace, the CRDs, the runs'
-service account and the Role Polyaxon's sidecar needs (it reads its pod and the main
-container's log through the API), and the images of Polyaxon's init and sidecar containers
+Before those start, the cluster gets what the runs need: the CRDs, the objects of
+``localcluster/manifests/sandbox-runs.yaml`` (the namespace, the artifacts store's volume and
+claim, the runs' service account and the Role Polyaxon's sidecar needs: it reads its pod and
+the main container's log through the API), applied through the shared object layer
+(``checkpoint_storage_bench/kube.py``), and the images of Polyaxon's init and sidecar containers
 imported into the node's containerd (``sandbox/node_images.py``).
 """
 
@@ -29,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 from typing import Any, ClassVar
 
 import yaml
@@ -134,117 +137,62 @@ def agent_env(config: dict[str, Any], url: str, kubeconfig: Path, home: Path) ->
     return env
 
 
-def prepare_cluster(api: Any, config: dict[str, Any], store_dir: Path) -> list[str]:
-    """Namespace (PodSecurity ``baseline``), CRDs, the artifacts store's claim bound to
-    ``store_dir`` (the server's data dir), the runs' service account and the sidecar's
-    Role; returns what was created (idempotent)."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
+RUNS_FILE = REPO_ROOT / "localcluster" / "manifests" / "sandbox-runs.yaml"
 
+
+def runs_manifests(config: dict[str, Any], store_dir: Path) -> list[dict[str, Any]]:
+    """The objects of :data:`RUNS_FILE` for this agent config: the namespace, the artifacts
+    store's volume on ``store_dir`` and its claim, the runs' service account (when the
+    config names one) and the sidecar's Role and RoleBinding."""
+    namespace = config["namespace"]
+    claim = config["artifactsStore"]["schema"]["volumeClaim"]
+    values = {
+        "namespace": namespace,
+        "claim": claim,
+        "volume": store_volume_name(namespace, claim),
+        "store_dir": str(store_dir),
+        "runs_sa": config.get("runsSa") or "",
+        "role": RUNS_ROLE,
+    }
+    from checkpoint_storage_bench.kube import load_manifests
+
+    try:
+        docs = [_fill(doc, values) for doc in load_manifests(RUNS_FILE)]
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{RUNS_FILE}: a placeholder this mode does not fill: {exc}") from exc
+    return [d for d in docs if d["kind"] != "ServiceAccount" or values["runs_sa"]]
+
+
+def _fill(node: Any, values: dict[str, str]) -> Any:
+    """``node`` with every ``$name`` of its strings replaced (after parsing: a value never
+    changes the YAML's structure)."""
+    if isinstance(node, dict):
+        return {k: _fill(v, values) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, values) for v in node]
+    if isinstance(node, str):
+        return Template(node).substitute(values)
+    return node
+
+
+def prepare_cluster(api: Any, config: dict[str, Any], store_dir: Path) -> list[str]:
+    """The CRDs and :func:`runs_manifests` applied (``store_dir``, the server's data dir,
+    made first); returns what did not exist before."""
+    from checkpoint_storage_bench.kube import Client
     from operator_standin import crd
 
-    namespace = config["namespace"]
-    made = []
-    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
-
-    def create(fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-            made.append(f"{args[-1]['kind']} {args[-1]['metadata']['name']}")
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-    create(
-        core.create_namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": namespace,
-                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
-            },
-        },
-    )
+    kube = Client(api, field_manager=FIELD_MANAGER)
+    docs = runs_manifests(config, store_dir)
+    namespace, rest = docs[0], docs[1:]
+    made = [_named(namespace)] if kube.apply(namespace).created else []
     made += crd.install(api)
-    claim = config["artifactsStore"]["schema"]["volumeClaim"]
     store_dir.mkdir(parents=True, exist_ok=True)
-    pv = store_volume_name(namespace, claim)
-    create(
-        core.create_persistent_volume,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": {"storage": "10Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(store_dir), "type": "Directory"},
-                "claimRef": {"namespace": namespace, "name": claim},
-            },
-        },
-    )
-    create(
-        core.create_namespaced_persistent_volume_claim,
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "10Gi"}},
-            },
-        },
-    )
-    if config.get("runsSa"):
-        create(
-            core.create_namespaced_service_account,
-            namespace,
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": config["runsSa"]}},
-        )
-    create(
-        rbac.create_namespaced_role,
-        namespace,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": RUNS_ROLE},
-            # What the sidecar reads (polyaxon._sidecar, _k8s.logging.async_monitor): its
-            # pod and its status (it polls pods/status until the main container ends), the
-            # main container's log, and for the run's spec.json the run's pods, services
-            # and their events.
-            "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": [""], "resources": ["pods/log", "pods/status"], "verbs": ["get"]},
-                {"apiGroups": [""], "resources": ["services", "events"], "verbs": ["get", "list"]},
-            ],
-        },
-    )
-    # Every account of the namespace: a run may name its own (the hook's), and its sidecar
-    # needs the same reads.
-    create(
-        rbac.create_namespaced_role_binding,
-        namespace,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": RUNS_ROLE},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RUNS_ROLE},
-            "subjects": [
-                {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Group",
-                    "name": f"system:serviceaccounts:{namespace}",
-                }
-            ],
-        },
-    )
+    made += [_named(doc) for doc in rest if kube.apply(doc).created]
     return made
+
+
+def _named(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']} {doc['metadata']['name']}"
 
 
 def store_volume_name(namespace: str, claim: str) -> str:
@@ -303,29 +251,21 @@ CLAIM_FILE = REPO_ROOT / "connections" / "claim-training-checkpoints.yaml"
 FIELD_MANAGER = "checkpoint-storage-bench-sandbox"
 
 
-def _docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and "kind" in d]
-
-
 def apply_bundle(api: Any, namespace: str) -> tuple[list[str], list[str]]:
     """Server-side apply the StorageClass, the classes, the hook's RBAC and the claim;
     returns (applied objects, the classes in the file's order)."""
-    from kubernetes.dynamic import DynamicClient
+    from checkpoint_storage_bench.kube import Client, load_manifests
 
-    dynamic = DynamicClient(api)
-    (storage_class,) = _docs(STORAGE_CLASS_FILE)
-    classes = _docs(CLASSES_FILE)
-    (claim_doc,) = _docs(CLAIM_FILE)
+    kube = Client(api, field_manager=FIELD_MANAGER)
+    (storage_class,) = load_manifests(STORAGE_CLASS_FILE)
+    classes = load_manifests(CLASSES_FILE)
+    (claim_doc,) = load_manifests(CLAIM_FILE)
     claim_doc["metadata"]["namespace"] = namespace
     claim_doc["spec"]["storageClassName"] = storage_class["metadata"]["name"]
-    applied = []
-    for doc in [storage_class, *classes, *_docs(RBAC_FILE), claim_doc]:
-        resource = dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        dynamic.server_side_apply(
-            resource, body=doc, field_manager=FIELD_MANAGER, force_conflicts=True
-        )
-        applied.append(f"{doc['kind']} {doc['metadata']['name']}")
-    return applied, [c["metadata"]["name"] for c in classes]
+    docs = [storage_class, *classes, *load_manifests(RBAC_FILE), claim_doc]
+    for doc in docs:
+        kube.apply(doc)
+    return [_named(doc) for doc in docs], [c["metadata"]["name"] for c in classes]
 
 
 def project_image(echo: Any = print) -> tuple[str, Path]:
@@ -481,6 +421,8 @@ class NodeRuntime(Runtime):
         the node (:data:`NODE_DEMO_OVERRIDES`)."""
         from kubernetes import config as k8s_config
 
+        from checkpoint_storage_bench.kube import load_manifests
+
         config = self.config(sb)
         api = k8s_config.new_client_from_config(str(node_kubeconfig(self.state_dir)))
         applied, classes = apply_bundle(api, config["namespace"])
@@ -491,6 +433,6 @@ class NodeRuntime(Runtime):
             NODE_DEMO_OVERRIDES,
             image=name,
             namespace=config["namespace"],
-            claim=_docs(CLAIM_FILE)[0]["metadata"]["name"],
+            claim=load_manifests(CLAIM_FILE)[0]["metadata"]["name"],
             profiles=json.dumps(classes),
         )
