@@ -106,8 +106,8 @@ ERRORS: dict[int, type[KubeError]] = {
 
 
 def api_error(status: int, body: Any, reason: str = "", retry_after: Any = None) -> Exception:
-    """An answer as what it means: :class:`TemporaryError` for throttling (429) and server
-    errors (5xx), else the :class:`KubeError` of its status.
+    """An answer as what it means: :class:`TemporaryError` for throttling (429), server
+    errors (5xx) and no answer (0), else the :class:`KubeError` of its status.
 
     >>> api_error(409, '{"message": "namespaces \\\\"a\\\\" already exists"}')
     Conflict('the API server answered 409: namespaces "a" already exists')
@@ -115,7 +115,8 @@ def api_error(status: int, body: Any, reason: str = "", retry_after: Any = None)
     TemporaryError('the API server answered 503: Service Unavailable')
     """
     message = _message(body) or f"{reason or status}"
-    if status == 429 or status >= 500:
+    # 0: no answer at all (the client's status of a failed TLS handshake).
+    if status in (0, 429) or status >= 500:
         try:
             after = float(retry_after) if retry_after is not None else None
         except ValueError:
@@ -444,8 +445,13 @@ class Client:
                     read_timeout=seconds + WATCH_GRACE,
                     stream=True,
                 )
+                ends = time.monotonic() + seconds + WATCH_GRACE
                 try:
                     for line in iter_resp_lines(resp):
+                        if time.monotonic() > ends:
+                            break  # a server that trickles blank lines past its timeout
+                        if not line.strip():
+                            continue
                         event = json.loads(line)
                         kind_, obj = event["type"], event["object"]
                         if kind_ == "ERROR":
