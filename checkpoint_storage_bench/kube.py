@@ -57,6 +57,9 @@ READ_TIMEOUT = 60.0
 WATCH_SECONDS = 300.0
 # A server that keeps a watch open past its own timeoutSeconds is cut this much later.
 WATCH_GRACE = 5.0
+# A watch that ends sooner than this without an event (not even a bookmark) did not watch:
+# client-go's reflector backs off before the next, instead of asking again at once.
+SHORT_WATCH = 1.0
 CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError)
 
 
@@ -366,11 +369,14 @@ class Client:
         patch: dict,
         namespace: str | None = None,
         deadline: Deadline | None = None,
+        subresource: str | None = None,
     ) -> dict:
-        """A JSON merge patch (a ``metadata.resourceVersion`` in it makes it conditional)."""
+        """A JSON merge patch (a ``metadata.resourceVersion`` in it makes it conditional), of
+        the object or of its ``subresource`` (``status``)."""
+        path = kind.path(namespace, name) + (f"/{subresource}" if subresource else "")
         return self.request(
             "PATCH",
-            kind.path(namespace, name),
+            path,
             patch,
             content_type="application/merge-patch+json",
             deadline=deadline,
@@ -405,8 +411,9 @@ class Client:
         watches).
 
         The listed objects come as ``ADDED``. A watch the server ends is resumed from the
-        last resourceVersion seen; a 410 Gone (that version is no longer kept) or a dropped
-        stream lists again, and what vanished meanwhile comes as ``DELETED``. Starting
+        last resourceVersion seen; a 410 Gone (that version is no longer kept) lists again at
+        once, a dropped stream or a watch that ended at once (:data:`SHORT_WATCH`) after a
+        growing pause, and what vanished meanwhile comes as ``DELETED``. Starting
         from ``resource_version`` skips the first list; ``seen`` are the objects the caller
         has at that version (a later list reports their deletion).
 
@@ -445,13 +452,14 @@ class Client:
                     read_timeout=seconds + WATCH_GRACE,
                     stream=True,
                 )
-                ends = time.monotonic() + seconds + WATCH_GRACE
+                opened, seen = time.monotonic(), 0
                 try:
                     for line in iter_resp_lines(resp):
-                        if time.monotonic() > ends:
+                        if time.monotonic() > opened + seconds + WATCH_GRACE:
                             break  # a server that trickles blank lines past its timeout
                         if not line.strip():
                             continue
+                        seen += 1
                         event = json.loads(line)
                         kind_, obj = event["type"], event["object"]
                         if kind_ == "ERROR":
@@ -467,6 +475,8 @@ class Client:
                         yield kind_, obj
                 finally:
                     resp.release_conn()
+                if not seen and time.monotonic() - opened < SHORT_WATCH:
+                    raise TemporaryError(f"a watch of {kind.plural} ended at once without an event")
             except Gone:
                 log.info(
                     "watch of %s: resourceVersion %s expired; listing again", kind.plural, version

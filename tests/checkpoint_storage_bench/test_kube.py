@@ -130,6 +130,20 @@ def test_a_dropped_watch_lists_again_and_reports_what_vanished() -> None:
     assert [q["resourceVersion"] for q in watches] == ["10", "12", "13", "14"]
 
 
+def test_a_watch_that_ends_at_once_is_retried_after_a_pause() -> None:
+    slept: list[float] = []
+    api = Api(
+        listing("1", "a"), Resp(lines=[]), listing("2", "a"), Resp(lines=[event("ADDED", "b", "3")])
+    )
+    events = client(api, slept).watch(kube.CLAIM, "ns")
+    assert [(k, o["metadata"]["name"]) for k, o in (next(events) for _ in range(3))] == [
+        ("ADDED", "a"),
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+    ]
+    assert slept == [0.5]
+
+
 def test_wait_ends_by_its_deadline_naming_the_last_state() -> None:
     now = [0.0]
     deadline = Deadline(5, clock=lambda: now[0])
