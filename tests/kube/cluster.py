@@ -1,6 +1,7 @@
 """Helpers for the tier that runs against the real control plane (localcluster/controlplane.py).
 
-Objects are handled as the API's JSON (camelCase dicts), like the hook does.
+Objects are handled as the API's JSON (camelCase dicts), like the hook does; reads, deletes
+and waits go through the shared object layer (checkpoint_storage_bench/kube.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any
 
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from localcluster.client import AdminClient
-from localcluster.controlplane import NODE_NAME, write_kubeconfig
+from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.retry import Deadline
+from localcluster.client import FIELD_MANAGER, AdminClient
+from localcluster.controlplane import NODE_NAME, ControlPlane, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTIONS = REPO / "connections"
@@ -72,25 +74,21 @@ class HookRun:
 
 
 class Cluster(AdminClient):
-    """The admin's view of a started control plane, plus what the tests share."""
+    """The admin's view of a started control plane, plus what the tests share.
+
+    Attributes:
+        kube: The object layer on the admin's client (same field manager as ``apply``).
+    """
+
+    def __init__(self, plane: ControlPlane) -> None:
+        super().__init__(plane)
+        self.kube = kube.Client(self.api, field_manager=FIELD_MANAGER)
 
     def claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> dict | None:
-        try:
-            return self.request(
-                "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.kube.get(kube.CLAIM, name, namespace)
 
     def pv(self, name: str) -> dict | None:
-        try:
-            return self.request("GET", f"/api/v1/persistentvolumes/{name}")
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.kube.get(kube.VOLUME, name)
 
     def patch_claim(self, patch: dict, name: str = CLAIM, namespace: str = NAMESPACE) -> dict:
         return self.request(
@@ -98,12 +96,12 @@ class Cluster(AdminClient):
         )
 
     def events(self, name: str = CLAIM, namespace: str = NAMESPACE) -> list[dict]:
-        listing = self.request(
-            "GET",
-            f"/api/v1/namespaces/{namespace}/events",
+        items, _ = self.kube.list(
+            kube.EVENT,
+            namespace,
             fieldSelector=f"involvedObject.name={name},involvedObject.kind=PersistentVolumeClaim",
         )
-        return listing["items"]
+        return items
 
     # -- manifests -------------------------------------------------------------------------------
 
@@ -170,11 +168,7 @@ class Cluster(AdminClient):
             name,
             namespace,
         )
-        return wait_for(
-            f"claim {namespace}/{name} bound",
-            lambda: _bound(self.claim(name, namespace)),
-            timeout=60,
-        )
+        return self.kube.wait(kube.CLAIM, name, _bound, Deadline(60), namespace)
 
     def delete_claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> None:
         """Delete the claim, then wait until it and its (Delete-policy) volume are gone."""
@@ -182,14 +176,10 @@ class Cluster(AdminClient):
         if claim is None:
             return
         pv_name = claim["spec"].get("volumeName")
-        try:
-            self.request("DELETE", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        wait_for(f"claim {namespace}/{name} deleted", lambda: self.claim(name, namespace) is None)
+        self.kube.delete(kube.CLAIM, name, namespace)
+        self.kube.wait(kube.CLAIM, name, _gone, Deadline(30), namespace)
         if pv_name:
-            wait_for(f"volume {pv_name} deleted", lambda: self.pv(pv_name) is None, timeout=60)
+            self.kube.wait(kube.VOLUME, pv_name, _gone, Deadline(60))
 
     def settled(self, cls: str, name: str = CLAIM, namespace: str = NAMESPACE) -> dict | None:
         """The claim, if spec and current class are ``cls`` and no modification is pending."""
@@ -226,6 +216,10 @@ class Cluster(AdminClient):
             user_name=f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}",
             namespace=NAMESPACE,
         )
+
+
+def _gone(obj: dict | None) -> bool:
+    return obj is None
 
 
 def _bound(claim: dict | None) -> dict | None:
