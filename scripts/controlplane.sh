@@ -8,6 +8,8 @@
 #                                            the AWS EBS CSI driver (localcluster/ebs.py)
 #                                            and Kubeflow's training operator
 #                                            (localcluster/training_operator.py)
+#                                            and csi-sanity (tests/localcluster/
+#                                            test_csi_sanity.py)
 #   scripts/controlplane.sh check [--node]   exit 1, naming what is missing, unless all are built
 #   scripts/controlplane.sh check NAME...    the same, for the binaries named
 #   scripts/controlplane.sh bin-dir          print the binary cache directory
@@ -44,7 +46,7 @@ K8S_NAMES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-pr
 NAMES=(etcd csi-hostpath-lite csi-resizer csi-provisioner kube-apiserver kube-controller-manager)
 NODE_NAMES=(kube-scheduler kubelet kube-proxy)
 # Built by `build --node` too, started only by the tests that use them (localcluster/ebs.py).
-EXTRA_NAMES=(aws-ebs-csi-driver training-operator)
+EXTRA_NAMES=(aws-ebs-csi-driver training-operator csi-sanity)
 
 # name -> "wrapper-dir|main package|version|-ldflags -X ..."
 spec() {
@@ -56,6 +58,9 @@ spec() {
     aws-ebs-csi-driver)
       local p=github.com/kubernetes-sigs/aws-ebs-csi-driver/pkg
       echo "aws-ebs-csi-driver|github.com/kubernetes-sigs/aws-ebs-csi-driver/cmd|$EBS_CSI_DRIVER_VERSION|-X $p/driver.driverVersion=$EBS_CSI_DRIVER_VERSION -X $p/cloud.driverVersion=$EBS_CSI_DRIVER_VERSION"
+      ;;
+    csi-sanity)
+      echo "csi-sanity|github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity|$CSI_SANITY_VERSION|"
       ;;
     training-operator)
       echo "training-operator|github.com/kubeflow/training-operator/cmd/training-operator.v1|$TRAINING_OPERATOR_VERSION|"
