@@ -236,6 +236,12 @@ func (d *driver) DeleteVolume(_ context.Context, req *csi.DeleteVolumeRequest) (
 }
 
 func (d *driver) ValidateVolumeCapabilities(_ context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "Volume ID missing in request")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "Volume Capabilities missing in request")
+	}
 	d.mu.Lock()
 	_, ok := d.volumes[req.GetVolumeId()]
 	d.mu.Unlock()
@@ -248,6 +254,12 @@ func (d *driver) ValidateVolumeCapabilities(_ context.Context, req *csi.Validate
 }
 
 func (d *driver) ControllerExpandVolume(_ context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "Volume ID missing in request")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, status.Error(codes.InvalidArgument, "Capacity range missing in request")
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	v, ok := d.volumes[req.GetVolumeId()]

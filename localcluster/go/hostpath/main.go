@@ -15,6 +15,8 @@
 //     with the node service on, applies them to every pod that has the volume published
 //     before it answers.
 //   - ControllerExpandVolume: records the new size.
+//   - ValidateVolumeCapabilities, ControllerExpandVolume: InvalidArgument without a volume id
+//     (or capabilities, or a capacity range); NotFound for an unknown volume.
 //
 // Node service (node.go), with -node-service, as root, in the kubelet's mount namespace:
 //   - NodeStageVolume: the backing file <backing-dir>/<backing-prefix><volume id>.img (sparse,
