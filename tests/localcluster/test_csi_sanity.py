@@ -180,6 +180,8 @@ def test_our_csi_driver_passes_csi_sanity_and_leaves_nothing_behind():
         for spec in MUST_PASS:
             assert any(spec in n for n in passed), f"{spec!r} did not pass"
         assert run.returncode == 0, run.stdout[-3000:]
+        # The node specs ran on the node's kind of volume, not on a directory.
+        assert "mkfs.ext4 /dev/loop" in (root / "driver.log").read_text(), _tail(root)
     finally:
         driver.send_signal(signal.SIGTERM)
         try:
