@@ -254,6 +254,20 @@ MIN_MEASURED_CHECKPOINTS = 4
 the pause difference reaches :data:`VERDICT_CONFIDENCE`: what the trainer warns about at
 start (the verdict's interval code computes it; a test holds the two equal)."""
 
+MIN_BUDGET_CHECKPOINTS = 5
+"""The fewest measured checkpoints (after the warm-up) a run needs for a one-sided upper
+bound of its median pause at :data:`VERDICT_CONFIDENCE`: the largest of n pauses bounds the
+median with confidence 1 − 2⁻ⁿ, 0.97 for 5, 0.94 for 4. Below it no profile can meet a pause
+budget (``--max-pause-s``, ``--max-pause-share``) with confidence, whatever it measures: the
+modification plan says so before anything is switched (a test holds it equal to what the
+verdict's bound needs)."""
+
+PLAN_ANSWERABLE_OUTPUT = "answerable"
+"""The plan op's output: whether the pipeline's settings can answer every question asked of
+the verdict at its confidence (false: see :data:`PLAN_ANSWER_LIMITS_OUTPUT`)."""
+PLAN_ANSWER_LIMITS_OUTPUT = "answer_limits"
+"""The plan op's output: why not, one sentence per limit, joined by ``"; "``."""
+
 VERDICT_OUTPUT = "verdict"
 RECOMMENDED_PROFILE_OUTPUT = "recommended_profile"
 VERDICT_OUTPUTS = (
