@@ -70,12 +70,14 @@ class KubeError(BenchError):
     Attributes:
         status: The HTTP status.
         server_message: The ``message`` of the Kubernetes Status body, else the HTTP reason.
+        body: The answer's body as it came (the whole Status, for a caller that quotes it).
     """
 
-    def __init__(self, status: int, server_message: str) -> None:
+    def __init__(self, status: int, server_message: str, body: str | None = None) -> None:
         super().__init__(f"the API server answered {status}: {server_message}")
         self.status = status
         self.server_message = server_message
+        self.body = body
 
 
 class Forbidden(KubeError):
@@ -125,7 +127,10 @@ def api_error(status: int, body: Any, reason: str = "", retry_after: Any = None)
         except ValueError:
             after = None
         return TemporaryError(f"the API server answered {status}: {message}", after)
-    return ERRORS.get(status, KubeError)(status, message)
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    raw = body if isinstance(body, str) else json.dumps(body) if body is not None else None
+    return ERRORS.get(status, KubeError)(status, message, raw)
 
 
 def _message(body: Any) -> str | None:
@@ -211,12 +216,20 @@ class Client:
         field_manager: Who applies (server-side apply's field manager).
         backoff: The retries of a :class:`TemporaryError`.
         sleep: Injectable for tests.
+        on_connection_error: Called with what was asked and the cause when a request got no
+            answer (refused, unresolvable, TLS), before it counts as temporary: a caller
+            that knows the server can never be reached raises its own error there.
+
+    Attributes:
+        answered: Whether the server ever answered (any status) on this client.
     """
 
     api: k8s.ApiClient
     field_manager: str = FIELD_MANAGER
     backoff: Backoff = field(default_factory=lambda: Backoff(delays=(0.5, 1.0, 2.0, 4.0)))
     sleep: Callable[[float], None] = time.sleep
+    on_connection_error: Callable[[str, BaseException], None] | None = None
+    answered: bool = False
     _kinds: dict[tuple[str, str], Kind] = field(default_factory=lambda: dict(KINDS))
 
     @classmethod
@@ -243,9 +256,10 @@ class Client:
         Raises:
             KubeError: The server's answer (:func:`api_error`).
             TemporaryError: Still temporary after the last try.
-            DeadlineExceeded: ``deadline`` passed between tries.
+            DeadlineExceeded: ``deadline`` passed between tries (naming the last error).
         """
         what = f"{method} {path}"
+        last: list[TemporaryError] = []
 
         def once() -> Any:
             timeout: float | tuple[float, float] = (CONNECT_TIMEOUT, read_timeout)
@@ -254,23 +268,22 @@ class Client:
                 if left < CONNECT_TIMEOUT + read_timeout:
                     timeout = max(0.05, left)
             try:
-                resp = self.api.call_api(
-                    path,
-                    method,
-                    query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-                    header_params={"Accept": "application/json", "Content-Type": content_type},
-                    body=body,
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _return_http_data_only=True,
-                    _request_timeout=timeout,
-                )
+                resp = self._call(path, method, query, content_type, body, timeout)
             except ApiException as exc:
-                raise api_error(
-                    exc.status, exc.body, exc.reason, (exc.headers or {}).get("Retry-After")
-                ) from exc
+                if not exc.status:  # no answer: the connection itself (TLS) failed
+                    error = self._no_answer(what, exc, f"TLS failed: {exc.reason}")
+                else:
+                    self.answered = True
+                    error = api_error(
+                        exc.status, exc.body, exc.reason, (exc.headers or {}).get("Retry-After")
+                    )
+                if isinstance(error, TemporaryError):
+                    last[:] = [error]
+                raise error from exc
             except CONNECTION_ERRORS as exc:
-                raise TemporaryError(f"{what}: {exc}") from exc
+                last[:] = [self._no_answer(what, exc, str(exc))]
+                raise last[0] from exc
+            self.answered = True
             if stream:
                 return resp
             data = json.loads(resp.data) if resp.data else None
@@ -279,7 +292,46 @@ class Client:
                 data.created = resp.status == 201
             return data
 
-        return retry(once, what=what, backoff=self.backoff, deadline=deadline, sleep=self.sleep)
+        try:
+            return retry(once, what=what, backoff=self.backoff, deadline=deadline, sleep=self.sleep)
+        except DeadlineExceeded as exc:
+            if not last:
+                raise
+            raise DeadlineExceeded(f"{exc.format_message()} (last error: {last[0]})") from exc
+
+    def _call(
+        self,
+        path: str,
+        method: str,
+        query: dict[str, Any] | None,
+        content_type: str,
+        body: Any,
+        timeout: float | tuple[float, float],
+    ) -> Any:
+        try:
+            return self.api.call_api(
+                path,
+                method,
+                query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=timeout,
+            )
+        except AttributeError as exc:
+            # The client turns a TLS failure into ApiException(status=0) and then fails to
+            # decode its missing body: that exception is the cause.
+            tls = exc.__context__
+            if isinstance(tls, ApiException) and not tls.status:
+                raise tls from None
+            raise
+
+    def _no_answer(self, what: str, exc: BaseException, cause: str) -> TemporaryError:
+        if self.on_connection_error is not None:
+            self.on_connection_error(what, exc)
+        return TemporaryError(f"{what}: no answer from the API server: {cause}")
 
     # -- objects -----------------------------------------------------------------------------
 

@@ -158,3 +158,64 @@ def test_wait_ends_by_its_deadline_naming_the_last_state() -> None:
     api.call_api = call_api  # type: ignore[method-assign]
     with pytest.raises(DeadlineExceeded, match="PersistentVolumeClaim ns/a; last: .*a"):
         client(api, []).wait(kube.CLAIM, "a", lambda o: False, deadline, "ns")
+
+
+def test_no_answer_is_told_to_the_caller_before_it_is_retried() -> None:
+    """A caller that knows the server was never reached refuses at once (the hook's exit 3);
+    once the server answered, a refused connection is a restart, retried."""
+    told: list[tuple[str, str]] = []
+
+    def never_reached(what: str, exc: BaseException) -> None:
+        told.append((what, type(exc).__name__))
+        if not layer.answered:
+            raise RuntimeError(f"unreachable: {what}")
+
+    refused = urllib3.exceptions.NewConnectionError(None, "Connection refused")  # type: ignore[arg-type]
+    api = Api(refused, Resp(body={"metadata": {"name": "a"}}), refused, Resp(body={}))
+    slept: list[float] = []
+    layer = kube.Client(api, backoff=Backoff(delays=(0.5,)), sleep=slept.append,  # type: ignore[arg-type]
+                        on_connection_error=never_reached)  # fmt: skip
+    with pytest.raises(RuntimeError, match="unreachable: GET /api/v1/namespaces/ns/pers"):
+        layer.get(kube.CLAIM, "a", "ns")
+    assert not layer.answered and slept == []
+    assert layer.get(kube.CLAIM, "a", "ns") is not None and layer.answered
+    assert layer.get(kube.CLAIM, "a", "ns") == {}  # refused once, then answered
+    assert slept == [0.5] and [t for _, t in told] == ["NewConnectionError"] * 2
+
+
+def test_a_failed_tls_handshake_is_no_answer_not_an_attribute_error() -> None:
+    class Tls(Api):
+        def call_api(self, *args: Any, **kwargs: Any) -> Resp:
+            # What the official client does: ApiException(status=0), then it fails to
+            # decode the missing body.
+            try:
+                raise ApiException(status=0, reason="SSLError\ncertificate verify failed")
+            except ApiException as e:
+                e.body.decode("utf-8")
+            raise AssertionError("unreachable")
+
+    told: list[BaseException] = []
+    layer = kube.Client(Tls(), backoff=Backoff(delays=()), on_connection_error=lambda w, e: told.append(e))  # type: ignore[arg-type]  # fmt: skip
+    with pytest.raises(kube.TemporaryError, match="TLS failed: SSLError"):
+        layer.get(kube.CLAIM, "a", "ns")
+    assert isinstance(told[0], ApiException) and told[0].status == 0
+
+
+def test_a_deadline_passed_while_retrying_names_the_last_error() -> None:
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    api = Api(answer(503, "etcd is slow"), answer(503, "etcd is slow"))
+    layer = kube.Client(api, backoff=Backoff(delays=(4.0, 4.0)), sleep=sleep)  # type: ignore[arg-type]
+    with pytest.raises(DeadlineExceeded, match="last error: the API server answered 503: etcd"):
+        layer.get(kube.CLAIM, "a", "ns", deadline=Deadline(5, clock=lambda: now[0]))
+
+
+def test_an_error_keeps_the_body_the_server_sent() -> None:
+    api = Api(answer(409, "the object has been modified"))
+    with pytest.raises(kube.Conflict) as info:
+        client(api, []).patch(kube.CLAIM, "a", {}, "ns")
+    assert info.value.server_message == "the object has been modified"
+    assert json.loads(info.value.body)["code"] == 409
