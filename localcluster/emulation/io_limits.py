@@ -97,7 +97,8 @@ class IoLimits:
         bps = iops = None
         if parameters.get("throughput") is not None:
             match = _THROUGHPUT.fullmatch(str(parameters["throughput"]))
-            if not match or float(match.group(1)) <= 0:
+            # Beyond int64 bytes/s no cgroup takes it (and the driver's conversion would wrap).
+            if not match or not 0 < float(match.group(1)) * MIB < _INT64_MAX:
                 raise ValueError(f"throughput {parameters['throughput']!r} is not MiB/s")
             bps = int(float(match.group(1)) * MIB)
         if parameters.get("iops") is not None:

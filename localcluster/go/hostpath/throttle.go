@@ -1,7 +1,7 @@
 // The block throttle: a volume's iops and throughput (its VolumeAttributesClass's mutable
 // parameters) become the kernel's block-I/O limits on its loop device, for the processes of
 // every pod that has the volume published — the semantics of the sandbox's emulation
-// (checkpoint_storage_bench/io_limits.py): reads and writes are each capped at the figure,
+// (localcluster/emulation/io_limits.py): reads and writes are each capped at the figure,
 // throughput in MiB/s.
 //
 // cgroup v1 (blkio.throttle.*) is flat: a limit on the pod's cgroup does not apply to the
@@ -58,7 +58,8 @@ func limitsOf(params map[string]string) (limits, error) {
 			return l, fmt.Errorf("throughput %q is not MiB/s", t)
 		}
 		f, err := strconv.ParseFloat(m[1], 64)
-		if err != nil || f <= 0 || math.IsInf(f, 0) {
+		// Beyond int64 bytes/s the conversion would wrap to a negative limit.
+		if err != nil || f <= 0 || math.IsInf(f, 0) || f*mib >= math.MaxInt64 {
 			return l, fmt.Errorf("throughput %q is not MiB/s", t)
 		}
 		l.bps = int64(f * mib)
