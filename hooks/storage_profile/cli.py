@@ -141,6 +141,8 @@ def status(**options: Any) -> None:
 @config_options(PlanConfig)
 def plan(**options: Any) -> None:
     """How many volume modifications the run over the profiles needs, and whether the
-    provider's window allows them now (else exit 3 naming when); changes nothing."""
+    provider's window allows them now (else exit 3 naming when); with --repeats, also what
+    the verdict can answer at its confidence (a limit is a warning; settings that can answer
+    nothing about the profiles are exit 2); changes nothing."""
     cfg = config_or_usage_error(PlanConfig, backoff=BACKOFF, **options)
     commands.run_plan(cfg, backend_of(cfg))

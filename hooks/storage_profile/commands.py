@@ -103,14 +103,17 @@ def run_status(cfg: StatusConfig, backend: Backend) -> dict:
 
 
 def run_plan(cfg: PlanConfig, backend: Backend) -> planning.ModificationPlan:
-    """Judge the run's modifications against the provider's window; print the plan, write it
-    (``--summary-json``) and log it to Polyaxon, then refuse if it does not fit now.
+    """Judge the run's modifications against the provider's window (and, with ``--repeats``,
+    say what the verdict can answer); print the plan, write it (``--summary-json``) and log
+    it to Polyaxon, then refuse if it does not fit now. A limit on the answer is a warning:
+    the run may still answer a budget.
 
     Raises:
         PlanRefused: The plan does not fit now (or never in one run), or cannot start on its
             first profile; nothing was changed.
     """
     plan = backend.plan(cfg, planning.NOW())
+    plan.answer, plan.repeats, plan.workload = cfg.answerability(), cfg.repeats, cfg.workload
     click.echo(plan.render())
     if cfg.summary_json is not None:
         cfg.summary_json.parent.mkdir(parents=True, exist_ok=True)

@@ -17,22 +17,40 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import click
 
+from checkpoint_compare.intervals import RUNS_PER_BLOCK
 from checkpoint_storage_bench.config_cli import Output, cli
-from checkpoint_storage_bench.contract import output_key, output_key_clashes
+from checkpoint_storage_bench.contract import (
+    MIN_BUDGET_CHECKPOINTS,
+    VERDICT_CONFIDENCE,
+    VERDICT_WARMUP,
+    output_key,
+    output_key_clashes,
+)
 from checkpoint_storage_bench.retry import Backoff
 
 Settle = Literal["kubernetes", "provider"]
 OnInfeasible = Literal["fail", "rollback"]
 BackendName = Literal["kubernetes", "local"]
+Workload = Literal["checkpoint", "scan", "materialize", "workspace"]
 SETTLE_MODES: tuple[str, ...] = get_args(Settle)
 INFEASIBLE_ACTIONS: tuple[str, ...] = get_args(OnInfeasible)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
+
+WORKLOAD_BUDGETS: dict[str, tuple[str, ...]] = {
+    "checkpoint": ("max_pause_s", "max_pause_share"),
+    "scan": ("min_au",),
+    "materialize": (),
+    "workspace": ("max_p99_ms",),
+}
+"""The budget options the verdict tests for each workload (its table's budget test): a
+budget of another workload is not tested, so it answers nothing."""
 
 DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
 """``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume
@@ -340,11 +358,42 @@ class PlanOptions(Target):
     summary_json: Path | None = field(default=None, metadata=cli(click_type=_FILE))
     """Write the plan here."""
 
+    repeats: int | None = field(default=None, metadata=cli(metavar="N"))
+    """Runs of each profile per stage (the pipeline's repeats): with it the plan also says
+    what the verdict can answer at its confidence, and refuses (exit 2) settings that can
+    answer nothing. Unset: only the window is judged."""
+
+    workload: Workload = "checkpoint"
+    """What each stage runs (the pipeline's workload): which budget its verdict tests."""
+
+    steps: int | None = field(default=None, metadata=cli(metavar="N"))
+    """checkpoint: training steps per run (with --checkpoint-every: the checkpoints a run
+    makes, which a pause budget's bound needs)."""
+
+    checkpoint_every: int | None = field(default=None, metadata=cli(metavar="N"))
+    """checkpoint: a checkpoint every N steps."""
+
+    warmup: int = field(default=VERDICT_WARMUP, metadata=cli(metavar="N"))
+    """Checkpoints at the start of each run the verdict leaves out (its --warmup)."""
+
+    max_pause_s: float | None = field(default=None, metadata=cli(metavar="S"))
+    """checkpoint budget: the longest acceptable median pause per checkpoint, seconds."""
+
+    max_pause_share: float | None = field(default=None, metadata=cli(metavar="F"))
+    """checkpoint budget: the largest acceptable share of the runtime spent paused."""
+
+    min_au: float | None = field(default=None, metadata=cli(metavar="F"))
+    """scan budget: the lowest acceptable accelerator utilization."""
+
+    max_p99_ms: float | None = field(default=None, metadata=cli(metavar="MS"))
+    """workspace budget: the highest acceptable p99 save latency, ms."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.profiles or any(not p for p in self.profiles):
             raise ValueError(f"--profiles must name at least one class, got {self.profiles!r}")
         check_comparable(self.profiles)
+        self._check_answer_settings()
         if self.restore_after and not self.restore_class:
             raise ValueError("--restore-after needs --restore-class: the class it restores")
         if self.backend == "kubernetes":
@@ -358,6 +407,48 @@ class PlanOptions(Target):
     def restore_to(self) -> str | None:
         """The class the run ends on after its restore (None: no restore)."""
         return self.restore_class if self.restore_after else None
+
+    @property
+    def budgets(self) -> dict[str, float | None]:
+        """Every budget option, by field name (given or not)."""
+        return {name: getattr(self, name) for names in WORKLOAD_BUDGETS.values() for name in names}
+
+    def answerability(self) -> Answerability | None:
+        """What the verdict can answer with these settings (None without --repeats)."""
+        if self.repeats is None:
+            return None
+        return answerability(
+            self.profiles,
+            self.return_to_first,
+            self.repeats,
+            self.workload,
+            self.budgets,
+            checkpoints=None if self.steps is None else self.steps // self.checkpoint_every,  # type: ignore[operator]
+            warmup=self.warmup,
+        )
+
+    def _check_answer_settings(self) -> None:
+        """Refuse (``ValueError``) settings that are not numbers the pipeline can run, and
+        settings with which the verdict could say nothing about the profiles."""
+        for name in ("repeats", "steps", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+        if (self.steps is None) != (self.checkpoint_every is None):
+            raise ValueError("--steps and --checkpoint-every go together: a run's checkpoints")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be 0 or more, not {self.warmup}")
+        for name, value in self.budgets.items():
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be a positive number, not {value}"
+                )
+        answer = self.answerability()
+        if answer is not None and not answer.anything:
+            raise ValueError(
+                "the verdict could say nothing about the profiles with these settings: "
+                + "; ".join(answer.refusal_reasons)
+            )
 
 
 @dataclass(kw_only=True)
@@ -384,3 +475,142 @@ def check_comparable(profiles: list[str]) -> None:
             f"--profiles {a} and {b} have the same output name {output_key(a)!r} ('-' and "
             "'.' both become '_'): their figures would overwrite each other; rename one class"
         )
+
+
+@dataclass(frozen=True)
+class Answerability:
+    """What the verdict can answer at its confidence with the pipeline's settings, known
+    before anything is switched.
+
+    Attributes:
+        differences: The candidates whose difference from the baseline can count: both have
+            at least two runs (one run cannot be told from run-to-run variation).
+        budget: Whether the budget asked can be met with confidence (None: none asked).
+        limits: One sentence per question asked that cannot reach an answer.
+        notes: What the settings buy less of than they seem to (not a limit).
+        unasked: Why no budget answers anything, when none of the workload's was given.
+    """
+
+    differences: tuple[str, ...]
+    budget: bool | None
+    limits: tuple[str, ...]
+    notes: tuple[str, ...]
+    unasked: str = ""
+
+    @property
+    def answerable(self) -> bool:
+        """Every question asked can reach an answer."""
+        return not self.limits
+
+    @property
+    def anything(self) -> bool:
+        """Something about the profiles can be answered: a difference, or the budget."""
+        return bool(self.differences) or bool(self.budget)
+
+    @property
+    def refusal_reasons(self) -> list[str]:
+        return [*self.limits, *([self.unasked] if self.unasked else [])]
+
+
+def answerability(
+    profiles: list[str],
+    return_to_first: bool,
+    repeats: int,
+    workload: str,
+    budgets: dict[str, float | None],
+    checkpoints: int | None = None,
+    warmup: int = VERDICT_WARMUP,
+    confidence: float = VERDICT_CONFIDENCE,
+) -> Answerability:
+    """What the verdict can answer from ``repeats`` runs of each stage over ``profiles``.
+
+    The verdict compares runs (docs/compare.md): a profile with one run has no between-run
+    spread, so no difference from it counts; a profile's runs back to back are one block,
+    of which at most ``RUNS_PER_BLOCK`` count as independent; a pause budget is met when
+    every run's upper bound of its median pause is within it, which needs
+    ``MIN_BUDGET_CHECKPOINTS`` measured checkpoints a run (``checkpoints`` a run, less the
+    ``warmup``; None: not known, not judged).
+
+    >>> a = answerability(["a", "b"], False, 1, "checkpoint", {"max_pause_s": 0.5}, 12)
+    >>> a.differences, a.budget, a.answerable, a.anything
+    ((), True, False, True)
+    >>> answerability(["a", "b", "a", "b"], False, 1, "checkpoint", {}).differences
+    ('b',)
+    """
+    stages = [*profiles, profiles[0]] if return_to_first else list(profiles)
+    runs: Counter[str] = Counter()
+    blocks: Counter[str] = Counter()
+    previous = None
+    for name in stages:
+        runs[name] += repeats
+        blocks[name] += name != previous
+        previous = name
+    baseline = profiles[0]
+    candidates = [p for p in dict.fromkeys(profiles) if p != baseline]
+    differences = tuple(c for c in candidates if min(runs[c], runs[baseline]) >= 2)
+    limits: list[str] = []
+    notes: list[str] = []
+    level = f"{confidence:.0%}"
+    unanswered = [c for c in candidates if c not in differences]
+    if unanswered:
+        lonely = [p for p in (baseline, *unanswered) if runs[p] < 2]
+        limits.append(
+            f"repeats {repeats}: {_and(lonely)} {'gets' if len(lonely) == 1 else 'get'} one "
+            "run, and one run cannot be told from run-to-run variation, so the verdict can "
+            f"claim no difference between {_and(unanswered)} and the baseline {baseline} at "
+            f"{level} (repeats 2 or more give it)"
+        )
+    capped = [
+        f"{p}: {runs[p]} runs in {blocks[p]} block{'s' if blocks[p] != 1 else ''}, counted as "
+        f"{RUNS_PER_BLOCK * blocks[p]}"
+        for p in (baseline, *candidates)
+        if runs[p] > RUNS_PER_BLOCK * blocks[p]
+    ]
+    if capped:
+        notes.append(
+            f"repeats {repeats}: a profile's runs back to back share their block, and the "
+            f"verdict counts at most {RUNS_PER_BLOCK} a block as independent ({'; '.join(capped)}): "
+            "more repeats buy a steadier estimate, not a narrower interval; the return to the "
+            "first profile, or profiles that alternate, add blocks"
+        )
+    own = WORKLOAD_BUDGETS[workload]
+    asked = [name for name in own if budgets.get(name) is not None]
+    foreign = [n for n, v in budgets.items() if v is not None and n not in own]
+    if foreign:
+        notes.append(
+            f"{_and([_flag(n) for n in foreign])}: not a budget of the {workload} workload, its "
+            "verdict does not test it"
+        )
+    budget: bool | None = None
+    if asked:
+        budget = True
+        measured = None if checkpoints is None else max(0, checkpoints - warmup)
+        if workload == "checkpoint" and measured is not None and measured < MIN_BUDGET_CHECKPOINTS:
+            budget = False
+            limits.append(
+                f"{checkpoints} checkpoint{'s' if checkpoints != 1 else ''} a run, "
+                f"{measured} after the {warmup} warm-up: a {level} bound on a run's median "
+                f"pause needs {MIN_BUDGET_CHECKPOINTS}, so no profile can meet the pause budget "
+                f"with confidence (more steps, or a checkpoint more often: "
+                f"{MIN_BUDGET_CHECKPOINTS + warmup} checkpoints a run)"
+            )
+    unasked = ""
+    if not asked:
+        unasked = (
+            f"no budget of the {workload} workload was given ({_or([_flag(n) for n in own])})"
+            if own
+            else f"the {workload} workload has no budget to answer instead"
+        )
+    return Answerability(differences, budget, tuple(limits), tuple(notes), unasked)
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _or(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

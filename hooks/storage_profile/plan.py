@@ -15,6 +15,11 @@ run takes, so it assumes the worst case, that every switch of the run falls insi
 window: it fits now when the ledger's switches inside the last window plus the run's
 modifications stay within ``count``; otherwise it names the earliest time old switches
 have left the window, or says it never fits when the run alone needs more than ``count``.
+
+Answering: given ``--repeats`` (and the workload, its budget, the checkpoints a run), the
+plan also says what the verdict can answer at its confidence (``config.answerability``):
+one line per limit, a warning (exit 0); settings that can answer nothing are refused
+before the plan is made (exit 2).
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from typing import Any
 from checkpoint_storage_bench.contract import (
     LEDGER_ANNOTATION,
     MODIFICATION_WINDOWS,
+    PLAN_ANSWER_LIMITS_OUTPUT,
+    PLAN_ANSWERABLE_OUTPUT,
     LedgerEntry,
     parse_ledger,
 )
 from checkpoint_storage_bench.retry import Deadline
 from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
+from hooks.storage_profile.config import Answerability
 from hooks.storage_profile.errors import PlanRefused, PreflightRefused
 from hooks.storage_profile.kube import Kube
 from hooks.storage_profile.local import DRIVER as LOCAL_DRIVER
@@ -122,6 +130,10 @@ class ModificationPlan:
     window: tuple[int, float] | None = None
     ledger: list[LedgerEntry] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    answer: Answerability | None = None
+    """What the verdict can answer with the run's settings (None: not asked)."""
+    repeats: int | None = None
+    workload: str | None = None
 
     @property
     def switches(self) -> list[tuple[str | None, str]]:
@@ -202,6 +214,11 @@ class ModificationPlan:
             "fits": self.fits,
             "refusal": self.refusal(),
             "notes": self.notes,
+            "repeats": self.repeats,
+            "workload": self.workload,
+            PLAN_ANSWERABLE_OUTPUT: self.answer.answerable if self.answer else None,
+            PLAN_ANSWER_LIMITS_OUTPUT: list(self.answer.limits) if self.answer else [],
+            "answer_notes": list(self.answer.notes) if self.answer else [],
         }
 
     def render(self) -> str:
@@ -225,6 +242,14 @@ class ModificationPlan:
             + (" (now)" if self.fits else ""),
         ]
         lines += [f"  note: {n}" for n in self.notes]
+        if self.answer is not None:
+            lines.append(
+                f"  answerable       {'yes' if self.answer.answerable else 'no'} (repeats "
+                f"{self.repeats}, {self.workload}"
+                + (", no budget)" if self.answer.budget is None else ", a budget)")
+            )
+            lines += [f"  limit: {n}" for n in self.answer.limits]
+            lines += [f"  note: {n}" for n in self.answer.notes]
         return "\n".join(lines)
 
     def log_to_polyaxon(self) -> bool:
@@ -248,6 +273,7 @@ class ModificationPlan:
                     restore_to=self.restore_to,
                     driver=self.driver,
                     current_class=self.current_class,
+                    **({"repeats": self.repeats, "workload": self.workload} if self.answer else {}),
                 )
                 tracker.log_outputs(
                     **{
@@ -261,6 +287,13 @@ class ModificationPlan:
                         )
                     }
                 )
+                if self.answer is not None:
+                    tracker.log_outputs(
+                        **{
+                            PLAN_ANSWERABLE_OUTPUT: self.answer.answerable,
+                            PLAN_ANSWER_LIMITS_OUTPUT: "; ".join(self.answer.limits),
+                        }
+                    )
                 reason = self.refusal()
                 if reason is not None:
                     raise _RunFailed(reason)

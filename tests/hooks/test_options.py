@@ -30,7 +30,9 @@ OPTIONS = {
     "status": [*TARGET, "-o", "--output", "--timeout"],
     "plan": [
         *TARGET, "--profiles", "--return-to-first", "--restore-after", "--restore-class",
-        "--summary-json", "--timeout",
+        "--summary-json", "--repeats", "--workload", "--steps", "--checkpoint-every",
+        "--warmup", "--max-pause-s", "--max-pause-share", "--min-au", "--max-p99-ms",
+        "--timeout",
     ],
 }  # fmt: skip
 SETTINGS = {

@@ -4,12 +4,27 @@ against the Kubernetes fake (and the sandbox's local profiles)."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
+from checkpoint_compare.intervals import median_upper_bound
+from checkpoint_compare.recommendation import Budget
+from checkpoint_compare.table import ROWS, WorkloadBudget
+from checkpoint_storage_bench.contract import (
+    LEDGER_ANNOTATION,
+    MIN_BUDGET_CHECKPOINTS,
+    PLAN_ANSWER_LIMITS_OUTPUT,
+    PLAN_ANSWERABLE_OUTPUT,
+    VERDICT_CONFIDENCE,
+    WORKLOADS,
+    LedgerEntry,
+    format_ledger,
+)
+from hooks.storage_profile import config
 from hooks.storage_profile import plan as plan_module
 from hooks.storage_profile.errors import EXIT_CODES, EXIT_PREFLIGHT, PlanRefused
 from hooks.storage_profile.plan import earliest_start, switches_of
@@ -335,6 +350,187 @@ def test_inside_a_run_the_plan_is_logged_and_a_refusal_fails_it(
     assert ok["outputs"]["modifications_needed"] == 1 and ok["outputs"]["fits"] is True
     assert refused["outputs"]["modifications_needed"] == 2
     assert refused["outputs"]["earliest_start"] == "2026-12-01T16:00:00Z"
+
+
+# ------------------------------------------------- what the verdict can answer, before a switch
+
+PAIR = "checkpoint-baseline,checkpoint-throughput"
+# The pipeline's defaults: 2 runs a profile, 200 steps with a checkpoint every 50.
+DEFAULTS = ("--repeats", "2", "--steps", "200", "--checkpoint-every", "50")
+
+
+def test_the_pipelines_defaults_can_answer(fake: FakeKube, tmp_path: Path):
+    cluster(fake)
+    out = tmp_path / "plan.json"
+    result = plan(PAIR, *DEFAULTS, summary=out)
+    assert result.exit_code == 0, result.output
+    data = load(out)
+    assert data["answerable"] is True and data["answer_limits"] == []
+    assert data["answer_notes"] == [] and data["repeats"] == 2
+    assert "answerable       yes (repeats 2, checkpoint, no budget)" in result.stdout
+    assert "limit:" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--repeats", "1"),
+        ("--repeats", "1", "--return-to-first"),  # the baseline twice, the candidate once
+        ("--repeats", "1", "--workload", "scan", "--max-pause-s", "1"),  # not scan's budget
+        ("--repeats", "1", "--workload", "materialize", "--max-p99-ms", "5"),  # it has none
+        # A budget no run can meet with confidence: 4 checkpoints, 3 measured.
+        ("--repeats", "1", "--max-pause-s", "0.5", "--steps", "200", "--checkpoint-every", "50"),
+    ],
+    ids=["no-budget", "return", "another-workloads-budget", "materialize", "too-few-checkpoints"],
+)
+def test_settings_that_can_answer_nothing_are_refused_before_anything(
+    fake: FakeKube, extra: tuple[str, ...]
+):
+    cluster(fake)
+    result = plan(PAIR, *extra)
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.stderr.splitlines() if "could say nothing" in ln]
+    assert "checkpoint-throughput get one run" in line or "gets one run" in line
+    assert "can claim no difference between checkpoint-throughput" in line
+    assert fake.calls == []  # refused before the API server was asked anything
+
+
+def test_one_run_each_with_a_budget_is_a_warning_not_a_refusal(fake: FakeKube, tmp_path: Path):
+    # What the agent tier runs: repeats 1 and a budget, a budget-only answer.
+    cluster(fake)
+    out = tmp_path / "plan.json"
+    args = ("--repeats", "1", "--max-pause-s", "0.6", "--steps", "60", "--checkpoint-every", "5")
+    result = plan(PAIR, *args, summary=out)
+    assert result.exit_code == 0, result.output
+    data = load(out)
+    assert data["answerable"] is False and data["fits"] is True
+    (limit,) = data["answer_limits"]
+    assert limit.startswith("repeats 1: checkpoint-baseline and checkpoint-throughput get one run")
+    assert "no difference between checkpoint-throughput and the baseline" in limit
+    assert "answerable       no (repeats 1, checkpoint, a budget)" in result.stdout
+    assert f"  limit: {limit}" in result.stdout
+    # The scan's budget, on the scan.
+    args = ("--repeats", "1", "--workload", "scan", "--min-au", "0.8")
+    assert plan(PAIR, *args, summary=out).exit_code == 0
+    assert load(out)["answerable"] is False and len(load(out)["answer_limits"]) == 1
+
+
+@pytest.mark.parametrize(("steps", "limited"), [("250", True), ("300", False)])
+def test_a_pause_budget_needs_enough_checkpoints_a_run(
+    fake: FakeKube, tmp_path: Path, steps: str, limited: bool
+):
+    # Every 50 steps: 250 make 5 checkpoints, 4 after the warm-up, one short of a 95 % bound.
+    cluster(fake)
+    out = tmp_path / "plan.json"
+    args = ("--repeats", "2", "--steps", steps, "--checkpoint-every", "50", "--max-pause-s", "1")
+    result = plan(PAIR, *args, summary=out)
+    assert result.exit_code == 0, result.output  # the differences are still answered
+    limits = load(out)["answer_limits"]
+    assert load(out)["answerable"] is not limited
+    if limited:
+        (limit,) = limits
+        assert limit.startswith("5 checkpoints a run, 4 after the 1 warm-up")
+        assert f"needs {MIN_BUDGET_CHECKPOINTS}" in limit and "6 checkpoints a run" in limit
+    else:
+        assert limits == []
+    # A larger warm-up leaves fewer measured.
+    result = plan(PAIR, *args, "--warmup", "2", summary=out)
+    assert result.exit_code == 0 and load(out)["answerable"] is False
+
+
+def test_the_budget_bound_needs_the_contracts_number_of_checkpoints() -> None:
+    # The plan warns below MIN_BUDGET_CHECKPOINTS without running the verdict's bound.
+    values = [1.0] * MIN_BUDGET_CHECKPOINTS
+    assert median_upper_bound(values, VERDICT_CONFIDENCE) is not None
+    assert median_upper_bound(values[:-1], VERDICT_CONFIDENCE) is None
+
+
+def test_the_plans_workloads_and_budgets_are_the_verdicts() -> None:
+    assert get_args(config.Workload) == WORKLOADS and tuple(config.WORKLOAD_BUDGETS) == WORKLOADS
+    verdict_budgets = {f.name for f in fields(Budget)} | {f.name for f in fields(WorkloadBudget)}
+    planned = {n for names in config.WORKLOAD_BUDGETS.values() for n in names}
+    assert planned == verdict_budgets - {"checkpoints_per_month"}  # a cadence, not a budget
+    for workload, names in config.WORKLOAD_BUDGETS.items():
+        for name in names:  # each row of the verdict's table words the budget it tests
+            if workload != "checkpoint":
+                assert ROWS[workload].budget_words(WorkloadBudget(**{name: 0.5})) is not None
+
+
+def test_more_repeats_in_one_block_buy_a_steadier_estimate_not_a_narrower_interval(
+    fake: FakeKube, tmp_path: Path
+):
+    cluster(fake)
+    out = tmp_path / "plan.json"
+    result = plan(PAIR, "--repeats", "3", summary=out)
+    assert result.exit_code == 0, result.output
+    data = load(out)
+    assert data["answerable"] is True  # said, not refused
+    (note,) = data["answer_notes"]
+    assert "checkpoint-throughput: 3 runs in 1 block, counted as 2" in note
+    assert "a steadier estimate, not a narrower interval" in note
+    assert f"  note: {note}" in result.stdout
+    # The return adds a block to the baseline (each of 3 runs); the candidate's is still one.
+    plan(PAIR, "--repeats", "3", "--return-to-first", summary=out)
+    (note,) = load(out)["answer_notes"]
+    assert "checkpoint-baseline: 6 runs in 2 blocks, counted as 4" in note
+    assert "checkpoint-throughput: 3 runs in 1 block" in note
+    plan(PAIR, "--repeats", "2", "--return-to-first", summary=out)
+    assert load(out)["answer_notes"] == []
+    # Profiles that alternate make every block a replicate: nothing to say.
+    alternating = f"{PAIR},{PAIR}"
+    assert plan(alternating, "--repeats", "2", summary=out).exit_code == 0
+    assert load(out)["answer_notes"] == []
+    # And alternating once each answers the difference with one run a stage.
+    assert plan(alternating, "--repeats", "1", summary=out).exit_code == 0
+    assert load(out)["answerable"] is True
+
+
+def test_without_repeats_only_the_window_is_judged(fake: FakeKube, tmp_path: Path):
+    cluster(fake)
+    out = tmp_path / "plan.json"
+    result = plan(PAIR, summary=out)
+    assert result.exit_code == 0, result.output
+    assert load(out)["answerable"] is None and "answerable" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--repeats", "0"), "--repeats must be at least 1"),
+        (("--repeats", "2", "--steps", "100"), "--steps and --checkpoint-every go together"),
+        (("--repeats", "2", "--max-pause-s", "nan"), "--max-pause-s must be a positive number"),
+        (("--repeats", "2", "--min-au", "-1"), "--min-au must be a positive number"),
+        (
+            (
+                "--warmup",
+                "-1",
+            ),
+            "--warmup must be 0 or more",
+        ),
+    ],
+)
+def test_bad_answer_settings_are_a_usage_error(fake: FakeKube, extra, message: str):
+    cluster(fake)
+    result = plan(PAIR, *extra)
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert fake.calls == []
+
+
+def test_inside_a_run_what_the_verdict_can_answer_is_logged(
+    fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    cluster(fake)
+    monkeypatch.setattr(plan_module, "in_polyaxon_run", lambda: True)
+    assert plan(PAIR, "--repeats", "1", "--max-pause-s", "0.6").exit_code == 0
+    (record,) = [
+        json.loads(p.read_text())
+        for p in (tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")
+    ]
+    assert record["status"] == "succeeded"
+    assert record["inputs"]["repeats"] == 1 and record["inputs"]["workload"] == "checkpoint"
+    outputs = record["outputs"]
+    assert outputs[PLAN_ANSWERABLE_OUTPUT] is False
+    assert outputs[PLAN_ANSWER_LIMITS_OUTPUT].startswith("repeats 1: ")
 
 
 # ---------------------------------------------------------------------------- sandbox
