@@ -87,6 +87,8 @@ PIPELINE_ARGV = {
         *["plan", *CLAIM_ARGS, "--profiles", "checkpoint-baseline,checkpoint-throughput"],
         # The restore's class; counted only with --restore-after (restore_after is off).
         *["--backend", "kubernetes", "--restore-class=checkpoint-baseline"],
+        # What the verdict can answer: the run's settings as its stages and compare get them.
+        *["--repeats=2", "--workload=checkpoint", "--steps=200", "--checkpoint-every=50"],
     ],
     **stage_argv(0, "checkpoint-baseline"),
     **stage_argv(1, "checkpoint-throughput"),
@@ -234,11 +236,14 @@ def test_small_pipeline_inputs_reach_the_ops() -> None:
     assert tmpfs.compile_op("switch").argv[9] == "checkpoint-tmpfs"
     for op in ("plan", "release"):
         argv = [a for a in general.compile_op(op).argv if not a.startswith("--restore-class")]
-        assert argv[-3:] == [
+        at = argv.index("--backend")
+        assert argv[at : at + 3] == [
             "--backend",
             "local",
             "--profiles-file=connections/sandbox-profiles.yaml",
         ]
+    # The plan judges the checkpoints a run makes from the stages' own settings.
+    assert {"--steps=6", "--checkpoint-every=2"} <= set(general.compile_op("plan").argv)
     compare = general.compile_op("compare").argv
     assert {"--api-host=http://127.0.0.1:8000", "--gpu-hourly=2.5"} <= set(compare)
     assert compare[-1] == "--expect=checkpoint-tmpfs"
