@@ -28,6 +28,8 @@ from hooks.storage_profile import config
 from hooks.storage_profile import plan as plan_module
 from hooks.storage_profile.errors import EXIT_CODES, EXIT_PREFLIGHT, PlanRefused
 from hooks.storage_profile.plan import earliest_start, switches_of
+from sandbox.commands import DATA_DEMO_PARAMS, DEMO_PARAMS
+from tests.bundle.bundle import PIPELINE, PROFILES_PIPELINE, load_dag
 from tests.hooks.fake_kube import FakeKube
 from tests.hooks.helpers import run_hook
 from tests.hooks.kube_state import make_class, make_storage_class, make_volume
@@ -531,6 +533,56 @@ def test_inside_a_run_what_the_verdict_can_answer_is_logged(
     outputs = record["outputs"]
     assert outputs[PLAN_ANSWERABLE_OUTPUT] is False
     assert outputs[PLAN_ANSWER_LIMITS_OUTPUT].startswith("repeats 1: ")
+
+
+def _pipeline_plan_argv(path: Path, params: dict) -> list[str]:
+    dag = load_dag(path, params)
+    if path == PIPELINE:  # the two-profile wrapper runs the profiles pipeline nested
+        (dag,) = dag.children("comparison")
+    argv = dag.compile_op("plan").argv
+    assert argv[:3] == ["python", "-m", "hooks.storage_profile"]
+    return argv[3:]
+
+
+# The agent tier's pipelines: one run a profile and the demo's budget (tests/agent_node).
+AGENT_TIER = {"repeats": 1, **{k: DEMO_PARAMS[k] for k in ("steps", "checkpoint_every")}}
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "answerable"),
+    [
+        (PIPELINE, {}, True),
+        (PROFILES_PIPELINE, {}, True),
+        (PROFILES_PIPELINE, {**AGENT_TIER, "max_pause_s": DEMO_PARAMS["max_pause_s"]}, False),
+        (PROFILES_PIPELINE, {**AGENT_TIER, "workload": "scan", **DATA_DEMO_PARAMS}, False),
+        (PIPELINE, {"repeats": 1}, None),
+        (PROFILES_PIPELINE, {"repeats": 1, "workload": "materialize"}, None),
+    ],
+    ids=[
+        "defaults",
+        "profiles-defaults",
+        "agent-tier",
+        "agent-tier-scan",
+        "one-run",
+        "materialize",
+    ],
+)
+def test_the_pipelines_plan_op_says_what_its_settings_can_answer(
+    fake: FakeKube, tmp_path: Path, path: Path, params: dict, answerable: bool | None
+):
+    # The plan op's own command line, compiled from the pipeline and run: the defaults
+    # answer, a budget-only run is a warning, settings that answer nothing stop the pipeline
+    # before any switch (exit 2: every stage is upstream-failed).
+    cluster(fake)
+    out = tmp_path / "plan.json"
+    result = run_hook(*_pipeline_plan_argv(path, params), "--summary-json", str(out))
+    if answerable is None:
+        assert result.exit_code == 2, result.output
+        assert "could say nothing about the profiles" in result.stderr
+        assert fake.calls == []
+    else:
+        assert result.exit_code == 0, result.output
+        assert load(out)["answerable"] is answerable
 
 
 # ---------------------------------------------------------------------------- sandbox
