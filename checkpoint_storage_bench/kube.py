@@ -249,16 +249,18 @@ class Client:
         deadline: Deadline | None = None,
         read_timeout: float = READ_TIMEOUT,
         stream: bool = False,
+        what: str | None = None,
     ) -> Any:
         """One call, retried while it fails for a temporary reason; the decoded JSON body
-        (``stream``: the open response, for :meth:`watch`).
+        (``stream``: the open response, for :meth:`watch`). ``what`` names the call in
+        errors and log lines (default: method and path).
 
         Raises:
             KubeError: The server's answer (:func:`api_error`).
             TemporaryError: Still temporary after the last try.
             DeadlineExceeded: ``deadline`` passed between tries (naming the last error).
         """
-        what = f"{method} {path}"
+        what = what or f"{method} {path}"
         last: list[TemporaryError] = []
 
         def once() -> Any:
@@ -354,11 +356,16 @@ class Client:
         return found
 
     def get(
-        self, kind: Kind, name: str, namespace: str | None = None, deadline: Deadline | None = None
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None = None,
+        deadline: Deadline | None = None,
+        what: str | None = None,
     ) -> dict | None:
         """The object, or None when there is none."""
         try:
-            return self.request("GET", kind.path(namespace, name), deadline=deadline)
+            return self.request("GET", kind.path(namespace, name), deadline=deadline, what=what)
         except NotFound:
             return None
 
@@ -367,10 +374,13 @@ class Client:
         kind: Kind,
         namespace: str | None = None,
         deadline: Deadline | None = None,
+        what: str | None = None,
         **selectors: str,
     ) -> tuple[list[dict], str]:
         """The objects (``fieldSelector=``, ``labelSelector=``) and the list's resourceVersion."""
-        listing = self.request("GET", kind.path(namespace), query=selectors, deadline=deadline)
+        listing = self.request(
+            "GET", kind.path(namespace), query=selectors, deadline=deadline, what=what
+        )
         return listing.get("items") or [], listing["metadata"]["resourceVersion"]
 
     def apply(
@@ -422,6 +432,7 @@ class Client:
         namespace: str | None = None,
         deadline: Deadline | None = None,
         subresource: str | None = None,
+        what: str | None = None,
     ) -> dict:
         """A JSON merge patch (a ``metadata.resourceVersion`` in it makes it conditional), of
         the object or of its ``subresource`` (``status``)."""
@@ -432,6 +443,7 @@ class Client:
             patch,
             content_type="application/merge-patch+json",
             deadline=deadline,
+            what=what,
         )
 
     def delete(
@@ -454,7 +466,7 @@ class Client:
         resource_version: str | None = None,
         seen: Iterable[dict] = (),
         deadline: Deadline | None = None,
-        watch_seconds: float = WATCH_SECONDS,
+        watch_seconds: float | Callable[[], float] = WATCH_SECONDS,
         stop: Callable[[], bool] = lambda: False,
         **selectors: str,
     ) -> Iterator[tuple[str, dict]]:
@@ -467,7 +479,8 @@ class Client:
         once, a dropped stream or a watch that ended at once (:data:`SHORT_WATCH`) after a
         growing pause, and what vanished meanwhile comes as ``DELETED``. Starting
         from ``resource_version`` skips the first list; ``seen`` are the objects the caller
-        has at that version (a later list reports their deletion).
+        has at that version (a later list reports their deletion). ``watch_seconds`` (a
+        number, or a callable asked before each watch) bounds each watch request.
 
         Raises:
             DeadlineExceeded: ``deadline`` passed.
@@ -485,48 +498,28 @@ class Client:
                 for key, obj in listed.items():
                     known[key] = obj
                     yield "ADDED", obj
-            seconds = watch_seconds
-            if deadline is not None:
-                seconds = min(seconds, deadline.check(f"watching {kind.plural}"))
-            query = dict(
-                selectors,
-                watch="true",
-                resourceVersion=version,
-                allowWatchBookmarks="true",
-                timeoutSeconds=str(max(1, int(seconds))),
-            )
+            seconds = watch_seconds() if callable(watch_seconds) else watch_seconds
             try:
-                resp = self.request(
-                    "GET",
-                    kind.path(namespace),
-                    query=query,
-                    deadline=deadline,
-                    read_timeout=seconds + WATCH_GRACE,
-                    stream=True,
-                )
                 opened, seen = time.monotonic(), 0
-                try:
-                    for line in iter_resp_lines(resp):
-                        if time.monotonic() > opened + seconds + WATCH_GRACE:
-                            break  # a server that trickles blank lines past its timeout
-                        if not line.strip():
-                            continue
-                        seen += 1
-                        event = json.loads(line)
-                        kind_, obj = event["type"], event["object"]
-                        if kind_ == "ERROR":
-                            raise api_error(obj.get("code") or 500, obj)
-                        version = obj["metadata"].get("resourceVersion") or version
-                        if kind_ == "BOOKMARK":
-                            continue
-                        if kind_ == "DELETED":
-                            known.pop(_key(obj), None)
-                        else:
-                            known[_key(obj)] = obj
-                        failures = 0
-                        yield kind_, obj
-                finally:
-                    resp.release_conn()
+                events = self.stream(
+                    kind,
+                    namespace,
+                    resource_version=version,
+                    seconds=seconds,
+                    deadline=deadline,
+                    **selectors,
+                )
+                for kind_, obj in events:
+                    seen += 1
+                    version = obj["metadata"].get("resourceVersion") or version
+                    if kind_ == "BOOKMARK":
+                        continue
+                    if kind_ == "DELETED":
+                        known.pop(_key(obj), None)
+                    else:
+                        known[_key(obj)] = obj
+                    failures = 0
+                    yield kind_, obj
                 if not seen and time.monotonic() - opened < SHORT_WATCH:
                     raise TemporaryError(f"a watch of {kind.plural} ended at once without an event")
             except Gone:
@@ -547,6 +540,60 @@ class Client:
                     deadline.sleep(delay, f"watching {kind.plural}", self.sleep)
                 else:
                     self.sleep(delay)
+
+    def stream(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        seconds: float = WATCH_SECONDS,
+        deadline: Deadline | None = None,
+        **selectors: str,
+    ) -> Iterator[tuple[str, dict]]:
+        """One watch request from ``resource_version``: ``(type, object)`` for every event,
+        bookmarks too, until the server ends it after ``seconds`` (cut :data:`WATCH_GRACE`
+        later when it does not), or ``deadline`` passed.
+
+        Raises:
+            Gone: ``resource_version`` is no longer kept (list again).
+            KubeError: Another answer, or an ``ERROR`` event.
+            TemporaryError: The watch could not be opened (throttled, no answer).
+            urllib3.exceptions.HTTPError: The stream dropped.
+        """
+        if deadline is not None:
+            seconds = min(seconds, deadline.check(f"watching {kind.plural}"))
+        query = dict(
+            selectors,
+            watch="true",
+            resourceVersion=resource_version,
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(max(1, int(seconds))),
+        )
+        resp = self.request(
+            "GET",
+            kind.path(namespace),
+            query=query,
+            deadline=deadline,
+            read_timeout=seconds + WATCH_GRACE,
+            stream=True,
+        )
+        ends = time.monotonic() + max(1, int(seconds)) + WATCH_GRACE
+        try:
+            for line in iter_resp_lines(resp):
+                # Checked on blank lines too: a server that trickles them past its timeout
+                # (or past the deadline) keeps the read from ever timing out.
+                if time.monotonic() > ends or (deadline is not None and deadline.remaining() <= 0):
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                type_, obj = event["type"], event["object"]
+                if type_ == "ERROR":
+                    raise api_error(obj.get("code") or 500, obj)
+                yield type_, obj
+        finally:
+            resp.release_conn()
 
     def wait(
         self,

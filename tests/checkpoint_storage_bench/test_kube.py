@@ -219,3 +219,33 @@ def test_an_error_keeps_the_body_the_server_sent() -> None:
         client(api, []).patch(kube.CLAIM, "a", {}, "ns")
     assert info.value.server_message == "the object has been modified"
     assert json.loads(info.value.body)["code"] == 409
+
+
+def test_a_watch_that_trickles_blank_lines_ends_by_the_deadline() -> None:
+    now = [0.0]
+
+    class Trickle(Resp):
+        def stream(self, amt: Any = None, decode_content: bool = False):
+            yield json.dumps(event("MODIFIED", "a", "2")) + "\n"
+            while True:  # blank lines for ever, as the clock passes the deadline
+                now[0] += 1.0
+                yield "\n"
+
+    deadline = Deadline(5, clock=lambda: now[0])
+    events = client(Api(Trickle()), []).stream(
+        kube.CLAIM, "ns", resource_version="1", seconds=60, deadline=deadline
+    )
+    assert [k for k, _ in events] == ["MODIFIED"]
+    assert 5.0 <= now[0] <= 6.0
+
+
+def test_a_call_can_be_named_for_its_errors() -> None:
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    api = Api(answer(503))
+    layer = kube.Client(api, backoff=Backoff(delays=(9.0,)), sleep=sleep)  # type: ignore[arg-type]
+    with pytest.raises(DeadlineExceeded, match="passed while read claim ns/a"):
+        layer.get(kube.CLAIM, "a", "ns", Deadline(5, clock=lambda: now[0]), what="read claim ns/a")
