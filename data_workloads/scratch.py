@@ -28,6 +28,8 @@ import socket
 import time
 from pathlib import Path
 
+from checkpoint_storage_bench.interrupts import deferred_signals
+
 OWNER = ".owner"
 GRACE_S = 60.0
 """A scratch directory without an owner file is abandoned once unchanged this long (its
@@ -76,22 +78,30 @@ class ScratchDir:
         Raises:
             OSError: It cannot be made (the caller maps ENOSPC and the like).
         """
-        self.path.mkdir()
-        self._made = True
-        pending = self.path / f"{OWNER}.new"
-        fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            owner = {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
-            os.write(fd, json.dumps(owner).encode())
-            os.rename(pending, self.path / OWNER)
-        except BaseException:
-            os.close(fd)
-            remove_tree(self.path)
-            self._made = False
-            raise
-        self._fd = fd
-        return self.path
+        # An interruption between the mkdir and the end would leave a directory that no
+        # ``with`` block owns yet: it is held until the directory is made and owned.
+        with deferred_signals():
+            self.path.mkdir()
+            self._made = True
+            try:
+                pending = self.path / f"{OWNER}.new"
+                fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except BaseException:
+                remove_tree(self.path)
+                self._made = False
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                owner = {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+                os.write(fd, json.dumps(owner).encode())
+                os.rename(pending, self.path / OWNER)
+            except BaseException:
+                os.close(fd)
+                remove_tree(self.path)
+                self._made = False
+                raise
+            self._fd = fd
+            return self.path
 
     def disown(self) -> None:
         """Drop the owner file (before the directory is renamed into place as something
@@ -106,16 +116,24 @@ class ScratchDir:
 
     def remove(self) -> None:
         """Remove the directory if this run made it (a name taken already is someone
-        else's), the lock held until it is gone."""
-        try:
-            if self._made:
-                remove_tree(self.path)
-                self._made = False
-        finally:
-            self.release()
+        else's), the lock held until it is gone. An interruption waits until it is gone:
+        half a removal would leave scratch behind."""
+        with deferred_signals():
+            try:
+                if self._made:
+                    remove_tree(self.path)
+                    self._made = False
+            finally:
+                self.release()
 
     def __enter__(self) -> Path:
-        return self.create()
+        # An interruption held during create() is raised as it ends, inside __enter__, where
+        # __exit__ will not run: remove here what create() made.
+        try:
+            return self.create()
+        except BaseException:
+            self.remove()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.remove()

@@ -216,3 +216,38 @@ def test_a_scan_stopped_with_its_workers_exits_with_the_signals_code(data_dir: P
     ]
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+@pytest.mark.parametrize("at", ["after the mkdir", "in the removal"])
+def test_a_signal_while_scratch_is_made_or_removed_leaves_none(
+    tmp_path: Path, monkeypatch, at
+) -> None:
+    """The signal lands where a run is most exposed: between the mkdir and the owner file
+    (no ``with`` block owns the directory yet), or half-way through the removal."""
+    from checkpoint_storage_bench.interrupts import signals_raise
+
+    class Stopped(Exception):
+        pass
+
+    real_open, real_unlink = os.open, os.unlink
+
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def open_then_signal(path, *args, **kwargs):
+        if at == "after the mkdir" and str(path).endswith(".owner.new"):
+            interrupt()
+        return real_open(path, *args, **kwargs)
+
+    def unlink_then_signal(path, *args, **kwargs):
+        real_unlink(path, *args, **kwargs)
+        if at == "in the removal":
+            interrupt()
+
+    monkeypatch.setattr(scratch.os, "open", open_then_signal)
+    with pytest.raises(Stopped), signals_raise(lambda signum: Stopped()):
+        with scratch.ScratchDir(tmp_path, "workspace") as made:
+            (made / "a").write_text("x")
+            (made / "b").write_text("y")
+            monkeypatch.setattr(scratch.os, "unlink", unlink_then_signal)
+    assert _hidden(tmp_path) == []
