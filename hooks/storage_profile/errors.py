@@ -5,6 +5,11 @@ to the exit (``cli.py`` converts anything else once, in :func:`as_hook_error`). 
 codes are listed once, in :data:`EXIT_CODES`: the ``--help`` epilog is made from it and
 docs/storage-profile.md repeats it.
 
+An answer of the API server is the shared object layer's error
+(:class:`checkpoint_storage_bench.kube.KubeError`, here :class:`ApiError`, with
+:class:`Forbidden`, :class:`NotFound`, :class:`Conflict`, :class:`Gone` and :class:`Invalid`
+for the answers the hook judges): exit 1 with the server's message, where no caller judged it.
+
 A temporary failure (throttling, a flaky API server) is a
 :class:`checkpoint_storage_bench.retry.TemporaryError`, retried by the shared retry loop
 and never shown as such; the overall ``--timeout`` is the shared
@@ -13,12 +18,13 @@ and never shown as such; the overall ``--timeout`` is the shared
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 from kubernetes.client.rest import ApiException
 
 from checkpoint_storage_bench.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, BenchError
+from checkpoint_storage_bench.kube import Conflict, Forbidden, Gone, Invalid, NotFound, api_error
+from checkpoint_storage_bench.kube import KubeError as ApiError
 from checkpoint_storage_bench.retry import EXIT_DEADLINE, DeadlineExceeded, TemporaryError
 
 __all__ = [
@@ -36,8 +42,6 @@ __all__ = [
     "Invalid",
     "NotFound",
     "OUTCOMES",
-    "api_error",
-    "api_message",
     "BudgetExceeded",
     "PROG",
     "DeadlineExceeded",
@@ -123,88 +127,6 @@ class UnexpectedState(HookError):
     exit_code = EXIT_UNEXPECTED
 
 
-class ApiError(HookError):
-    """An answer of the API server that no caller judged: exit 1, one line with the
-    server's message (not the client's dump with its headers).
-
-    The subclasses name the answers the hook judges; :func:`api_error` is the one place a
-    status becomes a name.
-
-    Attributes:
-        status: The HTTP status.
-        server_message: The ``message`` of the Kubernetes Status body, else the HTTP
-            reason (what callers quote in their own message).
-        body: The raw response body.
-    """
-
-    status = 0
-
-    def __init__(self, status: int, server_message: str, body: str | None = None) -> None:
-        super().__init__(f"the API server answered {status}: {server_message}")
-        self.status = status
-        self.server_message = server_message
-        self.body = body
-
-
-class Forbidden(ApiError):
-    """403: RBAC (or an admission quota) refused the request."""
-
-
-class NotFound(ApiError):
-    """404: the object does not exist."""
-
-
-class Conflict(ApiError):
-    """409: the object changed since it was read, or already exists."""
-
-
-class Gone(ApiError):
-    """410: a watch's resourceVersion is too old; list again."""
-
-
-class Invalid(ApiError):
-    """422: the API server's validation refused the object."""
-
-
-API_ERRORS: dict[int, type[ApiError]] = {
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    410: Gone,
-    422: Invalid,
-}
-
-
-def api_error(exc: ApiException) -> ApiError | TemporaryError:
-    """The client's exception as what it means to the hook: throttling and server errors
-    are temporary (retried, honouring ``Retry-After``); any other answer is an
-    :class:`ApiError`, named by :data:`API_ERRORS` where the hook judges it."""
-    if exc.status == 429 or exc.status >= 500:
-        return TemporaryError(
-            f"API server answered {exc.status}: {api_message(exc)}", _retry_after(exc)
-        )
-    error = API_ERRORS.get(exc.status, ApiError)(exc.status, api_message(exc), exc.body)
-    error.__cause__ = exc
-    return error
-
-
-def _retry_after(exc: ApiException) -> float | None:
-    """The ``Retry-After`` header of a response, in seconds, if it has a numeric one."""
-    value = (exc.headers or {}).get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def api_message(exc: ApiException) -> str:
-    """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
-    try:
-        return json.loads(exc.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return f"{exc.status} {exc.reason}"
-
-
 def as_hook_error(exc: BaseException) -> BenchError:
     """Any failure as the error the CLI exits with.
 
@@ -216,11 +138,11 @@ def as_hook_error(exc: BaseException) -> BenchError:
         exc.prog = PROG
         return exc
     if isinstance(exc, ApiException):
-        mapped = api_error(exc)
+        mapped = api_error(exc.status or 0, exc.body, exc.reason)
         if isinstance(mapped, ApiError):
             mapped.prog = PROG
             return mapped
-        error = HookError(f"the API server answered {exc.status}: {api_message(exc)}")
+        error = HookError(str(mapped))
     elif isinstance(exc, TemporaryError):
         error = HookError(str(exc))
     else:

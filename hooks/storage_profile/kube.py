@@ -1,66 +1,31 @@
-"""The few Kubernetes API calls the hook makes, with retries, returning plain dicts.
+"""The few Kubernetes API calls the hook makes, through the shared object layer
+(checkpoint_storage_bench/kube.py: one request path with its retries, errors named once),
+returning plain dicts.
 
 Objects are kept as the API's JSON (camelCase dicts), so what the hook reads is exactly
-what ``kubectl get -o json`` shows.
+what ``kubectl get -o json`` shows. What stays here is the hook's own: loading its
+configuration, and refusing at once (exit 3) a server that was never reached.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import urllib3
 import yaml
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from checkpoint_storage_bench.retry import (
-    Backoff,
-    Deadline,
-    DeadlineExceeded,
-    TemporaryError,
-    retry,
-    within,
-)
-from hooks.storage_profile.errors import (
-    ApiError,
-    Forbidden,
-    HookError,
-    NotFound,
-    PreflightRefused,
-    api_error,
-)
+from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.retry import Backoff, Deadline, within
+from hooks.storage_profile.errors import ApiError, Forbidden, HookError, PreflightRefused
 
 log = logging.getLogger(__name__)
-
-MERGE_PATCH = "application/merge-patch+json"
-# Errors of the connection itself (reset, refused, truncated chunk): worth retrying.
-CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError)
-# Per-request limits when the deadline is far; near it, what is left bounds the request.
-CONNECT_TIMEOUT = 10.0
-READ_TIMEOUT = 60.0
-# A server that keeps a watch open past its own timeoutSeconds (or trickles blank lines)
-# is cut this long after it should have ended.
-WATCH_GRACE = 5.0
-
-
-def request_timeout(read: float, deadline: Deadline | None) -> float | tuple[float, float]:
-    """The client's ``_request_timeout``: (connect, read), or near the deadline one total.
-
-    A number is urllib3's ``total``: connect and read together never outlast what is left.
-    """
-    if deadline is None:
-        return (CONNECT_TIMEOUT, read)
-    left = deadline.remaining()
-    if left > CONNECT_TIMEOUT + read:
-        return (CONNECT_TIMEOUT, read)
-    return max(0.05, left)
 
 
 def load_api_client(kubeconfig: str | None, deadline: Deadline | None = None) -> client.ApiClient:
@@ -182,7 +147,8 @@ def unreachable(exc: BaseException) -> str | None:
 
 
 class Kube:
-    """Typed access to claims, volumes, classes, events and pods.
+    """The hook's reads and writes of claims, volumes, classes, events, pods and Leases,
+    through the shared object layer (:class:`checkpoint_storage_bench.kube.Client`).
 
     Args:
         api_client: The official client's ``ApiClient``.
@@ -190,9 +156,7 @@ class Kube:
         sleep: Injectable sleep (tests record it).
 
     Attributes:
-        answered: Whether the API server ever answered. Until it has, a refused connection
-            or a failed TLS handshake is a configuration problem, refused at once (exit 3)
-            with its cause; afterwards it is a restart or a blip, retried.
+        client: The object layer on ``api_client``.
     """
 
     def __init__(
@@ -201,94 +165,36 @@ class Kube:
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.core = client.CoreV1Api(api_client)
-        self.storage = client.StorageV1Api(api_client)
-        self.coordination = client.CoordinationV1Api(api_client)
         self.backoff = backoff or Backoff()
         self.sleep = sleep
         self.host = api_client.configuration.host
-        self.answered = False
+        self.client = kube.Client(
+            api_client,
+            backoff=self.backoff,
+            sleep=sleep,
+            on_connection_error=self._connection_failed,
+        )
 
-    # -- plumbing ---------------------------------------------------------------------------
+    @property
+    def answered(self) -> bool:
+        """Whether the API server ever answered. Until it has, a refused connection or a
+        failed TLS handshake is a configuration problem, refused at once (exit 3) with its
+        cause; afterwards it is a restart or a blip, retried."""
+        return self.client.answered
 
-    def call(
-        self,
-        what: str,
-        fn: Callable[..., Any],
-        *args: Any,
-        deadline: Deadline | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """Call ``fn`` and decode its JSON, retrying temporary errors with backoff.
-
-        Raises:
-            PreflightRefused: The API server was never reached (refused, TLS).
-            TemporaryError: Still failing after ``backoff.tries`` tries.
-            DeadlineExceeded: The deadline passed while retrying (naming the last error).
-            ApiError: Any other answer (NotFound, Forbidden, Invalid, …), named once here
-                for the caller to judge.
-        """
-        last: list[TemporaryError] = []
-
-        def once() -> Any:
-            # A server that accepts the connection and never answers must not outlive the
-            # deadline: every try is bounded by what is left of it.
-            timeout = request_timeout(READ_TIMEOUT, deadline)
-            try:
-                try:
-                    resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-                except AttributeError as exc:
-                    # The client turns a TLS failure into ApiException(status=0, reason=…)
-                    # and then fails to decode its missing body: that exception is the cause.
-                    tls = exc.__context__
-                    if isinstance(tls, ApiException) and tls.status == 0:
-                        raise tls from None
-                    raise
-                data = json.loads(resp.data)
-            except ApiException as exc:
-                if exc.status == 0:  # no answer: the connection itself (TLS) failed
-                    error = self._connection_failed(
-                        what, exc, f"TLS with the API server failed: {exc.reason}"
-                    )
-                    last[:] = [error]
-                    raise error from exc
-                self.answered = True
-                error = api_error(exc)
-                if isinstance(error, TemporaryError):
-                    last[:] = [error]
-                raise error from exc
-            except CONNECTION_ERRORS as exc:
-                error = self._connection_failed(what, exc, unreachable(exc))
-                last[:] = [error]
-                raise error from exc
-            self.answered = True
-            return data
-
-        try:
-            return retry(once, what=what, backoff=self.backoff, deadline=deadline, sleep=self.sleep)
-        except DeadlineExceeded as exc:
-            if not last:
-                raise
-            raise DeadlineExceeded(f"{exc} (last error: {last[0]})") from exc
-
-    def _connection_failed(
-        self, what: str, exc: Exception, unreachable_cause: str | None
-    ) -> TemporaryError:
-        """A failed connection: refused at once (exit 3) if the server was never reached
-        and the cause says it cannot be (refused, TLS); else worth another try."""
-        if unreachable_cause is not None and not self.answered:
-            raise PreflightRefused(f"{what}: {unreachable_cause} ({self.host})") from exc
-        return TemporaryError(f"connection to the API server failed: {unreachable_cause or exc}")
+    def _connection_failed(self, what: str, exc: BaseException) -> None:
+        cause = unreachable(exc)
+        if isinstance(exc, ApiException) and not exc.status:
+            cause = f"TLS with the API server failed: {exc.reason}"
+        if cause is not None and not self.answered:
+            raise PreflightRefused(f"{what}: {cause} ({self.host})") from exc
 
     def _read(
-        self, what: str, fn: Callable[..., Any], *args: Any, deadline: Deadline | None = None
+        self, what: str, kind: kube.Kind, name: str, ns: str | None, deadline: Deadline | None
     ) -> dict | None:
-        """Like :meth:`call` for a single object, with NotFound as None and Forbidden as a
-        refusal."""
+        """The object or None, with Forbidden as a refusal (exit 3)."""
         try:
-            return self.call(what, fn, *args, deadline=deadline)
-        except NotFound:
-            return None
+            return self.client.get(kind, name, ns, deadline, what)
         except Forbidden as exc:
             raise PreflightRefused(f"forbidden to {what}: {exc.server_message}") from exc
         except ApiError as exc:
@@ -297,51 +203,31 @@ class Kube:
     # -- reads ----------------------------------------------------------------------------
 
     def read_claim(self, ns: str, name: str, deadline: Deadline | None = None) -> dict | None:
-        return self._read(
-            f"read claim {ns}/{name}",
-            self.core.read_namespaced_persistent_volume_claim,
-            name,
-            ns,
-            deadline=deadline,
-        )
+        return self._read(f"read claim {ns}/{name}", kube.CLAIM, name, ns, deadline)
 
     def read_pv(self, name: str, deadline: Deadline | None = None) -> dict | None:
-        return self._read(
-            f"read PersistentVolume {name}",
-            self.core.read_persistent_volume,
-            name,
-            deadline=deadline,
-        )
+        return self._read(f"read PersistentVolume {name}", kube.VOLUME, name, None, deadline)
 
     def read_class(self, name: str, deadline: Deadline | None = None) -> dict | None:
         return self._read(
-            f"read VolumeAttributesClass {name}",
-            self.storage.read_volume_attributes_class,
-            name,
-            deadline=deadline,
+            f"read VolumeAttributesClass {name}", kube.VOLUME_ATTRIBUTES_CLASS, name, None, deadline
         )
 
     def read_storage_class(self, name: str, deadline: Deadline | None = None) -> dict | None:
-        return self._read(
-            f"read StorageClass {name}",
-            self.storage.read_storage_class,
-            name,
-            deadline=deadline,
-        )
+        return self._read(f"read StorageClass {name}", kube.STORAGE_CLASS, name, None, deadline)
 
     def list_claim(
         self, ns: str, name: str, deadline: Deadline | None = None
     ) -> tuple[dict | None, str]:
         """The claim (or None) and the list's resourceVersion, to watch from."""
-        body = self.call(
-            f"list claim {ns}/{name}",
-            self.core.list_namespaced_persistent_volume_claim,
+        items, version = self.client.list(
+            kube.CLAIM,
             ns,
-            field_selector=f"metadata.name={name}",
-            deadline=deadline,
+            deadline,
+            f"list claim {ns}/{name}",
+            fieldSelector=f"metadata.name={name}",
         )
-        items = body.get("items") or []
-        return (items[0] if items else None), body["metadata"]["resourceVersion"]
+        return (items[0] if items else None), version
 
     def claim_events(self, ns: str, claim: dict, deadline: Deadline | None = None) -> list[dict]:
         """Events about the claim, oldest first."""
@@ -349,60 +235,35 @@ class Kube:
         selector = f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={meta['name']}"
         if meta.get("uid"):
             selector += f",involvedObject.uid={meta['uid']}"
-        body = self.call(
-            f"list events of claim {ns}/{meta['name']}",
-            self.core.list_namespaced_event,
-            ns,
-            field_selector=selector,
-            deadline=deadline,
-        )
-        return sorted(body.get("items") or [], key=event_time)
+        what = f"list events of claim {ns}/{meta['name']}"
+        items, _ = self.client.list(kube.EVENT, ns, deadline, what, fieldSelector=selector)
+        return sorted(items, key=event_time)
 
     def pods(self, ns: str, deadline: Deadline | None = None) -> list[dict]:
         """Pods of the namespace (to see which nodes mount a claim)."""
         try:
-            body = self.call(
-                f"list pods in {ns}", self.core.list_namespaced_pod, ns, deadline=deadline
-            )
+            items, _ = self.client.list(kube.POD, ns, deadline, f"list pods in {ns}")
         except Forbidden as exc:
             raise PreflightRefused(f"forbidden to list pods: {exc.server_message}") from exc
-        return body.get("items") or []
+        return items
 
     # -- leases -----------------------------------------------------------------------------
 
     def read_lease(self, ns: str, name: str, deadline: Deadline | None = None) -> dict | None:
         """The Lease, or None; other answers (Forbidden, …) raise their :class:`ApiError`."""
-        try:
-            return self.call(
-                f"read Lease {ns}/{name}",
-                self.coordination.read_namespaced_lease,
-                name,
-                ns,
-                deadline=deadline,
-            )
-        except NotFound:
-            return None
+        return self.client.get(kube.LEASE, name, ns, deadline, f"read Lease {ns}/{name}")
 
     def create_lease(self, ns: str, body: dict, deadline: Deadline | None = None) -> dict:
-        return self.call(
-            f"create Lease {ns}/{body['metadata']['name']}",
-            self.coordination.create_namespaced_lease,
-            ns,
-            body,
-            deadline=deadline,
-        )
+        what = f"create Lease {ns}/{body['metadata']['name']}"
+        return self.client.request("POST", kube.LEASE.path(ns), body, deadline=deadline, what=what)
 
     def replace_lease(
         self, ns: str, name: str, body: dict, deadline: Deadline | None = None
     ) -> dict:
         """Replace the Lease; its ``metadata.resourceVersion`` makes a concurrent write 409."""
-        return self.call(
-            f"update Lease {ns}/{name}",
-            self.coordination.replace_namespaced_lease,
-            name,
-            ns,
-            body,
-            deadline=deadline,
+        what = f"update Lease {ns}/{name}"
+        return self.client.request(
+            "PUT", kube.LEASE.path(ns, name), body, deadline=deadline, what=what
         )
 
     # -- the one write to the claim ---------------------------------------------------------
@@ -417,22 +278,14 @@ class Kube:
         resource_version: str | None = None,
         annotations: dict[str, str] | None = None,
     ) -> dict:
-        """One JSON merge patch of ``spec.volumeAttributesClassName`` (``None`` sends null).
-
-        A dict body would go out as a strategic merge patch, which cannot carry ``null``;
-        the merge patch is also the exact ``kubectl patch --type=merge`` of the docs. The
-        uid and resourceVersion are preconditions; ``annotations`` (the ledger) change in
-        the same write (:func:`class_patch`).
+        """One JSON merge patch of ``spec.volumeAttributesClassName`` (``None`` sends null):
+        the exact ``kubectl patch --type=merge`` of the docs. The uid and resourceVersion
+        are preconditions; ``annotations`` (the ledger) change in the same write
+        (:func:`class_patch`).
         """
         body = class_patch(target, uid, resource_version, annotations)
-        return self.call(
-            f"patch claim {ns}/{name}",
-            self.core.patch_namespaced_persistent_volume_claim,
-            name,
-            ns,
-            body,
-            _content_type=MERGE_PATCH,
-            deadline=deadline,
+        return self.client.patch(
+            kube.CLAIM, name, body, ns, deadline, what=f"patch claim {ns}/{name}"
         )
 
     # -- watch ----------------------------------------------------------------------------
@@ -445,38 +298,16 @@ class Kube:
         timeout: float,
         deadline: Deadline | None = None,
     ) -> Iterator[tuple[str, dict]]:
-        """Stream ``(type, object)`` events of one claim from ``resource_version``.
-
-        Ends when the server closes the stream after ``timeout`` seconds, or at the latest
-        :data:`WATCH_GRACE` later (a server that ignores its timeout or trickles blank
-        lines). An expired resourceVersion (:class:`Gone`), a throttled start
-        (:class:`TemporaryError`), any other answer (:class:`ApiError`) or a dropped
-        connection (urllib3 errors) raise; the caller re-lists. A silent connection ends by
-        the deadline.
-        """
-        seconds = max(1, int(timeout))
-        ends = time.monotonic() + seconds + WATCH_GRACE
-        stream = watch.Watch().stream(
-            self.core.list_namespaced_persistent_volume_claim,
+        """``(type, object)`` events of one claim from ``resource_version``, bookmarks too,
+        in one watch of at most ``timeout`` seconds (:meth:`kube.Client.stream`)."""
+        return self.client.stream(
+            kube.CLAIM,
             ns,
-            field_selector=f"metadata.name={name}",
             resource_version=resource_version,
-            timeout_seconds=seconds,
-            allow_watch_bookmarks=True,
-            # The read timeout outlives the server-side timeout, so a healthy quiet watch
-            # is not cut, but a silent, dead one still ends by the deadline.
-            _request_timeout=request_timeout(seconds + WATCH_GRACE, deadline),
+            seconds=timeout,
+            deadline=deadline,
+            fieldSelector=f"metadata.name={name}",
         )
-        try:
-            for event in stream:
-                if event is not None:  # the client yields None for a blank or undecodable line
-                    yield event["type"], event["raw_object"]
-                if time.monotonic() > ends or (deadline is not None and deadline.remaining() <= 0):
-                    return
-        except ApiException as exc:
-            raise api_error(exc) from exc
-        finally:
-            stream.close()
 
 
 def class_patch(

@@ -17,10 +17,11 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from checkpoint_storage_bench.errors import BenchError
+from checkpoint_storage_bench.kube import CONNECTION_ERRORS
 from checkpoint_storage_bench.retry import Deadline, TemporaryError
 from hooks.storage_profile.errors import ApiError, Gone, HookError, Infeasible, UnexpectedState
 from hooks.storage_profile.heartbeat import Heartbeat
-from hooks.storage_profile.kube import CONNECTION_ERRORS, Kube
+from hooks.storage_profile.kube import Kube
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ It answers the wrapper's methods from the in-memory Kubernetes of ``kube_state.p
 one the HTTP double serves: the objects the wrapper returns (a missing one is None, as the
 wrapper's reads say), and for a refused write the error the wrapper raises, made the way
 the wrapper makes it: kube-apiserver's Status (:class:`Refused`) named by
-:func:`hooks.storage_profile.errors.api_error`. Time is the wall clock: the fake resizer's
+:func:`checkpoint_storage_bench.kube.api_error`. Time is the wall clock: the fake resizer's
 steps fall due as it passes, and a watch waits for them up to its timeout or the deadline,
 as the wrapper's does, so a switch lasts as long as it would. What the wrapper does on the
 wire (status codes, retries, watch streams) is tested against the HTTP double.
@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kubernetes.client.rest import ApiException
-
+from checkpoint_storage_bench.kube import api_error
 from checkpoint_storage_bench.retry import Backoff, Deadline
-from hooks.storage_profile.errors import ApiError, api_error
+from hooks.storage_profile.errors import ApiError
 from hooks.storage_profile.kube import class_patch, event_time
 from tests.hooks.kube_state import KubeState, Refused
 
@@ -45,9 +44,7 @@ class Write:
 
 def wrapper_error(refused: Refused) -> ApiError:
     """The error the wrapper raises for this answer of the API server."""
-    exc = ApiException(status=refused.code, reason=refused.body["reason"])
-    exc.body = json.dumps(refused.body)
-    error = api_error(exc)
+    error = api_error(refused.code, json.dumps(refused.body), refused.body["reason"])
     assert isinstance(error, ApiError), error  # a refusal, never a temporary error
     return error
 

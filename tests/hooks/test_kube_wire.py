@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, LedgerEntry, format_ledger
+from checkpoint_storage_bench.kube import CLAIM as KIND_CLAIM
 from hooks.storage_profile.errors import ApiError, Conflict, Forbidden, Gone, Invalid, NotFound
 from hooks.storage_profile.kube import Kube, load_api_client
 from tests.hooks.helpers import FAST_BACKOFF
@@ -102,14 +103,7 @@ def test_nil_is_allowed_while_nothing_was_applied(double: KubeDouble, kube: Kube
 def test_other_spec_changes_are_422(double: KubeDouble, kube: Kube):
     make_volume(double)
     with pytest.raises(Invalid) as info:
-        kube.call(
-            "patch",
-            kube.core.patch_namespaced_persistent_volume_claim,
-            CLAIM,
-            NS,
-            {"spec": {"storageClassName": "other"}},
-            _content_type="application/merge-patch+json",
-        )
+        kube.client.patch(KIND_CLAIM, CLAIM, {"spec": {"storageClassName": "other"}}, NS)
     assert info.value.status == 422
     double.requests.clear()  # this write was the test's, not the hook's
 
@@ -204,7 +198,7 @@ def test_the_wrapper_names_each_answer_once(double: KubeDouble, kube: Kube, stat
     make_volume(double)
     double.fail("GET", "persistentvolumeclaims/training-checkpoints$", status)
     with pytest.raises(ApiError) as info:
-        kube.call("read claim", kube.core.read_namespaced_persistent_volume_claim, CLAIM, NS)
+        kube.client.request("GET", KIND_CLAIM.path(NS, CLAIM))
     assert type(info.value) is error and info.value.status == status
     assert str(info.value) == f"the API server answered {status}: injected fault"
     assert [r.status for r in double.requests] == [status]  # judged, not retried
