@@ -262,6 +262,11 @@ budget (``--max-pause-s``, ``--max-pause-share``) with confidence, whatever it m
 modification plan says so before anything is switched (a test holds it equal to what the
 verdict's bound needs)."""
 
+VERDICT_RUNS_PER_BLOCK = 2
+"""Runs of one block (a profile's repeats back to back) the verdict counts as independent
+(``checkpoint_compare.intervals.RUNS_PER_BLOCK``, the calibrated design): what the plan
+says more repeats in one block buy (a test holds the two equal)."""
+
 PLAN_ANSWERABLE_OUTPUT = "answerable"
 """The plan op's output: whether the pipeline's settings can answer every question asked of
 the verdict at its confidence (false: see :data:`PLAN_ANSWER_LIMITS_OUTPUT`)."""
