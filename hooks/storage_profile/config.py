@@ -24,11 +24,11 @@ from typing import Any, Literal, get_args
 
 import click
 
-from checkpoint_compare.intervals import RUNS_PER_BLOCK
 from checkpoint_storage_bench.config_cli import Output, cli
 from checkpoint_storage_bench.contract import (
     MIN_BUDGET_CHECKPOINTS,
     VERDICT_CONFIDENCE,
+    VERDICT_RUNS_PER_BLOCK,
     VERDICT_WARMUP,
     output_key,
     output_key_clashes,
@@ -526,7 +526,7 @@ def answerability(
 
     The verdict compares runs (docs/compare.md): a profile with one run has no between-run
     spread, so no difference from it counts; a profile's runs back to back are one block,
-    of which at most ``RUNS_PER_BLOCK`` count as independent; a pause budget is met when
+    of which at most ``VERDICT_RUNS_PER_BLOCK`` count as independent; a pause budget is met when
     every run's upper bound of its median pause is within it, which needs
     ``MIN_BUDGET_CHECKPOINTS`` measured checkpoints a run (``checkpoints`` a run, less the
     ``warmup``; None: not known, not judged).
@@ -562,14 +562,14 @@ def answerability(
         )
     capped = [
         f"{p}: {runs[p]} runs in {blocks[p]} block{'s' if blocks[p] != 1 else ''}, counted as "
-        f"{RUNS_PER_BLOCK * blocks[p]}"
+        f"{VERDICT_RUNS_PER_BLOCK * blocks[p]}"
         for p in (baseline, *candidates)
-        if runs[p] > RUNS_PER_BLOCK * blocks[p]
+        if runs[p] > VERDICT_RUNS_PER_BLOCK * blocks[p]
     ]
     if capped:
         notes.append(
             f"repeats {repeats}: a profile's runs back to back share their block, and the "
-            f"verdict counts at most {RUNS_PER_BLOCK} a block as independent ({'; '.join(capped)}): "
+            f"verdict counts at most {VERDICT_RUNS_PER_BLOCK} a block as independent ({'; '.join(capped)}): "
             "more repeats buy a steadier estimate, not a narrower interval; the return to the "
             "first profile, or profiles that alternate, add blocks"
         )

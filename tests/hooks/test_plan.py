@@ -11,7 +11,7 @@ from typing import get_args
 
 import pytest
 
-from checkpoint_compare.intervals import median_upper_bound
+from checkpoint_compare.intervals import RUNS_PER_BLOCK, median_upper_bound
 from checkpoint_compare.recommendation import Budget
 from checkpoint_compare.table import ROWS, WorkloadBudget
 from checkpoint_storage_bench.contract import (
@@ -20,6 +20,7 @@ from checkpoint_storage_bench.contract import (
     PLAN_ANSWER_LIMITS_OUTPUT,
     PLAN_ANSWERABLE_OUTPUT,
     VERDICT_CONFIDENCE,
+    VERDICT_RUNS_PER_BLOCK,
     WORKLOADS,
     LedgerEntry,
     format_ledger,
@@ -438,6 +439,10 @@ def test_a_pause_budget_needs_enough_checkpoints_a_run(
     # A larger warm-up leaves fewer measured.
     result = plan(PAIR, *args, "--warmup", "2", summary=out)
     assert result.exit_code == 0 and load(out)["answerable"] is False
+
+
+def test_the_plan_counts_a_blocks_runs_as_the_verdict_does() -> None:
+    assert VERDICT_RUNS_PER_BLOCK == RUNS_PER_BLOCK
 
 
 def test_the_budget_bound_needs_the_contracts_number_of_checkpoints() -> None:
