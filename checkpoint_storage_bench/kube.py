@@ -80,6 +80,10 @@ class KubeError(BenchError):
         self.body = body
 
 
+class ShortWatch(TemporaryError):
+    """A watch ended sooner than :data:`SHORT_WATCH` without an event: it did not watch."""
+
+
 class Forbidden(KubeError):
     """403: RBAC or admission refused the request."""
 
@@ -468,6 +472,7 @@ class Client:
         deadline: Deadline | None = None,
         watch_seconds: float | Callable[[], float] = WATCH_SECONDS,
         stop: Callable[[], bool] = lambda: False,
+        on_retry: Callable[[Exception], None] = lambda error: None,
         **selectors: str,
     ) -> Iterator[tuple[str, dict]]:
         """``(type, object)`` for every object, then for every change: list, then watch from
@@ -476,8 +481,9 @@ class Client:
 
         The listed objects come as ``ADDED``. A watch the server ends is resumed from the
         last resourceVersion seen; a 410 Gone (that version is no longer kept) lists again at
-        once, a dropped stream or a watch that ended at once (:data:`SHORT_WATCH`) after a
-        growing pause, and what vanished meanwhile comes as ``DELETED``. Starting
+        once (after a pause when the fresh list's version expired too), a dropped stream or a
+        watch that ended at once (:class:`ShortWatch`) after a growing pause (``on_retry`` is
+        told why first), and what vanished meanwhile comes as ``DELETED``. Starting
         from ``resource_version`` skips the first list; ``seen`` are the objects the caller
         has at that version (a later list reports their deletion). ``watch_seconds`` (a
         number, or a callable asked before each watch) bounds each watch request.
@@ -488,7 +494,7 @@ class Client:
         """
         known = {_key(o): o for o in seen}
         version = resource_version
-        failures = 0
+        failures = expired = 0
         while not stop():
             if version is None:
                 items, version = self.list(kind, namespace, deadline, **selectors)
@@ -518,28 +524,36 @@ class Client:
                         known.pop(_key(obj), None)
                     else:
                         known[_key(obj)] = obj
-                    failures = 0
+                    failures = expired = 0
                     yield kind_, obj
                 if not seen and time.monotonic() - opened < SHORT_WATCH:
-                    raise TemporaryError(f"a watch of {kind.plural} ended at once without an event")
+                    raise ShortWatch(f"a watch of {kind.plural} ended at once without an event")
+                continue  # the server ended the watch: resumed from the last version seen
             except Gone:
-                log.info(
-                    "watch of %s: resourceVersion %s expired; listing again", kind.plural, version
-                )
                 version = None
+                expired += 1
+                if expired == 1:
+                    log.info("watch of %s expired (410 Gone); listing again", kind.plural)
+                    continue
+                # Expiring again and again: back off instead of hammering the server.
+                error: Exception = TemporaryError(
+                    f"a watch of {kind.plural} expired {expired} times in a row"
+                )
             except (TemporaryError, *CONNECTION_ERRORS) as exc:
-                # Resumed from a fresh list after a growing pause: a server that drops every
-                # watch gets one request per pause, not one per round trip.
                 version = None
-                delay = self.backoff.delay(failures, getattr(exc, "retry_after", None))
-                failures += 1
-                log.warning(
-                    "watch of %s dropped (%s); listing again in %.1fs", kind.plural, exc, delay
-                )
-                if deadline is not None:
-                    deadline.sleep(delay, f"watching {kind.plural}", self.sleep)
-                else:
-                    self.sleep(delay)
+                error = exc
+            # Resumed from a fresh list after a growing pause: a server that drops every
+            # watch gets one request per pause, not one per round trip.
+            on_retry(error)
+            delay = self.backoff.delay(failures, getattr(error, "retry_after", None))
+            failures += 1
+            log.warning(
+                "watch of %s dropped (%s); listing again in %.1fs", kind.plural, error, delay
+            )
+            if deadline is not None:
+                deadline.sleep(delay, f"watching {kind.plural}", self.sleep)
+            else:
+                self.sleep(delay)
 
     def stream(
         self,

@@ -249,3 +249,24 @@ def test_a_call_can_be_named_for_its_errors() -> None:
     layer = kube.Client(api, backoff=Backoff(delays=(9.0,)), sleep=sleep)  # type: ignore[arg-type]
     with pytest.raises(DeadlineExceeded, match="passed while read claim ns/a"):
         layer.get(kube.CLAIM, "a", "ns", Deadline(5, clock=lambda: now[0]), what="read claim ns/a")
+
+
+def test_a_version_that_expires_again_after_a_fresh_list_backs_off() -> None:
+    slept: list[float] = []
+    retried: list[Exception] = []
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "old"}}
+    api = Api(
+        listing("1", "a"),
+        Resp(lines=[gone]),
+        listing("2", "a"),
+        Resp(lines=[gone]),  # expired again at once: a pause before the next list
+        listing("3", "a"),
+        Resp(lines=[]),  # ended at once without an event: a longer pause
+        listing("4", "a"),
+        Resp(lines=[event("MODIFIED", "a", "5")]),
+    )
+    events = client(api, slept).watch(kube.CLAIM, "ns", on_retry=retried.append)
+    assert [k for k, _ in (next(events) for _ in range(5))] == ["ADDED"] * 4 + ["MODIFIED"]
+    assert slept == [0.5, 1.0]
+    assert "expired 2 times in a row" in str(retried[0])
+    assert isinstance(retried[1], kube.ShortWatch)
