@@ -20,8 +20,8 @@ from kubernetes import client
 
 from checkpoint_storage_bench import kube
 from checkpoint_storage_bench.retry import Deadline
-from localcluster.client import FIELD_MANAGER, AdminClient
-from localcluster.controlplane import NODE_NAME, ControlPlane, write_kubeconfig
+from localcluster.client import AdminClient
+from localcluster.controlplane import NODE_NAME, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONNECTIONS = REPO / "connections"
@@ -80,10 +80,6 @@ class Cluster(AdminClient):
         kube: The object layer on the admin's client (same field manager as ``apply``).
     """
 
-    def __init__(self, plane: ControlPlane) -> None:
-        super().__init__(plane)
-        self.kube = kube.Client(self.api, field_manager=FIELD_MANAGER)
-
     def claim(self, name: str = CLAIM, namespace: str = NAMESPACE) -> dict | None:
         return self.kube.get(kube.CLAIM, name, namespace)
 
@@ -105,19 +101,11 @@ class Cluster(AdminClient):
 
     # -- manifests -------------------------------------------------------------------------------
 
-    def apply_file(self, path: Path, **kwargs: Any) -> list[dict]:
-        return [self.apply(doc, **kwargs) for doc in load_docs(path) if is_manifest(doc)]
-
     def create_dry_run(self, doc: dict) -> dict:
         """POST with dryRun=All and fieldValidation=Strict: admission and validation, no write."""
-        resource = self.dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        return self.dynamic.create(
-            resource,
-            body=doc,
-            namespace=doc.get("metadata", {}).get("namespace"),
-            dry_run="All",
-            query_params=[("fieldValidation", "Strict")],
-        ).to_dict()
+        kind = self.kube.kind(doc["apiVersion"], doc["kind"])
+        path = kind.path(doc.get("metadata", {}).get("namespace"))
+        return self.request("POST", path, doc, dryRun="All", fieldValidation="Strict")
 
     # -- the cluster's fixed parts ---------------------------------------------------------------
 

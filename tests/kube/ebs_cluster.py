@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
+from checkpoint_storage_bench import kube
 from localcluster.controlplane import ControlPlane
 from localcluster.ebs import EBS_DRIVER, Credentials, EbsChain
 from tests.kube.cluster import (
@@ -92,11 +91,7 @@ class EbsCluster(Cluster):
         self.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{CLAIM}")
         wait_for("the claim deleted", lambda: self.claim() is None)
         if pv_name:
-            try:
-                self.request("DELETE", f"/api/v1/persistentvolumes/{pv_name}")
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            self.kube.delete(kube.VOLUME, pv_name)
             wait_for(f"volume {pv_name} deleted", lambda: self.pv(pv_name) is None)
         if handle:
             self.ec2.delete_volume(VolumeId=handle)

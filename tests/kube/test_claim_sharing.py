@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.client.rest import ApiException
 
+from checkpoint_storage_bench import kube
 from checkpoint_storage_bench.contract import LEDGER_ANNOTATION, lease_name, parse_ledger
 from tests.kube.cluster import (
     BASELINE,
@@ -34,18 +34,15 @@ LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease_name
 def read_lease(cluster: Cluster) -> dict | None:
     try:
         return cluster.request("GET", LEASE)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    except kube.NotFound:
+        return None
 
 
 def delete_lease(cluster: Cluster) -> None:
     try:
         cluster.request("DELETE", LEASE)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    except kube.NotFound:
+        pass
 
 
 @pytest.fixture
@@ -132,7 +129,7 @@ def test_an_unbound_claim_asking_for_another_class_is_refused(
     assert read_lease(cluster) is None  # refused in preflight, before the Lease
     # What the hook's message says the API server would answer, as the admin finds out:
     # the class of an unbound claim cannot change (422), so refusing first loses nothing.
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(kube.Invalid) as info:
         cluster.patch_claim({"spec": {"volumeAttributesClassName": THROUGHPUT}})
     assert info.value.status == 422, info.value.body
     assert "volumeAttributesClassName for bound claims" in json.loads(info.value.body)["message"]

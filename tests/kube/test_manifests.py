@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from kubernetes.client.rest import ApiException
 
+from checkpoint_storage_bench import kube
 from tests.bundle.bundle import (
     AGENT_CONFIG,
     CONNECTIONS,
@@ -59,7 +59,7 @@ def test_strict_field_validation_rejects_a_misspelled_field(cluster: Cluster) ->
     (claim,) = load_yaml_documents(CONNECTIONS / "claim-training-checkpoints.yaml")
     bad = renamed(claim)
     bad["spec"]["volumeAttributeClassName"] = bad["spec"].pop("volumeAttributesClassName")
-    with pytest.raises(ApiException) as info:
+    with pytest.raises(kube.KubeError) as info:
         cluster.create_dry_run(bad)
     assert info.value.status == 400, info.value
     message = json.loads(info.value.body)["message"]
