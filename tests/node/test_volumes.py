@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.rest import ApiException
 
+from checkpoint_storage_bench import kube
 from localcluster.controlplane import DRIVER_NAME, NODE_NAME
 from localcluster.node import (
     BASE_IMAGE,
@@ -126,15 +127,14 @@ def delete_pod(node: Node, name: str) -> None:
     path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
     try:
         node.cluster.request("DELETE", path)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    except kube.NotFound:
+        pass
 
     def gone() -> bool:
         try:
             node.cluster.request("GET", path)
-        except ApiException as exc:
-            return exc.status == 404
+        except kube.NotFound:
+            return True
         return False
 
     wait_for(f"pod {name} deleted", gone, timeout=90)
@@ -144,10 +144,8 @@ def csinode_driver(node: Node) -> dict | None:
     """The driver's entry in the node's CSINode (the kubelet writes it once registered)."""
     try:
         found = node.cluster.request("GET", f"/apis/storage.k8s.io/v1/csinodes/{NODE_NAME}")
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    except kube.NotFound:
+        return None
     drivers = found["spec"].get("drivers") or []
     return next((d for d in drivers if d["name"] == DRIVER_NAME), None)
 
