@@ -496,16 +496,16 @@ class Client:
         version = resource_version
         failures = expired = 0
         while not stop():
-            if version is None:
-                items, version = self.list(kind, namespace, deadline, **selectors)
-                listed = {_key(o): o for o in items}
-                for key in [k for k in known if k not in listed]:
-                    yield "DELETED", known.pop(key)
-                for key, obj in listed.items():
-                    known[key] = obj
-                    yield "ADDED", obj
-            seconds = watch_seconds() if callable(watch_seconds) else watch_seconds
             try:
+                if version is None:
+                    items, version = self.list(kind, namespace, deadline, **selectors)
+                    listed = {_key(o): o for o in items}
+                    for key in [k for k in known if k not in listed]:
+                        yield "DELETED", known.pop(key)
+                    for key, obj in listed.items():
+                        known[key] = obj
+                        yield "ADDED", obj
+                seconds = watch_seconds() if callable(watch_seconds) else watch_seconds
                 opened, seen = time.monotonic(), 0
                 events = self.stream(
                     kind,

@@ -270,3 +270,24 @@ def test_a_version_that_expires_again_after_a_fresh_list_backs_off() -> None:
     assert slept == [0.5, 1.0]
     assert "expired 2 times in a row" in str(retried[0])
     assert isinstance(retried[1], kube.ShortWatch)
+
+
+def test_a_list_again_that_fails_is_retried_after_a_pause_not_raised() -> None:
+    slept: list[float] = []
+    api = Api(
+        listing("1", "a"),
+        Resp(lines=[event("MODIFIED", "a", "2"), urllib3.exceptions.ProtocolError("reset")]),
+        answer(503),
+        answer(503),  # the server restarting: the list fails after its own tries
+        listing("3", "a"),
+        Resp(lines=[event("MODIFIED", "a", "4")]),
+    )
+    layer = kube.Client(api, backoff=Backoff(delays=(0.5,)), sleep=slept.append)  # type: ignore[arg-type]
+    events = layer.watch(kube.CLAIM, "ns")
+    assert [k for k, _ in (next(events) for _ in range(4))] == [
+        "ADDED",
+        "MODIFIED",
+        "ADDED",
+        "MODIFIED",
+    ]
+    assert len(slept) == 3
