@@ -37,15 +37,20 @@ WORKDIR /app
 # test suite ran with (scripts/image.sh passes the venv's); without it pip resolves the newest.
 ARG TORCH=torch
 ARG PIP_CONSTRAINTS=""
+# The formats extra (Parquet, MDS and the libraries' loaders of the data workloads), then
+# mosaicml-streaming without its declared dependencies (pyproject.toml says why); its pin is
+# scripts/pins.env's STREAMING_SPEC.
+ARG STREAMING=mosaicml-streaming==0.13.0
 RUN --mount=type=cache,target=/root/.cache/pip \
     python -c "import torch" 2>/dev/null \
     || python -m pip install ${PIP_CONSTRAINTS:+--constraint "$PIP_CONSTRAINTS"} "$TORCH"
 COPY pyproject.toml /app/
 RUN --mount=type=cache,target=/root/.cache/pip \
     python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['upload']))" >/tmp/requirements.txt \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['upload'] + p['optional-dependencies']['formats']))" >/tmp/requirements.txt \
     && python -m pip install ${PIP_CONSTRAINTS:+--constraint "$PIP_CONSTRAINTS"} \
         -r /tmp/requirements.txt \
+    && python -m pip install --no-deps ${PIP_CONSTRAINTS:+--constraint "$PIP_CONSTRAINTS"} "$STREAMING" \
     && rm /tmp/requirements.txt
 
 # The components run `python -m trainer ...` from here and read relative paths such as
@@ -53,6 +58,7 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['upload']))" >/tm
 COPY . /app
 RUN python -m pip install --no-deps . \
     && python -c "import torch, s3fs, gcsfs, trainer, hooks, fio_sweep, checkpoint_compare, data_workloads, checkpoint_storage_bench; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+    && python -c "from data_workloads.formats import check_libraries as c; c('parquet', 'arrow'); c('mds', 'streaming'); c('webdataset', 'webdataset')" \
     && fio --version
 
 # Not root: the components set fsGroup 1000, so the claim is writable by this user (the
