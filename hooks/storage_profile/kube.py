@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import urllib3
@@ -286,27 +286,6 @@ class Kube:
         body = class_patch(target, uid, resource_version, annotations)
         return self.client.patch(
             kube.CLAIM, name, body, ns, deadline, what=f"patch claim {ns}/{name}"
-        )
-
-    # -- watch ----------------------------------------------------------------------------
-
-    def watch_claim(
-        self,
-        ns: str,
-        name: str,
-        resource_version: str,
-        timeout: float,
-        deadline: Deadline | None = None,
-    ) -> Iterator[tuple[str, dict]]:
-        """``(type, object)`` events of one claim from ``resource_version``, bookmarks too,
-        in one watch of at most ``timeout`` seconds (:meth:`kube.Client.stream`)."""
-        return self.client.stream(
-            kube.CLAIM,
-            ns,
-            resource_version=resource_version,
-            seconds=timeout,
-            deadline=deadline,
-            fieldSelector=f"metadata.name={name}",
         )
 
 

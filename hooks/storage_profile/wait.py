@@ -1,11 +1,14 @@
 """Wait until a claim settled on a class: list, then watch from the list's resourceVersion.
 
-One overall deadline bounds everything. A watch that ends (the server's timeout, or ours so
-that the heartbeat can speak) resumes from the last resourceVersion seen; a 410 Gone (the
-resourceVersion expired) or a dropped stream re-lists and resumes; throttling and server
-errors back off, honouring ``Retry-After``, and so does a watch that ends at once without
-an event (:data:`SHORT_WATCH`). Nothing here polls: between events the hook sleeps inside a
-watch.
+One overall deadline bounds everything. The watch is the shared object layer's
+(:meth:`checkpoint_storage_bench.kube.Client.watch`): a watch that ends (the server's
+timeout, or ours so that the heartbeat can speak) resumes from the last resourceVersion
+seen; a 410 Gone (the resourceVersion expired) or a dropped stream re-lists and resumes;
+throttling and server errors back off, honouring ``Retry-After``, and so does a watch that
+ends at once without an event (:class:`~checkpoint_storage_bench.kube.ShortWatch`, counted
+for the heartbeat). What is the hook's own: judging each state, the grace of a Pending
+status, the heartbeat between watches. Nothing here polls: between events the hook sleeps
+inside a watch.
 """
 
 from __future__ import annotations
@@ -16,21 +19,16 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 
+from checkpoint_storage_bench import kube
 from checkpoint_storage_bench.errors import BenchError
-from checkpoint_storage_bench.kube import CONNECTION_ERRORS
-from checkpoint_storage_bench.retry import Deadline, TemporaryError
-from hooks.storage_profile.errors import ApiError, Gone, HookError, Infeasible, UnexpectedState
+from checkpoint_storage_bench.retry import Deadline, DeadlineExceeded, TemporaryError
+from hooks.storage_profile.errors import ApiError, HookError, Infeasible, UnexpectedState
 from hooks.storage_profile.heartbeat import Heartbeat
 from hooks.storage_profile.kube import Kube
 
 log = logging.getLogger(__name__)
 
 KNOWN_STATUSES = ("Pending", "InProgress", "Infeasible")
-SHORT_WATCH = 1.0
-"""A watch that ends sooner than this without a single event (not even a bookmark) did not
-watch: client-go's reflector calls it a "very short watch" and backs off before the next,
-instead of reopening at once (an API server or proxy that closes every watch would get a
-request per round trip for the whole ``--timeout``)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +117,7 @@ class ClaimWaiter:
         )
         self._pending_since: float | None = None
         self._seen_warnings: set[str] = set()
+        self._watch_ends = 0.0
         self.short_watches = 0
 
     @property
@@ -135,77 +134,70 @@ class ClaimWaiter:
         """
         what = f"waiting for claim {self.ref} to settle on {target}"
         self._pending_since = None
-        attempt = 0
-        gone = 0
-        short = 0
-        claim: dict | None = None
-        version: str | None = None  # None: list (again) before the next watch
-        while True:
+        try:
             self.deadline.check(what)
-            try:
-                if version is None:
-                    claim, version = self.kube.list_claim(self.namespace, self.name, self.deadline)
-                # Judged again after a watch ended too: a Pending that outlived its grace
-                # fails even when nothing changed.
-                if self._judge(claim, target):
+            claim, version = self.kube.list_claim(self.namespace, self.name, self.deadline)
+            while True:
+                claim, version, settled = self._watch(claim, version, target)
+                if settled:
                     assert claim is not None
                     return claim
+        except ApiError as exc:
+            raise HookError(f"{what}: {exc.server_message}") from exc
+        except DeadlineExceeded as exc:
+            raise DeadlineExceeded(
+                f"deadline of {self.deadline.seconds:g}s passed while {what}"
+            ) from exc
+
+    def _watch(
+        self, claim: dict | None, version: str, target: str | None
+    ) -> tuple[dict | None, str, bool]:
+        """Judge the claim, then its changes through the object layer's watch (which
+        resumes, lists again and backs off); between two watches the claim is judged again
+        (a Pending that outlived its grace fails even when nothing changed) and the
+        heartbeat speaks. Returns the last claim, its version and whether it settled; a
+        Pending status that started in this watch ends it early, for the next watch to be
+        bounded by what is left of the grace."""
+        last = [claim]
+
+        def between() -> bool:
+            if self._judge(last[0], target):
+                return True
+            self._beat()
+            return False
+
+        events = self.kube.client.watch(
+            kube.CLAIM,
+            self.namespace,
+            resource_version=version,
+            seen=[claim] if claim is not None else [],
+            deadline=self.deadline,
+            watch_seconds=self._next_watch_seconds,
+            stop=between,
+            on_retry=self._retried,
+            fieldSelector=f"metadata.name={self.name}",
+        )
+        with closing(events):
+            for kind_, obj in events:
+                version = obj["metadata"].get("resourceVersion") or version
+                last[0] = None if kind_ == "DELETED" else obj
+                if self._judge(last[0], target):
+                    return obj, version, True
                 self._beat()
-                seconds = self._watch_seconds()
-                opened = self.clock()
-                watch_ends = opened + seconds
-                seen = 0
-                with closing(
-                    self.kube.watch_claim(
-                        self.namespace, self.name, version, seconds, self.deadline
-                    )
-                ) as events:
-                    for kind, obj in events:
-                        seen += 1
-                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                        if kind == "BOOKMARK":
-                            continue
-                        claim = None if kind == "DELETED" else obj
-                        if self._judge(claim, target):
-                            return obj
-                        attempt = gone = 0
-                        self._beat()
-                        if self._grace_ends_before(watch_ends):
-                            # A Pending status started in this watch: end it now; the next
-                            # watch is bounded by what is left of the grace.
-                            break
-                if not seen and self.clock() - opened < SHORT_WATCH:
-                    self.short_watches += 1
-                    if self.heartbeat is not None:
-                        self.heartbeat.short_watches = self.short_watches
-                    short += 1
-                    raise TemporaryError(
-                        f"watch of {self.ref} ended at once without an event ({short} in a row)"
-                    )
-                short = 0
-                # The watch ended (the server's timeout, or ours for the heartbeat): watch
-                # again from the last resourceVersion seen.
-                continue
-            except Gone:
-                version = None
-                gone += 1
-                if gone == 1:
-                    log.info("watch of %s expired (410 Gone); listing again", self.ref)
-                    continue
-                # Expiring again and again: back off instead of hammering the server.
-                error = TemporaryError(f"watch of {self.ref} expired {gone} times in a row")
-            except ApiError as exc:
-                raise HookError(f"{what}: {exc.server_message}") from exc
-            except CONNECTION_ERRORS as exc:
-                version = None
-                error = TemporaryError(f"watch of {self.ref} dropped: {exc}")
-            except TemporaryError as exc:
-                version = None
-                error = exc
-            delay = self.kube.backoff.delay(attempt, error.retry_after)
-            attempt += 1
-            log.warning("%s; listing again in %.2fs", error, delay)
-            self.deadline.sleep(delay, what, self.kube.sleep)
+                if self._grace_ends_before(self._watch_ends):
+                    return last[0], version, False
+        return last[0], version, True  # between() found it settled
+
+    def _next_watch_seconds(self) -> float:
+        seconds = self._watch_seconds()
+        self._watch_ends = self.clock() + seconds
+        return seconds
+
+    def _retried(self, error: Exception) -> None:
+        if isinstance(error, kube.ShortWatch):
+            self.short_watches += 1
+            if self.heartbeat is not None:
+                self.heartbeat.short_watches = self.short_watches
 
     def _grace_ends_before(self, moment: float) -> bool:
         if self._pending_since is None:

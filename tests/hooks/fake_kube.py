@@ -6,8 +6,10 @@ wrapper's reads say), and for a refused write the error the wrapper raises, made
 the wrapper makes it: kube-apiserver's Status (:class:`Refused`) named by
 :func:`checkpoint_storage_bench.kube.api_error`. Time is the wall clock: the fake resizer's
 steps fall due as it passes, and a watch waits for them up to its timeout or the deadline,
-as the wrapper's does, so a switch lasts as long as it would. What the wrapper does on the
-wire (status codes, retries, watch streams) is tested against the HTTP double.
+as the wrapper's does, so a switch lasts as long as it would. The wait's watch is the
+shared object layer's loop (:class:`FakeLayer`) over the fake's one list and one watch
+request of a claim. What the wrapper does on the wire (status codes, retries, watch
+streams) is tested against the HTTP double.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from checkpoint_storage_bench import kube
 from checkpoint_storage_bench.kube import api_error
 from checkpoint_storage_bench.retry import Backoff, Deadline
 from hooks.storage_profile.errors import ApiError
@@ -108,6 +111,11 @@ class FakeKube(KubeState):
     def sleep(self, seconds: float) -> None:
         """Recorded, not slept: the backoff a caller chose is what a test asserts."""
         self.sleeps.append(seconds)
+
+    @property
+    def client(self) -> FakeLayer:
+        """The object layer with this fake as its transport (its watch loop runs as is)."""
+        return FakeLayer(self)
 
     def count(self, method: str) -> int:
         return self.calls.count(method)
@@ -271,6 +279,37 @@ class FakeKube(KubeState):
     def _check(self, verb: str, ref: str) -> None:
         if verb in self.forbidden:
             raise wrapper_error(Refused(403, "Forbidden", f"cannot {verb} {ref}"))
+
+
+class FakeLayer(kube.Client):
+    """The shared object layer whose one list and one watch request of a claim answer from
+    the fake (:meth:`FakeKube.list_claim`, :meth:`FakeKube.watch_claim`, counted as the
+    wrapper's): what the layer does around them (resume, list again, back off with the
+    fake's backoff, recorded sleeps) is its own code."""
+
+    def __init__(self, fake: FakeKube) -> None:
+        super().__init__(None, backoff=fake.backoff, sleep=fake.sleep)  # type: ignore[arg-type]
+        self.fake = fake
+
+    def list(  # type: ignore[override]
+        self, kind: kube.Kind, namespace: str, deadline: Deadline | None = None,
+        what: str | None = None, **selectors: str,
+    ) -> tuple[list[dict], str]:  # fmt: skip
+        claim, version = self.fake.list_claim(namespace, _named(selectors), deadline)
+        return ([claim] if claim is not None else []), version
+
+    def stream(  # type: ignore[override]
+        self, kind: kube.Kind, namespace: str, *, resource_version: str,
+        seconds: float = kube.WATCH_SECONDS, deadline: Deadline | None = None, **selectors: str,
+    ) -> Iterator[tuple[str, dict]]:  # fmt: skip
+        return self.fake.watch_claim(
+            namespace, _named(selectors), resource_version, seconds, deadline
+        )
+
+
+def _named(selectors: dict[str, str]) -> str:
+    assert selectors["fieldSelector"].startswith("metadata.name="), selectors
+    return selectors["fieldSelector"].removeprefix("metadata.name=")
 
 
 def listed(obj: dict) -> dict:
