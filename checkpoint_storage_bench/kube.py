@@ -530,11 +530,16 @@ class Client:
                     raise ShortWatch(f"a watch of {kind.plural} ended at once without an event")
                 continue  # the server ended the watch: resumed from the last version seen
             except Gone:
-                version = None
                 expired += 1
                 if expired == 1:
-                    log.info("watch of %s expired (410 Gone); listing again", kind.plural)
+                    log.info(
+                        "watch of %s: resourceVersion %s expired; listing again",
+                        kind.plural,
+                        version,
+                    )
+                    version = None
                     continue
+                version = None
                 # Expiring again and again: back off instead of hammering the server.
                 error: Exception = TemporaryError(
                     f"a watch of {kind.plural} expired {expired} times in a row"
