@@ -3,8 +3,9 @@ the API server, for the pods that find each other by name (a PyTorchJob's worker
 master through its headless Service: localcluster/training_operator.py).
 
 A real cluster runs CoreDNS; this answers only what the node's pods ask: A records of
-Services (a headless Service's ready endpoints, else its cluster IP), an empty answer for
-other types of a known name, NXDOMAIN for every other name (nothing is forwarded: the node
+Services (a headless Service's running pods, ready or not, else its cluster IP), an empty
+answer for other types of a known name, NXDOMAIN for every other name and for a headless
+Service without a pod that has an address (nothing is forwarded: the node
 reaches no outside resolver anyway). UDP only, one question per query. The kubelet points the
 pods at it when the node is started with ``cluster_dns=True`` (``clusterDNS`` in its config).
 
@@ -82,7 +83,6 @@ class Resolver:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api)
-        self.discovery = client.DiscoveryV1Api(api)
 
     def lookup(self, name: str) -> list[str] | None:
         """The addresses of ``name`` (empty: a known Service without ready endpoints), or None
@@ -101,16 +101,22 @@ class Resolver:
             raise
         if svc.spec.cluster_ip and svc.spec.cluster_ip != "None":
             return [svc.spec.cluster_ip]
-        slices = self.discovery.list_namespaced_endpoint_slice(
-            namespace, label_selector=f"kubernetes.io/service-name={service}"
+        # A headless Service: its pods' addresses, chosen by its selector as the endpoints
+        # controller would (the node's controller manager runs no endpoint controllers).
+        selector = svc.spec.selector or {}
+        if not selector:
+            return []
+        pods = self.core.list_namespaced_pod(
+            namespace, label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items()))
         ).items
-        found = []
-        for item in slices:
-            for endpoint in item.endpoints or []:
-                ready = endpoint.conditions is None or endpoint.conditions.ready is not False
-                if ready and item.address_type == "IPv4":
-                    found += [a for a in endpoint.addresses if a not in found]
-        return found
+        # Every pod with an address, ready or not (as with publishNotReadyAddresses): a
+        # PyTorchJob's master resolves its own name as soon as torchrun starts, before the
+        # kubelet reports the pod ready.
+        return sorted(
+            pod.status.pod_ip
+            for pod in pods
+            if pod.status.pod_ip and pod.status.phase in ("Pending", "Running")
+        )
 
 
 def answer(resolver: Resolver, query: bytes) -> bytes:
@@ -123,7 +129,10 @@ def answer(resolver: Resolver, query: bytes) -> bytes:
     except Exception as exc:  # noqa: BLE001 - the API may be restarting: the client retries
         log.warning("lookup %s: %r", name, exc)
         return error(query, 2)  # SERVFAIL
-    if addresses is None:
+    if addresses is None or (qtype == A and not addresses):
+        # As CoreDNS answers a headless Service without endpoints: the name does not exist
+        # yet (a client waiting for it, as the training operator's init container does,
+        # retries).
         return response(query, NXDOMAIN)
     return response(query, NOERROR, addresses if qtype == A else [])
 

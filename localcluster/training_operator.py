@@ -225,6 +225,26 @@ def webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
     }
 
 
+def webhook_answers(api: client.ApiClient) -> bool:
+    """Whether the API server gets the validator's answer: a PyTorchJob with two masters
+    (which only the webhook refuses) is denied, in a dry run."""
+    container = {"name": "pytorch", "image": "none"}
+    replica = {"replicas": 2, "template": {"spec": {"containers": [container]}}}
+    body = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "webhook-probe", "namespace": NAMESPACE},
+        "spec": {"pytorchReplicaSpecs": {"Master": replica}},
+    }
+    try:
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", body, dry_run="All"
+        )
+    except ApiException as exc:
+        return exc.status == 403 and "denied the request" in (exc.body or "")
+    return False
+
+
 def _create_or_replace(create: Any, replace: Any, read: Any, name: str, body: dict) -> None:
     try:
         create(body)
@@ -316,13 +336,17 @@ class TrainingOperator:
             self._created_cert_dir = False
 
     def _ready(self) -> bool:
-        # readyz turns ok once the certificates are in place and the webhook server listens.
+        # readyz turns ok once the certificates are in place and the webhook server listens;
+        # the API server may still fail to call it for a moment (a 500), so ready means: a
+        # job only the webhook refuses is refused (a dry run).
         try:
             url = f"http://127.0.0.1:{self.probe_port}/readyz"
             with urllib.request.urlopen(url, timeout=2) as resp:
-                return resp.status == 200
+                if resp.status != 200:
+                    return False
         except OSError:
             return False
+        return webhook_answers(self.node.cluster.api)
 
     def _install(self, api: client.ApiClient) -> None:
         ext = client.ApiextensionsV1Api(api)

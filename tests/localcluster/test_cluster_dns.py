@@ -18,6 +18,8 @@ class Table:
     def lookup(self, name: str) -> list[str] | None:
         if dns.SERVICE_NAME.match(name) is None:
             return None
+        if name == "starting.ml-team.svc.cluster.local":
+            return []  # a headless Service whose pod has no address yet
         return ["10.244.0.7", "10.244.0.8"] if name == NAME else None
 
 
@@ -45,6 +47,14 @@ def test_an_unknown_name_is_nxdomain_and_another_type_empty() -> None:
     assert header(dns.answer(Table(), dns.query("example.org")))[1] & 0xF == dns.NXDOMAIN
     aaaa = header(dns.answer(Table(), dns.query(NAME, qtype=28)))
     assert (aaaa[1] & 0xF, aaaa[3]) == (dns.NOERROR, 0)
+
+
+def test_a_service_without_a_pod_address_does_not_exist_yet() -> None:
+    # As CoreDNS answers: a client waiting for the name (the worker's init container) retries
+    # instead of taking an empty answer for a resolved name.
+    name = "starting.ml-team.svc.cluster.local"
+    assert header(dns.answer(Table(), dns.query(name)))[1] & 0xF == dns.NXDOMAIN
+    assert header(dns.answer(Table(), dns.query(name, qtype=28)))[1] & 0xF == dns.NOERROR
 
 
 def test_a_malformed_query_is_a_format_error() -> None:

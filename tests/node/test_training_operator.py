@@ -111,9 +111,20 @@ def pod_phase(node: Node, name: str) -> str | None:
     return phase if phase in ("Succeeded", "Failed") else None
 
 
+# The master listens on its port; the worker resolves the master's Service (its full name:
+# busybox's nslookup does not walk the search list) and connects: what torchrun's workers do.
+REACH = (
+    'if [ "$RANK" = 0 ]; then busybox nc -l -p "$MASTER_PORT" </dev/null; else '
+    "ns=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace); "
+    'ip=$(busybox nslookup "$MASTER_ADDR.$ns.svc.cluster.local" '
+    "| busybox awk '/^Address:[ \t]+[0-9.]+$/{a=$2} END{print a}'); "
+    'echo MASTER_IP=$ip; busybox nc -w 10 "$ip" "$MASTER_PORT" </dev/null && echo REACHED=yes; fi'
+)
+
+
 def test_a_master_and_a_worker_get_the_env_torchrun_reads(node: Node, operator) -> None:
     keys = "MASTER_ADDR MASTER_PORT RANK WORLD_SIZE PET_NNODES PET_NODE_RANK PET_NPROC_PER_NODE"
-    command = f"for k in {keys}; do eval echo $k=\\${{$k}}; done"
+    command = f"for k in {keys}; do eval echo $k=\\${{$k}}; done; {REACH}"
     create(node, pytorchjob("envcheck", command))
     try:
         outcome = wait_for("the PyTorchJob's end", lambda: condition(node, "envcheck"), timeout=120)
@@ -124,6 +135,9 @@ def test_a_master_and_a_worker_get_the_env_torchrun_reads(node: Node, operator) 
         )
         master, worker = pod_log(node, "envcheck-master-0"), pod_log(node, "envcheck-worker-0")
         assert (outcome, worker_end) == ("Succeeded", "Succeeded"), (master, worker)
+        master_pod = node.cluster.core.read_namespaced_pod("envcheck-master-0", NAMESPACE)
+        assert worker.pop("MASTER_IP") == master_pod.status.pod_ip, worker
+        assert worker.pop("REACHED") == "yes", worker
         for env, rank in ((master, "0"), (worker, "1")):
             assert env == {
                 "MASTER_ADDR": "envcheck-master-0",
