@@ -60,7 +60,7 @@ def train_argv(run: str, profile: str) -> list[str]:
     return [
         *["python", "-m", "trainer", "--checkpoint-dir", ckpt],
         *["--summary-json", f"{ckpt}/summary.json", "--storage-profile", profile],
-        *["--steps", "200", "--checkpoint-every", "50", "--keep", "2", "--model-size", "1GiB"],
+        *["--steps", "200", "--checkpoint-every", "25", "--keep", "2", "--model-size", "1GiB"],
         *["--seed", "0", "--format", "raw", "--durability", "fsync", "--sync"],
         *["--device", "auto", "--batch-size", "8", "--seq-len", "64", "--lr", "0.0003"],
         *["--log-every", "10", "--resume", "auto", "--io-streams", "1", "--parallel", "none"],
@@ -88,7 +88,7 @@ PIPELINE_ARGV = {
         # The restore's class; counted only with --restore-after (restore_after is off).
         *["--backend", "kubernetes", "--restore-class=checkpoint-baseline"],
         # What the verdict can answer: the run's settings as its stages and compare get them.
-        *["--repeats=2", "--workload=checkpoint", "--steps=200", "--checkpoint-every=50"],
+        *["--repeats=2", "--workload=checkpoint", "--steps=200", "--checkpoint-every=25"],
     ],
     **stage_argv(0, "checkpoint-baseline"),
     **stage_argv(1, "checkpoint-throughput"),
