@@ -249,11 +249,6 @@ VERDICT_CONFIDENCE = 0.95
 VERDICT_WARMUP = 1
 """Checkpoints at the start of each run the verdict reports as warm-up and leaves out."""
 
-MIN_MEASURED_CHECKPOINTS = 4
-"""The fewest measured checkpoints per profile (one run each) for which a rank interval of
-the pause difference reaches :data:`VERDICT_CONFIDENCE`: what the trainer warns about at
-start (the verdict's interval code computes it; a test holds the two equal)."""
-
 MIN_BUDGET_CHECKPOINTS = 5
 """The fewest measured checkpoints (after the warm-up) a run needs for a one-sided upper
 bound of its median pause at :data:`VERDICT_CONFIDENCE`: the largest of n pauses bounds the

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_DIR_PATTERN,
-    MIN_MEASURED_CHECKPOINTS,
+    MIN_BUDGET_CHECKPOINTS,
     VERDICT_CONFIDENCE,
     VERDICT_WARMUP,
 )
@@ -77,10 +77,10 @@ def refuse_existing(cfg: TrainConfig) -> None:
 
 def few_checkpoints_warning(cfg: TrainConfig) -> str | None:
     """A warning when ``--steps`` / ``--checkpoint-every`` give fewer measured checkpoints
-    (the verdict leaves the first out as warm-up) than a rank interval of the pause
-    difference needs at the verdict's default confidence, with one run per profile."""
+    (the verdict leaves the first out as warm-up) than the verdict's bound of a run's median
+    pause needs at its default confidence: below it no pause budget can be met."""
     made = cfg.steps // cfg.checkpoint_every
-    need = MIN_MEASURED_CHECKPOINTS
+    need = MIN_BUDGET_CHECKPOINTS
     measured = max(0, made - VERDICT_WARMUP)
     if measured >= need:
         return None
@@ -88,6 +88,6 @@ def few_checkpoints_warning(cfg: TrainConfig) -> str | None:
     return (
         f"warning: --steps {cfg.steps} with --checkpoint-every {cfg.checkpoint_every} makes "
         f"{made} checkpoint(s), {measured} after the {VERDICT_WARMUP} warm-up one(s) the "
-        f"verdict leaves out; a {VERDICT_CONFIDENCE:.0%} interval of the pause difference needs at "
-        f"least {need} per profile (one run each): e.g. --steps {steps}, or more runs"
+        f"verdict leaves out; a {VERDICT_CONFIDENCE:.0%} bound of the run's median pause, which "
+        f"a pause budget is judged on, needs at least {need}: e.g. --steps {steps}"
     )

@@ -17,10 +17,9 @@ from checkpoint_compare.intervals import (
     hodges_lehmann,
     mann_whitney_counts,
     median_upper_bound,
-    values_for_interval,
 )
 from checkpoint_storage_bench.contract import (
-    MIN_MEASURED_CHECKPOINTS,
+    MIN_BUDGET_CHECKPOINTS,
     PROFILE_FIGURES,
     VERDICT_CONFIDENCE,
     VERDICT_OUTPUTS,
@@ -347,7 +346,8 @@ def test_one_run_on_a_side_gives_the_runtime_no_interval(runs_root: Path, pricin
     assert "one run a side" in runtime["method"] and runtime["counts"] is False
 
 
-def test_the_trainers_checkpoint_count_is_what_the_interval_needs() -> None:
-    # The trainer warns below MIN_MEASURED_CHECKPOINTS without importing the verdict.
-    assert values_for_interval(VERDICT_CONFIDENCE) == MIN_MEASURED_CHECKPOINTS
-    assert values_for_interval(VERDICT_CONFIDENCE) > values_for_interval(VERDICT_CONFIDENCE - 0.2)
+def test_the_trainers_checkpoint_count_is_what_the_budget_bound_needs() -> None:
+    # The trainer warns below MIN_BUDGET_CHECKPOINTS without importing the verdict.
+    values = [1.0] * MIN_BUDGET_CHECKPOINTS
+    assert median_upper_bound(values, VERDICT_CONFIDENCE) is not None
+    assert median_upper_bound(values[:-1], VERDICT_CONFIDENCE) is None

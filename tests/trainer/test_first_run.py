@@ -83,12 +83,12 @@ def test_the_table_shows_the_library_formats_read_back(tmp_path: Path) -> None:
 
 
 def test_too_few_checkpoints_are_warned_about_at_start(tmp_path: Path) -> None:
-    # 6 steps every 2: 3 checkpoints, 2 after the warm-up; 4 are needed.
+    # 6 steps every 2: 3 checkpoints, 2 after the warm-up; a pause budget's bound needs 5.
     warning = few_checkpoints_warning(tiny_config(tmp_path / "ck"))
     assert warning is not None
     assert "makes 3 checkpoint(s), 2 after the 1 warm-up" in warning
-    assert "needs at least 4 per profile" in warning and "--steps 10" in warning
-    assert few_checkpoints_warning(tiny_config(tmp_path / "ck", steps=10)) is None
+    assert "needs at least 5" in warning and "--steps 12" in warning
+    assert few_checkpoints_warning(tiny_config(tmp_path / "ck", steps=12)) is None
 
 
 def test_a_refused_run_imports_no_torch_and_leaves_no_tracked_run(tmp_path: Path) -> None:
