@@ -31,7 +31,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 NODE_NAME = "node-1"
 DRIVER_NAME = "hostpath.csi.k8s.io"
@@ -310,8 +310,39 @@ class Proc:
         }
 
 
+class Lifecycle:
+    """What the local cluster's parts share: ``start`` runs ``_start`` timed into
+    ``timings["total"]`` and, on any failure, stops what was started before raising; a
+    context manager that stops on leaving."""
+
+    timings: dict[str, float]
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """Start every process; on any failure stop what was started and raise."""
+        t0 = time.monotonic()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = round(time.monotonic() - t0, 2)
+        return self
+
+
 @dataclass
-class ControlPlane:
+class ControlPlane(Lifecycle):
     """Start with :meth:`start`, stop with :meth:`stop` (also a context manager).
 
     Attributes:
@@ -346,23 +377,6 @@ class ControlPlane:
     driver_spawner: Callable[[list[str]], Proc] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    def __enter__(self) -> ControlPlane:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> ControlPlane:
-        """Start every process; on any failure stop what was started and raise."""
-        t0 = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.timings["total"] = round(time.monotonic() - t0, 2)
-        return self
 
     def _start(self) -> None:
         stale = self.state_dir / PIDS_FILE

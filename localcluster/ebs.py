@@ -44,6 +44,7 @@ from localcluster.controlplane import (
     PIDS_FILE,
     ControlPlane,
     ControlPlaneError,
+    Lifecycle,
     Proc,
     _die_with_parent,
     _http_ok,
@@ -162,7 +163,7 @@ class Moto:
 
 
 @dataclass
-class EbsChain:
+class EbsChain(Lifecycle):
     """Start with :meth:`start`, stop with :meth:`stop` (also a context manager).
 
     Attributes:
@@ -192,26 +193,9 @@ class EbsChain:
     procs: list[Proc] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
-    def __enter__(self) -> EbsChain:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     @property
     def socket(self) -> Path:
         return self.state_dir / "ebs.sock"
-
-    def start(self) -> EbsChain:
-        """Start everything; on any failure stop what was started and raise."""
-        t0 = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.timings["total"] = round(time.monotonic() - t0, 2)
-        return self
 
     def _start(self) -> None:
         if len(str(self.socket)) > 100:

@@ -53,6 +53,7 @@ from localcluster.controlplane import (
     NODE_NAME,
     ControlPlane,
     ControlPlaneError,
+    Lifecycle,
     Proc,
     _alive,
     _b64,
@@ -444,7 +445,7 @@ def _stop_recorded_node(state_dir: Path) -> list[str]:
 
 
 @dataclass
-class Node:
+class Node(Lifecycle):
     """The control plane (bound to the bridge's address) and a node registered with it.
 
     ``start()`` / ``stop()``, or a context manager. ``stop`` is :func:`sweep`.
@@ -464,25 +465,9 @@ class Node:
     # by a Service's name (a PyTorchJob's workers); off, the pods use the host's resolv.conf.
     cluster_dns: bool = False
 
-    def __enter__(self) -> Node:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     @property
     def containerd_socket(self) -> Path:
         return self.state_dir / "containerd.sock"
-
-    def start(self) -> Node:
-        t0 = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.timings["total"] = round(time.monotonic() - t0, 2)
-        return self
 
     def stop(self) -> dict[str, Any]:
         if self.lock is None:  # start failed before it had the machine: nothing of ours
