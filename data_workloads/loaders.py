@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from data_workloads import dataset as ds
 from data_workloads import formats
 from data_workloads.errors import DatasetCorruptError
-from data_workloads.scan import _ignore_stop_signals, _order_seed, _translated
+from data_workloads.scan import _order_seed, _translated, worker_options
 from data_workloads.stats import Usage, own_usage, process_usage
 
 DISTRIBUTIONS = {
@@ -201,14 +201,7 @@ class LibraryLoader:
         self.name, self.records = name, data.records
         self._epoch = _Epoch()
         dataset, settings = BUILDERS[name](data, cfg, self._epoch)
-        extra: dict[str, Any] = {}
-        if cfg.num_workers:
-            extra = dict(
-                prefetch_factor=cfg.prefetch_factor,
-                persistent_workers=True,
-                multiprocessing_context="fork",
-                worker_init_fn=_ignore_stop_signals,
-            )
+        extra = worker_options(cfg.num_workers, cfg.prefetch_factor)
         self.settings = settings
         self.loader: DataLoader | None = DataLoader(
             dataset, num_workers=cfg.num_workers, **settings, **extra

@@ -67,6 +67,21 @@ def _ignore_stop_signals(_worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def worker_options(num_workers: int, prefetch: int) -> dict[str, Any]:
+    """The DataLoader's worker settings every scan loader uses (none without workers): fork,
+    so the workers inherit what the loader mapped (ours: the ring's anonymous shared
+    mapping, nothing of it pickled); persistent, so they are set up once; the stop signals
+    left to the main process."""
+    if not num_workers:
+        return {}
+    return dict(
+        prefetch_factor=prefetch,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        worker_init_fn=_ignore_stop_signals,
+    )
+
+
 def _as_is(batch: Descriptor) -> Descriptor:
     """The DataLoader's collate_fn: a descriptor travels as it is (a module-level function,
     so that it pickles)."""
@@ -657,16 +672,7 @@ class ScanLoader:
             self.source = sources[data.spec.format](data, self.ring, cfg.seed, plan.window)
         else:
             self.source = FileBatches(data, self.ring, cfg.seed)
-        extra: dict[str, Any] = {}
-        if cfg.num_workers:
-            # fork: the workers inherit the ring's anonymous shared mapping (nothing of it
-            # is pickled); persistent: the ring and the workers are set up once.
-            extra = dict(
-                prefetch_factor=plan.prefetch,
-                persistent_workers=True,
-                multiprocessing_context="fork",
-                worker_init_fn=_ignore_stop_signals,
-            )
+        extra = worker_options(cfg.num_workers, plan.prefetch)
         self.loader: DataLoader | None = DataLoader(
             self.source, batch_size=None, collate_fn=_as_is, num_workers=cfg.num_workers, **extra
         )
