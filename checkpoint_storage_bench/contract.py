@@ -520,35 +520,80 @@ DATA_SUMMARY_SCHEMA = "data-workload/1"
 DATASET_MANIFEST_SCHEMA = "data-workload-dataset/1"
 """The ``schema`` of a generated dataset's ``manifest.json`` (what makes it reusable)."""
 
-DATASET_OUTPUTS = ("dataset_records", "dataset_bytes", "dataset_generated")
+# Every name a data workload writes (outputs, per-epoch and per-round metrics, summary
+# keys) is spelled here once; the writers and the verdict import them.
+
+DATASET_RECORDS = "dataset_records"
+DATASET_BYTES = "dataset_bytes"
+DATASET_GENERATED = "dataset_generated"
+DATASET_OUTPUTS = (DATASET_RECORDS, DATASET_BYTES, DATASET_GENERATED)
 """Outputs of scan and materialize: the dataset measured (its records, its bytes on the
 volume) and whether this run generated it (False: it was reused, after verification). Its
 format is the input ``dataset_format`` (an output of the same name would shadow the input in
 Polyaxon's templates)."""
 
+SCAN_PREFIX = "scan_"
+"""A scan's outputs and metrics are its epoch figures' names with this prefix."""
+SCAN_EPOCH_S = "scan_epoch_s"
+SCAN_AU = "scan_au"
+SCAN_AU_OK = "scan_au_ok"
+SCAN_SAMPLES_PER_S = "scan_samples_per_s"
+SCAN_MBPS = "scan_mbps"
+SCAN_FIRST_BATCH_S = "scan_first_batch_s"
+SCAN_WAIT_P50_MS = "scan_wait_p50_ms"
+SCAN_WAIT_P99_MS = "scan_wait_p99_ms"
+SCAN_CACHE_KEPT_OUT = "scan_cache_kept_out"
+"""A scan's figures, one name each: the epoch time and accelerator utilization (per-epoch
+metrics and the median epoch's outputs, as are the rates), batch waits, and whether every
+epoch read the whole dataset from the device."""
+
 SCAN_OUTPUTS = (
-    "scan_epoch_s",
-    "scan_au",
-    "scan_au_ok",
-    "scan_samples_per_s",
-    "scan_mbps",
-    "scan_first_batch_s",
-    "scan_wait_p50_ms",
-    "scan_wait_p99_ms",
-    "scan_cache_kept_out",
+    SCAN_EPOCH_S,
+    SCAN_AU,
+    SCAN_AU_OK,
+    SCAN_SAMPLES_PER_S,
+    SCAN_MBPS,
+    SCAN_FIRST_BATCH_S,
+    SCAN_WAIT_P50_MS,
+    SCAN_WAIT_P99_MS,
+    SCAN_CACHE_KEPT_OUT,
 )
 """Scan outputs: the median epoch's figures (AU = emulated compute time / wall time;
 ``scan_au_ok`` = AU ≥ ``min_au``), batch waits over all epochs, and whether every epoch read
 the whole dataset from the device (null where the file system does not count block reads)."""
 
+SCAN_EPOCH_METRICS = {
+    m.removeprefix(SCAN_PREFIX): m for m in (SCAN_EPOCH_S, SCAN_AU, SCAN_SAMPLES_PER_S, SCAN_MBPS)
+}
+"""A scan epoch's figure in the summary's ``details.epochs`` (``epoch_s``, ``au``,
+``samples_per_s``, ``mbps``) → the metric logged once per epoch at step
+:data:`DATA_SUMMARY_EPOCH`."""
+
 MATERIALIZE_STAGES = ("read", "transform", "write", "fsync")
 """The timed stages of building a cache, like a checkpoint's."""
 
+
+def materialize_stage_output(stage: str) -> str:
+    """The output name of one materialize stage's seconds.
+
+    >>> materialize_stage_output("fsync")
+    'materialize_fsync_s'
+    """
+    if stage not in MATERIALIZE_STAGES:
+        raise ValueError(f"{stage!r} is not a materialize stage (one of {MATERIALIZE_STAGES})")
+    return f"materialize_{stage}_s"
+
+
+MATERIALIZE_TOTAL_S = "materialize_total_s"
+"""Materialize's total time: one figure per run."""
+MATERIALIZE_WRITE_MBPS = "materialize_write_mbps"
+MATERIALIZE_OUTPUT_BYTES = "materialize_output_bytes"
+
 MATERIALIZE_OUTPUTS = (
-    "materialize_total_s",
-    *(f"materialize_{s}_s" for s in MATERIALIZE_STAGES),
-    "materialize_write_mbps",
-    "materialize_output_bytes",
+    MATERIALIZE_TOTAL_S,
+    *(materialize_stage_output(s) for s in MATERIALIZE_STAGES),
+    MATERIALIZE_WRITE_MBPS,
+    MATERIALIZE_OUTPUT_BYTES,
 )
 """Materialize outputs: total and per-stage seconds, output MB/s (written bytes / write +
 fsync time) and bytes."""
@@ -557,10 +602,31 @@ WORKSPACE_OPERATIONS = ("save", "list", "reopen")
 """A notebook workspace's operations: save (write, fsync, rename into place, directory
 fsync), list (walk and stat the tree, as ``git status``), reopen (read a file back)."""
 
+WORKSPACE_QUANTILES = {"p50": 50, "p99": 99, "max": 100}
+"""The latency figures of each operation: name → percentile."""
+
+
+def workspace_output(operation: str, quantile: str) -> str:
+    """The output name of one workspace operation's latency figure, in milliseconds.
+
+    >>> workspace_output("save", "p99")
+    'workspace_save_p99_ms'
+    """
+    if operation not in WORKSPACE_OPERATIONS:
+        raise ValueError(f"{operation!r} is not a workspace operation ({WORKSPACE_OPERATIONS})")
+    if quantile not in WORKSPACE_QUANTILES:
+        raise ValueError(f"{quantile!r} is not a workspace figure ({tuple(WORKSPACE_QUANTILES)})")
+    return f"workspace_{operation}_{quantile}_ms"
+
+
 WORKSPACE_OUTPUTS = tuple(
-    f"workspace_{op}_{q}_ms" for op in WORKSPACE_OPERATIONS for q in ("p50", "p99", "max")
+    workspace_output(op, q) for op in WORKSPACE_OPERATIONS for q in WORKSPACE_QUANTILES
 )
 """Workspace outputs: latency percentiles per operation, in milliseconds."""
+
+WORKSPACE_SAVE_P99_MS = workspace_output("save", "p99")
+"""A workspace's p99 save latency: a metric per round (step: the round, from 0) and an
+output."""
 
 DATA_WORKLOAD_OUTPUTS = {
     "scan": DATASET_OUTPUTS + SCAN_OUTPUTS,
@@ -569,21 +635,40 @@ DATA_WORKLOAD_OUTPUTS = {
 }
 """Every output each data workload logs (the component declares their union)."""
 
+DATA_WORKLOAD_METRICS = {
+    "scan": tuple(SCAN_EPOCH_METRICS.values()),
+    "materialize": (),
+    "workspace": (WORKSPACE_SAVE_P99_MS,),
+}
+"""Every metric each data workload logs: a scan's per epoch, a workspace's per round."""
+
 # The data figures the verdict reads by name (it names them only through these).
 WORKLOAD_INPUT = "workload"
 """The run input (and summary key) naming the workload, one of :data:`WORKLOADS`."""
 
-SCAN_EPOCH_S, SCAN_AU, SCAN_CACHE_KEPT_OUT = SCAN_OUTPUTS[0], SCAN_OUTPUTS[1], SCAN_OUTPUTS[-1]
-"""A scan's epoch time and accelerator utilization (per-epoch metrics and the median
-epoch's outputs), and whether every epoch read the whole dataset from the device."""
+DATA_SUMMARY_CONFIG = "config"
+DATA_SUMMARY_OUTPUTS = "outputs"
+DATA_SUMMARY_DETAILS = "details"
+"""The data summary's sections: the settings (as the run's inputs), the outputs
+(:data:`DATA_WORKLOAD_OUTPUTS`) and the workload's details."""
 
-MATERIALIZE_TOTAL_S = MATERIALIZE_OUTPUTS[0]
-"""Materialize's total time: one figure per run."""
-
-WORKSPACE_SAVE_P99_MS = "workspace_save_p99_ms"
-"""A workspace's p99 save latency: a metric per round and an output."""
+DATA_SUMMARY_KEYS = (
+    "schema",
+    WORKLOAD_INPUT,
+    "storage_profile",
+    "run_uuid",
+    RUN_STARTED_AT,
+    RUN_FINISHED_AT,
+    DATA_SUMMARY_CONFIG,
+    DATA_SUMMARY_OUTPUTS,
+    DATA_SUMMARY_DETAILS,
+)
+"""The top-level keys of a :data:`DATA_SUMMARY_SCHEMA` summary, every one always present."""
 
 DATA_SUMMARY_EPOCHS, DATA_SUMMARY_ROUNDS = "epochs", "rounds"
-"""The data summary's ``details`` lists: a scan's epochs (objects with ``epoch`` and the
-figures without the ``scan_`` prefix, ``epoch_s`` and ``au``) and a workspace's rounds (each
-round's p99 save latency, ms)."""
+"""The data summary's ``details`` lists: a scan's epochs (objects with
+:data:`DATA_SUMMARY_EPOCH` and the figures of :data:`SCAN_EPOCH_METRICS`, named without the
+``scan_`` prefix) and a workspace's rounds (each round's p99 save latency, ms)."""
+
+DATA_SUMMARY_EPOCH = "epoch"
+"""An entry of ``details.epochs``: its epoch number, from 0 (the step of its metrics)."""
