@@ -562,8 +562,21 @@ SCAN_OUTPUTS = (
 ``scan_au_ok`` = AU ≥ ``min_au``), batch waits over all epochs, and whether every epoch read
 the whole dataset from the device (null where the file system does not count block reads)."""
 
+
+def scan_epoch_field(figure: str) -> str:
+    """The field of an entry of the summary's ``details.epochs`` holding one epoch's value of
+    a scan figure: its name without :data:`SCAN_PREFIX`.
+
+    >>> scan_epoch_field(SCAN_EPOCH_S)
+    'epoch_s'
+    """
+    if figure not in SCAN_OUTPUTS:
+        raise ValueError(f"{figure!r} is not a scan figure (one of {SCAN_OUTPUTS})")
+    return figure.removeprefix(SCAN_PREFIX)
+
+
 SCAN_EPOCH_METRICS = {
-    m.removeprefix(SCAN_PREFIX): m for m in (SCAN_EPOCH_S, SCAN_AU, SCAN_SAMPLES_PER_S, SCAN_MBPS)
+    scan_epoch_field(m): m for m in (SCAN_EPOCH_S, SCAN_AU, SCAN_SAMPLES_PER_S, SCAN_MBPS)
 }
 """A scan epoch's figure in the summary's ``details.epochs`` (``epoch_s``, ``au``,
 ``samples_per_s``, ``mbps``) → the metric logged once per epoch at step
