@@ -127,11 +127,13 @@ class Comparison:
 
 
 def plan(
-    pairs: int, repeats: int, return_to_first: bool, seed: int, noisy: bool
+    pairs: int, repeats: int, return_to_first: bool, seed: int, noisy: bool, cycles: int = 1
 ) -> tuple[list[PlannedRun], list[Comparison]]:
     """The runs, in the order they run, and the comparisons they make: ``pairs`` A/A and
     ``pairs`` A/B. Which runs have a neighbour is drawn here (half of them on average,
-    from ``seed``), so a plan is the same every time.
+    from ``seed``), so a plan is the same every time. ``cycles`` above 1 runs each
+    comparison's two profiles that many times over, as a pipeline given the profiles
+    ``[A, B, A, B]`` does (each pass a block of its own), so no run serves two comparisons.
 
     >>> runs, comps = plan(1, 2, False, 0, False)
     >>> [(r.vac, r.label) for r in runs][::2]
@@ -140,8 +142,8 @@ def plan(
     [('aa', {'checkpoint-baseline': [0, 1], 'checkpoint-baseline-copy': [2, 3]}),
      ('ab', {'checkpoint-baseline': [2, 3], 'checkpoint-throughput': [4, 5]})]
     """
-    if pairs < 1 or repeats < 1:
-        raise ValueError("pairs and repeats must be at least 1")
+    if pairs < 1 or repeats < 1 or cycles < 1:
+        raise ValueError("pairs, repeats and cycles must be at least 1")
     rng = random.Random(seed)
     runs: list[PlannedRun] = []
     comparisons: list[Comparison] = []
@@ -153,8 +155,23 @@ def plan(
             out.append(runs[-1].index)
         return out
 
-    for r in range(pairs):
+    def alternating(round_: int, kind: str, vac: str, name: str, label: str) -> None:
+        first: list[int] = []
+        other: list[int] = []
+        for _ in range(cycles):
+            first += block(round_, CLASS_A, "a")
+            other += block(round_, vac, label)
         if return_to_first:
+            first += block(round_, CLASS_A, "a")
+        comparisons.append(
+            Comparison(len(comparisons), round_, kind, {CLASS_A: first, name: other})
+        )
+
+    for r in range(pairs):
+        if cycles > 1:
+            alternating(r, "aa", CLASS_A, COPY_OF_A, "a2")
+            alternating(r, "ab", CLASS_B, CLASS_B, "b")
+        elif return_to_first:
             a, a2, a_back = block(r, CLASS_A, "a"), block(r, CLASS_A, "a2"), block(r, CLASS_A, "a")
             comparisons.append(Comparison(len(comparisons), r, "aa",
                                           {CLASS_A: a + a_back, COPY_OF_A: a2}))  # fmt: skip
@@ -261,6 +278,9 @@ class Settings:
     """Runs of each profile back to back, as the pipeline's repeats input."""
     return_to_first: bool = False
     """Return to the first profile at the end, as the pipeline's return_to_first input."""
+    cycles: int = 1
+    """Run the two profiles this many times over, as the pipeline given the profiles
+    [A, B, A, B] for 2 (each pass a block of its own)."""
     confidence: float | None = None
     """The verdict's confidence (0.95; with --rescore, the kept runs' own)."""
     noise: Literal["none", "writer", "cpu"] = "none"
@@ -633,7 +653,7 @@ def calibrate(
         "workloads": {},
     }
     for workload in workloads:
-        runs, comps = plan(pairs, s.repeats, s.return_to_first, s.seed, s.noise != "none")
+        runs, comps = plan(pairs, s.repeats, s.return_to_first, s.seed, s.noise != "none", s.cycles)
         if not where.emulates:
             comps = [c for c in comps if c.kind == "aa"]
             used = {i for c in comps for ids in c.profiles.values() for i in ids}
@@ -764,12 +784,15 @@ def _rate(k: int, n: int, goal: float, at_most: bool) -> str:
 
 def table(manifest: dict[str, Any]) -> str:
     s = manifest["settings"]
+    cycles = s.get("cycles", 1)  # a manifest from before the option ran the profiles once
+    cycled = f", the profiles {cycles} times over (A B A B …)" if cycles > 1 else ""
     lines = [
         f"calibration {manifest.get('started_at', '?')} – {manifest.get('finished_at', '?')}, "
         f"{manifest['machine']['host']} ({manifest['machine']['cpus']} CPUs, load "
         f"{manifest['machine']['load_average']}), verdict {manifest.get('revision')}",
         f"volume: {manifest['volume']}",
-        f"repeats {s['repeats']}{' + return to first' if s['return_to_first'] else ''}, "
+        f"repeats {s['repeats']}{' + return to first' if s['return_to_first'] else ''}"
+        f"{cycled}, "
         f"noise {s['noise']}, confidence {s['confidence']:.0%}",
     ]
     if manifest.get("rescored_with"):
@@ -819,6 +842,8 @@ def _run(command: Command, s: Settings) -> None:
         raise CalibrationError("--use-repeats goes with --rescore", 2)
     if command.pairs < 1 or s.repeats < 1:
         raise CalibrationError("--pairs and --repeats must be at least 1", 2)
+    if s.cycles < 1:
+        raise CalibrationError(f"--cycles must be at least 1, not {s.cycles}", 2)
     s = replace_settings(s, confidence=0.95 if s.confidence is None else s.confidence)
     if not 0 < s.confidence < 1:  # type: ignore[operator]
         raise CalibrationError(f"--confidence must be in (0, 1), got {s.confidence}", 2)

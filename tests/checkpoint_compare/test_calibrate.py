@@ -59,6 +59,24 @@ def test_plan_with_the_return_to_first_gives_each_baseline_its_return_runs():
     assert [runs[i].repeat for i in ab.profiles[CLASS_A]] == [0, 1, 0, 1]
 
 
+def test_plan_with_cycles_alternates_the_profiles_each_pass_a_block_of_its_own():
+    # As the pipeline given the profiles [A, B, A, B]: no run serves two comparisons.
+    runs, (aa, ab) = plan(1, 2, False, 0, False, 2)
+    assert [r.label for r in runs] == ["a", "a", "a2", "a2"] * 2 + ["a", "a", "b", "b"] * 2
+    assert aa.profiles == {CLASS_A: [0, 1, 4, 5], COPY_OF_A: [2, 3, 6, 7]}
+    assert ab.profiles == {CLASS_A: [8, 9, 12, 13], CLASS_B: [10, 11, 14, 15]}
+    assert [runs[i].vac for i in ab.profiles[CLASS_B]] == [CLASS_B] * 4
+    assert [runs[i].vac for i in aa.profiles[COPY_OF_A]] == [CLASS_A] * 4
+    assert [runs[i].repeat for i in ab.profiles[CLASS_A]] == [0, 1, 0, 1]
+    # The return adds one more block of the first profile after the last pass.
+    runs, (aa, ab) = plan(1, 1, True, 0, False, 2)
+    assert [r.label for r in runs] == ["a", "a2", "a", "a2", "a", "a", "b", "a", "b", "a"]
+    assert aa.profiles == {CLASS_A: [0, 2, 4], COPY_OF_A: [1, 3]}
+    assert ab.profiles == {CLASS_A: [5, 7, 9], CLASS_B: [6, 8]}
+    # One cycle is the plan without cycles.
+    assert plan(2, 2, True, 3, True, 1) == plan(2, 2, True, 3, True)
+
+
 def test_the_neighbour_is_drawn_from_the_seed_for_about_half_of_the_runs():
     first = [r.noise for r in plan(50, 2, False, 7, True)[0]]
     again = [r.noise for r in plan(50, 2, False, 7, True)[0]]
@@ -142,6 +160,10 @@ def test_the_table_counts_false_claims_detections_wrong_ways_and_what_was_not_ju
     few = table(_manifest([("aa", no)] * 3))
     assert "goal met (not yet shown)" in few
     assert "the verdict (whole run)" not in few  # scores of a verdict that did not say
+    assert "repeats 2, noise writer" in few  # a manifest from before cycles: once each
+    cycled = _manifest([("aa", no)])
+    cycled["settings"] |= {"cycles": 2, "return_to_first": True}
+    assert "repeats 2 + return to first, the profiles 2 times over (A B A B …)" in table(cycled)
 
 
 def test_the_table_says_how_often_the_whole_verdict_kept_a_profile():
@@ -172,6 +194,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     [(["--use-repeats", "1", "--out", "{tmp}/new"], "--use-repeats goes with --rescore"),
      (["--out", "{tmp}/full"], "exists and is not empty"),
      (["--pairs", "0", "--out", "{tmp}/new"], "--pairs and --repeats must be at least 1"),
+     (["--cycles", "0", "--out", "{tmp}/new"], "--cycles must be at least 1, not 0"),
      (["--confidence", "1.5", "--out", "{tmp}/new"], "--confidence must be in (0, 1)"),
      (["--rescore", "{tmp}/full"], "cannot read"),
      (["--rescore", "{tmp}/full", "--out", "{tmp}/new"], "do not go together"),
