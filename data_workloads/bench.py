@@ -37,7 +37,15 @@ from typing import Any
 
 import click
 
-from checkpoint_storage_bench.contract import DATA_FORMATS, LOADER_FORMATS
+from checkpoint_storage_bench.contract import (
+    DATA_FORMATS,
+    DATA_SUMMARY_EPOCHS,
+    LOADER_FORMATS,
+    MATERIALIZE_OUTPUT_BYTES,
+    MATERIALIZE_WRITE_MBPS,
+    SCAN_CACHE_KEPT_OUT,
+    SCAN_MBPS,
+)
 from checkpoint_storage_bench.fio import extract_json, parse_jobs, run_fio
 from checkpoint_storage_bench.units import format_bytes
 from data_workloads import dataset as ds
@@ -91,10 +99,10 @@ def scan_once(directory: Path, fmt: str, loader: str, settings: dict[str, Any]) 
     result = run_scan(data, cfg)
     mb = data.bytes / 1e6
     return {
-        "scan_mbps": result["figures"]["scan_mbps"],
-        "cpu_ms_per_mb": median([1000 * e["cpu_s"] / mb for e in result["epochs"]]),
-        "sys_ms_per_mb": median([1000 * e["sys_s"] / mb for e in result["epochs"]]),
-        "cache_kept_out": result["figures"]["scan_cache_kept_out"],
+        "scan_mbps": result["figures"][SCAN_MBPS],
+        "cpu_ms_per_mb": median([1000 * e["cpu_s"] / mb for e in result[DATA_SUMMARY_EPOCHS]]),
+        "sys_ms_per_mb": median([1000 * e["sys_s"] / mb for e in result[DATA_SUMMARY_EPOCHS]]),
+        "cache_kept_out": result["figures"][SCAN_CACHE_KEPT_OUT],
         "second_epoch_ratio": result["cache"]["second_epoch_ratio"],
     }
 
@@ -175,9 +183,9 @@ def add_materialize(
         with ScratchDir(directory, "bench-materialize") as scratch:
             mat = run_materialize(data, cfg, scratch)["figures"]
         with ScratchDir(directory, "bench-fio") as scratch:
-            size = mat["materialize_output_bytes"]
+            size = mat[MATERIALIZE_OUTPUT_BYTES]
             fio_write = fio_mbps(fio, scratch / "write", "write", 1024**2, 1, size, False)
-        row.update(materialize_write_mbps=mat["materialize_write_mbps"], fio_write_mbps=fio_write)
+        row.update(materialize_write_mbps=mat[MATERIALIZE_WRITE_MBPS], fio_write_mbps=fio_write)
 
 
 def _dataset(settings: dict[str, Any]) -> dict[str, Any]:

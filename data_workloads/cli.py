@@ -14,6 +14,13 @@ from typing import Any
 import click
 
 from checkpoint_storage_bench.config_cli import config_options
+from checkpoint_storage_bench.contract import (
+    DATA_SUMMARY_EPOCH,
+    DATA_SUMMARY_EPOCHS,
+    DATA_SUMMARY_ROUNDS,
+    SCAN_EPOCH_METRICS,
+    WORKSPACE_SAVE_P99_MS,
+)
 from checkpoint_storage_bench.errors import exit_codes_help
 from checkpoint_storage_bench.interrupts import signals_raise
 from data_workloads.config import MaterializeConfig, ScanConfig, WorkspaceConfig
@@ -48,9 +55,9 @@ def scan(**settings: Any) -> None:
 
     def measure() -> dict[str, Any]:
         result = run_scan(data, cfg)
-        keys = ("epoch_s", "au", "samples_per_s", "mbps")
         result["metrics"] = [
-            (e["epoch"], {f"scan_{k}": e[k] for k in keys}) for e in result["epochs"]
+            (e[DATA_SUMMARY_EPOCH], {m: e[k] for k, m in SCAN_EPOCH_METRICS.items()})
+            for e in result[DATA_SUMMARY_EPOCHS]
         ]
         return result
 
@@ -94,7 +101,7 @@ def workspace(**settings: Any) -> None:
         with ScratchDir(cfg.data_dir, "workspace") as scratch:
             result = run_workspace(cfg, scratch)
         result["metrics"] = [
-            (i, {"workspace_save_p99_ms": p99}) for i, p99 in enumerate(result["rounds"])
+            (i, {WORKSPACE_SAVE_P99_MS: p99}) for i, p99 in enumerate(result[DATA_SUMMARY_ROUNDS])
         ]
         return result
 

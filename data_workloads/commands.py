@@ -18,10 +18,17 @@ from typing import Any
 import click
 
 from checkpoint_storage_bench.contract import (
+    DATA_SUMMARY_CONFIG,
+    DATA_SUMMARY_DETAILS,
+    DATA_SUMMARY_OUTPUTS,
     DATA_SUMMARY_SCHEMA,
+    DATASET_BYTES,
+    DATASET_GENERATED,
+    DATASET_RECORDS,
     IMAGE_INPUT,
     RUN_FINISHED_AT,
     RUN_STARTED_AT,
+    WORKLOAD_INPUT,
 )
 from checkpoint_storage_bench.tracking import tracked_run
 from data_workloads import dataset as ds
@@ -48,9 +55,9 @@ def prepare_dataset(cfg: DatasetConfig) -> ds.Dataset:
 
 def dataset_outputs(data: ds.Dataset) -> dict[str, Any]:
     return {
-        "dataset_records": data.records,
-        "dataset_bytes": data.bytes,
-        "dataset_generated": data.generated,
+        DATASET_RECORDS: data.records,
+        DATASET_BYTES: data.bytes,
+        DATASET_GENERATED: data.generated,
     }
 
 
@@ -116,7 +123,11 @@ def run_workload(
     metrics = result.pop("metrics", [])
     tags = ["data-workload", f"workload:{workload}", f"profile:{cfg.storage_profile}"]
     with tracked_run(f"data-{workload}", tags=tags, enabled=cfg.track) as tracker:
-        inputs = {"workload": workload, **cfg.record(), IMAGE_INPUT: os.environ.get("IMAGE_REF")}
+        inputs = {
+            WORKLOAD_INPUT: workload,
+            **cfg.record(),
+            IMAGE_INPUT: os.environ.get("IMAGE_REF"),
+        }
         tracker.log_inputs(**{k: v for k, v in inputs.items() if k not in ("track",)})
         tracker.log_meta(node_name=os.environ.get("NODE_NAME") or os.uname().nodename)
         for step, values in metrics:
@@ -124,14 +135,14 @@ def run_workload(
         tracker.log_outputs(**outputs)
         summary = {
             "schema": DATA_SUMMARY_SCHEMA,
-            "workload": workload,
+            WORKLOAD_INPUT: workload,
             "storage_profile": cfg.storage_profile,
             "run_uuid": tracker.run_uuid,
             RUN_STARTED_AT: started,
             RUN_FINISHED_AT: finished,
-            "config": cfg.record(),
-            "outputs": outputs,
-            "details": result,
+            DATA_SUMMARY_CONFIG: cfg.record(),
+            DATA_SUMMARY_OUTPUTS: outputs,
+            DATA_SUMMARY_DETAILS: result,
         }
         if cfg.summary_json is not None:
             write_summary(cfg.summary_json, summary)
@@ -142,7 +153,7 @@ def run_workload(
 
 def print_summary(summary: dict[str, Any]) -> None:
     """The figures on stdout, one per line."""
-    click.echo(f"{summary['workload']} on {summary['storage_profile']}:")
-    for key, value in summary["outputs"].items():
+    click.echo(f"{summary[WORKLOAD_INPUT]} on {summary['storage_profile']}:")
+    for key, value in summary[DATA_SUMMARY_OUTPUTS].items():
         shown = f"{value:.4g}" if isinstance(value, float) else value
         click.echo(f"  {key}: {shown}")

@@ -22,7 +22,13 @@ from typing import Any
 
 import torch
 
-from checkpoint_storage_bench.contract import MATERIALIZE_STAGES
+from checkpoint_storage_bench.contract import (
+    MATERIALIZE_OUTPUT_BYTES,
+    MATERIALIZE_STAGES,
+    MATERIALIZE_TOTAL_S,
+    MATERIALIZE_WRITE_MBPS,
+    materialize_stage_output,
+)
 from data_workloads import dataset as ds
 from data_workloads import formats
 
@@ -150,9 +156,9 @@ def run_materialize(data: ds.Dataset, cfg: Any, scratch: Path) -> dict[str, Any]
     total = time.monotonic() - start
     durable_s = stages.seconds["write"] + stages.seconds["fsync"]
     figures = {
-        "materialize_total_s": total,
-        **{f"materialize_{s}_s": v for s, v in stages.seconds.items()},
-        "materialize_write_mbps": writer.bytes / durable_s / 1e6 if durable_s else None,
-        "materialize_output_bytes": writer.bytes,
+        MATERIALIZE_TOTAL_S: total,
+        **{materialize_stage_output(s): v for s, v in stages.seconds.items()},
+        MATERIALIZE_WRITE_MBPS: writer.bytes / durable_s / 1e6 if durable_s else None,
+        MATERIALIZE_OUTPUT_BYTES: writer.bytes,
     }
     return {"figures": figures, "records": records, "shards": len(writer.shards)}

@@ -34,6 +34,20 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from checkpoint_storage_bench.contract import (
+    DATA_SUMMARY_EPOCH,
+    DATA_SUMMARY_EPOCHS,
+    SCAN_AU,
+    SCAN_AU_OK,
+    SCAN_CACHE_KEPT_OUT,
+    SCAN_EPOCH_S,
+    SCAN_FIRST_BATCH_S,
+    SCAN_MBPS,
+    SCAN_SAMPLES_PER_S,
+    SCAN_WAIT_P50_MS,
+    SCAN_WAIT_P99_MS,
+    scan_epoch_field,
+)
 from checkpoint_storage_bench.units import format_bytes
 from data_workloads import dataset as ds
 from data_workloads import formats
@@ -776,6 +790,10 @@ def open_loader(data: ds.Dataset, cfg: Any) -> Any:
     return library_loader(name, data, cfg)
 
 
+# An epoch's fields in the summary that the run's figures are made of.
+EPOCH_S, FIRST_BATCH_S = scan_epoch_field(SCAN_EPOCH_S), scan_epoch_field(SCAN_FIRST_BATCH_S)
+
+
 def run_epoch(data: ds.Dataset, cfg: Any, epoch: int, loader: Any) -> dict[str, Any]:
     """One epoch: every record once, batch by batch, with the emulated compute."""
     if cfg.drop_cache:
@@ -805,15 +823,15 @@ def run_epoch(data: ds.Dataset, cfg: Any, epoch: int, loader: Any) -> dict[str, 
     wall = time.monotonic() - start
     cost = spent(before, loader.usage())
     return {
-        "epoch": epoch,
-        "epoch_s": wall,
+        DATA_SUMMARY_EPOCH: epoch,
+        EPOCH_S: wall,
         "samples": samples,
         "batches": batches,
         "compute_s": computed,
-        "au": computed / wall if compute_s else None,
-        "samples_per_s": samples / wall,
-        "mbps": data.bytes / wall / 1e6,
-        "first_batch_s": first_batch_s,
+        scan_epoch_field(SCAN_AU): computed / wall if compute_s else None,
+        scan_epoch_field(SCAN_SAMPLES_PER_S): samples / wall,
+        scan_epoch_field(SCAN_MBPS): data.bytes / wall / 1e6,
+        FIRST_BATCH_S: first_batch_s,
         "wait_s": waits,
         "device_read_bytes": cost.read_bytes,
         # Main process and workers (the emulated compute is a sleep), and of that the
@@ -849,7 +867,7 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     waits = [w for e in epochs for w in e["wait_s"]]
     # One epoch time, and every rate from it: with an even number of epochs the median is
     # between two epochs, and no single epoch's rates would match it.
-    epoch_s = median([e["epoch_s"] for e in epochs])
+    epoch_s = median([e[EPOCH_S] for e in epochs])
     # A worker's reads are not counted where /proc/<pid>/io is missing: then unknown, too.
     reads = [e["device_read_bytes"] for e in epochs]
     counted = counted and None not in reads
@@ -857,15 +875,15 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
     kept_out = all(r / data.bytes >= CACHE_COVERAGE for r in reads) if counted else None
     au = median([e["compute_s"] for e in epochs]) / epoch_s if cfg.compute_ms else None
     figures = {
-        "scan_epoch_s": epoch_s,
-        "scan_au": au,
-        "scan_au_ok": None if au is None else au >= cfg.min_au,
-        "scan_samples_per_s": data.records / epoch_s,
-        "scan_mbps": data.bytes / epoch_s / 1e6,
-        "scan_first_batch_s": median([e["first_batch_s"] for e in epochs]),
-        "scan_wait_p50_ms": 1000 * (percentile(waits, 50) or 0.0),
-        "scan_wait_p99_ms": 1000 * (percentile(waits, 99) or 0.0),
-        "scan_cache_kept_out": kept_out,
+        SCAN_EPOCH_S: epoch_s,
+        SCAN_AU: au,
+        SCAN_AU_OK: None if au is None else au >= cfg.min_au,
+        SCAN_SAMPLES_PER_S: data.records / epoch_s,
+        SCAN_MBPS: data.bytes / epoch_s / 1e6,
+        SCAN_FIRST_BATCH_S: median([e[FIRST_BATCH_S] for e in epochs]),
+        SCAN_WAIT_P50_MS: 1000 * (percentile(waits, 50) or 0.0),
+        SCAN_WAIT_P99_MS: 1000 * (percentile(waits, 99) or 0.0),
+        SCAN_CACHE_KEPT_OUT: kept_out,
     }
     cache = {
         "method": "posix_fadvise(DONTNEED) on every file before each epoch"
@@ -873,10 +891,13 @@ def run_scan(data: ds.Dataset, cfg: Any) -> dict[str, Any]:
         else "none (--no-drop-cache)",
         "block_reads_counted": counted,
         "device_read_coverage": coverage,
-        "second_epoch_ratio": epochs[1]["epoch_s"] / epochs[0]["epoch_s"]
-        if len(epochs) > 1
-        else None,
+        "second_epoch_ratio": epochs[1][EPOCH_S] / epochs[0][EPOCH_S] if len(epochs) > 1 else None,
     }
     for e in epochs:
         e["wait_p99_ms"] = 1000 * (percentile(e.pop("wait_s"), 99) or 0.0)
-    return {"figures": figures, "epochs": epochs, "cache": cache, "loader": loader_details}
+    return {
+        "figures": figures,
+        DATA_SUMMARY_EPOCHS: epochs,
+        "cache": cache,
+        "loader": loader_details,
+    }

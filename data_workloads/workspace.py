@@ -17,7 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checkpoint_storage_bench.contract import WORKSPACE_OPERATIONS
+from checkpoint_storage_bench.contract import (
+    DATA_SUMMARY_ROUNDS,
+    WORKSPACE_OPERATIONS,
+    WORKSPACE_QUANTILES,
+    workspace_output,
+)
 from data_workloads import dataset as ds
 from data_workloads.stats import percentile
 
@@ -100,7 +105,7 @@ def run_workspace(cfg: Any, scratch: Path) -> dict[str, Any]:
         raise ds.storage_error(exc, f"the workspace in {scratch}") from exc
     figures = {}
     for op, values in latencies.items():
-        for name, q in (("p50", 50), ("p99", 99), ("max", 100)):
-            figures[f"workspace_{op}_{name}_ms"] = 1000 * (percentile(values, q) or 0.0)
+        for name, q in WORKSPACE_QUANTILES.items():
+            figures[workspace_output(op, name)] = 1000 * (percentile(values, q) or 0.0)
     counts = {op: len(v) for op, v in latencies.items()}
-    return {"figures": figures, "operations": counts, "rounds": rounds}
+    return {"figures": figures, "operations": counts, DATA_SUMMARY_ROUNDS: rounds}
