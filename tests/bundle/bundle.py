@@ -149,6 +149,8 @@ def to_kubernetes(
 # A Kubeflow replica's restartPolicy becomes its pods' restartPolicy; ExitCode (restart on a
 # signal, fail on the program's own exit codes) is the operator's own and runs as Never.
 KUBEFLOW_POD_RESTART = {"ExitCode": "Never"}
+DROP_TO_IMAGE_USER = 'exec setpriv --reuid=1000 --regid=1000 --clear-groups -- "$@"'
+"""How a container that starts as root ends its script: its argv, as the image's user."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +200,19 @@ class Pod:
         return self.manifest["metadata"]["annotations"]["operation.polyaxon.com/name"]
 
     @property
-    def argv(self) -> list[str]:
+    def command_line(self) -> list[str]:
+        """The main container's command and args as the pod spec has them."""
         return list(self.main.get("command") or []) + list(self.main.get("args") or [])
+
+    @property
+    def argv(self) -> list[str]:
+        """The command line the image's user runs. A container that starts as root for the
+        claim's permissions (``sh -c SCRIPT NAME ARGV...``, SCRIPT ending in
+        :data:`DROP_TO_IMAGE_USER`) runs ARGV after it."""
+        line = self.command_line
+        if line[:2] == ["sh", "-c"] and line[2].endswith(DROP_TO_IMAGE_USER):
+            return line[4:]
+        return line
 
     @property
     def env(self) -> dict[str, Any]:

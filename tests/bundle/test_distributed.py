@@ -14,7 +14,16 @@ import kubernetes_validate
 import pytest
 
 from checkpoint_storage_bench.contract import TRAINING_OUTPUTS
-from tests.bundle.bundle import CONNECTIONS, Pod, check, compile_component, current, manifests
+from tests.bundle.bundle import (
+    CONNECTIONS,
+    DROP_TO_IMAGE_USER,
+    Pod,
+    check,
+    compile_component,
+    current,
+    load_yaml_documents,
+    manifests,
+)
 from tests.bundle.params import PLACEMENT
 
 FIXED_UUID = "0123456789abcdef0123456789abcdef"
@@ -100,6 +109,29 @@ def test_every_pod_runs_the_same_trainer_under_torchrun(workers: int, n: int) ->
             assert options.training_script_args == one.argv[3:]
         assert pod.main["resources"]["limits"]["nvidia.com/gpu"] == str(n)
         assert pod.main["image"] == one.main["image"]
+
+
+def test_every_replica_gives_the_claim_its_group_as_root_then_runs_torchrun_as_the_image_user() -> (
+    None
+):
+    # Polyaxon 2.18 cannot compile an init container on a Kubeflow replica, nor set an
+    # fsGroup: the main container starts as root, fixes the claim's group and mode, and execs
+    # torchrun's argv (the kubelet's $(VAR) expansion intact) as 1000:1000.
+    (doc,) = load_yaml_documents(current("checkpoint-training"))
+    (init,) = doc["run"]["init"]
+    fix = init["container"]["args"][0]
+    for name, pod in pytorchjob({}).replicas().items():
+        assert pod.main["securityContext"] == {"runAsUser": 0, "runAsNonRoot": False}, name
+        line = pod.command_line
+        assert line[:2] == ["sh", "-c"] and line[3] == "claim-permissions", line[:4]
+        script = line[2]
+        for step in ("chgrp -R 1000 /checkpoints", "chmod -R g+rwX /checkpoints", "chmod g+s"):
+            assert step in fix and step in script, step  # the single-pod job's step
+        assert script.startswith("set -e;")  # a failed step stops the pod before torchrun
+        assert script.endswith(DROP_TO_IMAGE_USER)
+        assert line[4:] == pod.argv and pod.argv[0] == "torchrun"
+        assert "$(RANK)" in pod.argv and "$(RANK)" not in script
+        assert kubernetes_validate.validate(pod.as_pod(), "1.34.0", strict=True)
 
 
 def test_every_replica_mounts_the_shared_claim() -> None:
