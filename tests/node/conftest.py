@@ -158,3 +158,13 @@ def platform_namespace(node: Node) -> None:
 def node(bin_dir: Path) -> Iterator[Node]:
     """A started node for one test module (tests that check the stop itself start their own)."""
     yield from started_node("mod")
+
+
+def limits_written(node: Node, pod_uid: str) -> list[str]:
+    """The driver's log lines that set limits in a container cgroup of that pod."""
+    log = (node.state_dir / "logs" / "csi-hostpath-lite.log").read_text()
+    return [
+        line.split("throttle: ", 1)[1]
+        for line in log.splitlines()
+        if "throttle: " in line and f"/pod{pod_uid}/" in line
+    ]

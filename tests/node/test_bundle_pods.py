@@ -31,14 +31,17 @@ from tests.kube.cluster import (
     RBAC_FILE,
     REPO,
 )
-from tests.node.conftest import platform_namespace
+from tests.node.conftest import limits_written, platform_namespace
 
 MIB = 2**20
 OFFLINE_ROOT = "/checkpoints/plx-offline"
 MOUNT = "/checkpoints"
 BASELINE, FAST = "checkpoint-baseline", "checkpoint-throughput"
-# The classes' throughput parameter (MiB/s, connections/vac-hostpath.yaml) and the tolerance the
-# emulation is held to: the block throttle is exact, the measurement is not.
+# The classes' figures as the driver writes them into a pod's cgroup (connections/
+# vac-hostpath.yaml), and how far above its class a measurement may land: a throttle never lets
+# a run go faster. How close a class gets to its figure is tests/node/test_volumes.py's (the
+# best of three runs): one sweep's run on a loaded two-core machine lands anywhere below it.
+LIMITS = {BASELINE: "125 MiB/s, 3000 IOPS", FAST: "250 MiB/s, 6000 IOPS"}
 THROUGHPUT_MIBS = {BASELINE: 125, FAST: 250}
 TOLERANCE = 0.15
 TRAINING = {"steps": 40, "checkpoint_every": 10, "model_size": "32MiB", "device": "cpu"}
@@ -91,12 +94,24 @@ def bundle_pod(
 
 
 def run(node: Node, pod: dict[str, Any], timeout: float = 600) -> str:
+    return run_pod(node, pod, timeout)[1]
+
+
+def run_pod(node: Node, pod: dict[str, Any], timeout: float = 600) -> tuple[dict[str, Any], str]:
+    """The pod run to completion on the node: its last state and its log."""
     done, log = node.run_pod(pod, timeout=timeout)
     name = pod["metadata"]["name"]
     assert done["spec"]["nodeName"] == NODE_NAME
     assert done["status"]["phase"] == "Succeeded", (name, done["status"], log[-3000:])
     print(f"--- {name}\n{log[-1500:]}")
-    return log
+    return done, log
+
+
+def run_throttled(node: Node, pod: dict[str, Any], cls: str) -> None:
+    """Run the pod; the driver must have set the class's limits in its cgroup."""
+    done, _ = run_pod(node, pod)
+    written = limits_written(node, done["metadata"]["uid"])
+    assert written and all(line.endswith(f": {LIMITS[cls]}") for line in written), (cls, written)
 
 
 def reader_pod(name: str, script: str) -> dict[str, Any]:
@@ -163,7 +178,8 @@ def test_the_bundle_runs_on_the_node_and_the_class_sets_the_speed(bundle_node: N
     node, cluster = bundle_node, bundle_node.cluster
     fio = {"size_scale": 0.25, "runtime": 8}
 
-    run(node, bundle_pod("fio-sweep", "fio-baseline", {"storage_profile": BASELINE, **fio}))
+    baseline_fio = bundle_pod("fio-sweep", "fio-baseline", {"storage_profile": BASELINE, **fio})
+    run_throttled(node, baseline_fio, BASELINE)
     train = {**TRAINING, "checkpoint_dir": f"{MOUNT}/run-baseline"}
     run(
         node,
@@ -179,7 +195,9 @@ def test_the_bundle_runs_on_the_node_and_the_class_sets_the_speed(bundle_node: N
     settled = cluster.settled(FAST)
     assert settled is not None, (cluster.claim()["status"], log[-2000:])
 
-    run(node, bundle_pod("fio-sweep", "fio-throughput", {"storage_profile": FAST, **fio}))
+    run_throttled(
+        node, bundle_pod("fio-sweep", "fio-throughput", {"storage_profile": FAST, **fio}), FAST
+    )
     fast = {**TRAINING, "checkpoint_dir": f"{MOUNT}/run-throughput"}
     run(
         node,
@@ -208,8 +226,8 @@ def test_the_bundle_runs_on_the_node_and_the_class_sets_the_speed(bundle_node: N
     measured = {BASELINE: fio_mibs(fio_runs[0]), FAST: fio_mibs(fio_runs[1])}
     print(f"fio sequential write in the pod, MiB/s: {measured}")
     for cls, got in measured.items():
-        want = THROUGHPUT_MIBS[cls]
-        assert abs(got - want) <= TOLERANCE * want, f"{cls}: {got:.1f} MiB/s, class {want} MiB/s"
+        cap = THROUGHPUT_MIBS[cls]
+        assert got <= cap * (1 + TOLERANCE), f"{cls}: {got:.1f} MiB/s, above the class's {cap}"
 
     assert [r["checkpoint_count"] for r in train_runs[:2]] == [4, 4]
     assert not train_runs[1].get("resumed_from_step")

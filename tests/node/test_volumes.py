@@ -31,7 +31,7 @@ from tests.kube.cluster import (
     THROUGHPUT,
     wait_for,
 )
-from tests.node.conftest import platform_namespace
+from tests.node.conftest import limits_written, platform_namespace
 
 MIB = 2**20
 TOLERANCE = 0.15
@@ -148,16 +148,6 @@ def csinode_driver(node: Node) -> dict | None:
         return None
     drivers = found["spec"].get("drivers") or []
     return next((d for d in drivers if d["name"] == DRIVER_NAME), None)
-
-
-def limits_written(node: Node, pod_uid: str) -> list[str]:
-    """The driver's log lines that set limits in a container cgroup of that pod."""
-    log = (node.state_dir / "logs" / "csi-hostpath-lite.log").read_text()
-    return [
-        line.split("throttle: ", 1)[1]
-        for line in log.splitlines()
-        if "throttle: " in line and f"/pod{pod_uid}/" in line
-    ]
 
 
 def read_from_image(image: Path, name: str) -> str:
