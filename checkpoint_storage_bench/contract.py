@@ -296,9 +296,12 @@ VERDICT_OUTPUTS = (
     "storage_delta_usd_per_month",
     "run_cost_delta_usd",
     "breakeven_checkpoints_per_month",
+    "workload",
 )
 """The compare op's outputs about the whole comparison (the best candidate against the
-baseline); each is logged only when it is known."""
+baseline); each is logged only when it is known. ``workload`` names the workload judged
+(one of :data:`WORKLOADS`); a data workload's headline figures are named from its row of the
+verdict's table (``<stem>_delta_<unit>``, ``<profile>_<headline>``)."""
 
 PROFILE_FIGURES = (
     "pause_s_median",
