@@ -187,6 +187,15 @@ CRD = Kind(
     "customresourcedefinitions",
     namespaced=False,
 )
+
+
+def established(definition: dict | None) -> bool:
+    """Whether the API server serves a CustomResourceDefinition (its ``Established``
+    condition is true): the test of a :meth:`Client.wait` after applying one."""
+    conditions = ((definition or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
 KINDS = {
     (k.api_version, k.kind): k
     for k in (NAMESPACE, NODE, POD, EVENT, CLAIM, VOLUME, SERVICE_ACCOUNT, CONFIG_MAP, LEASE)
