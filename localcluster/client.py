@@ -53,3 +53,16 @@ class AdminClient:
     def apply_file(self, path: Path, **kwargs: Any) -> list[dict]:
         """Server-side apply every object of a YAML file."""
         return self.kube.apply_file(path, **kwargs)
+
+    def service_account_token(self, name: str, namespace: str, expiration_s: int = 3600) -> str:
+        """A TokenRequest token for the ServiceAccount (what a pod's projected token is)."""
+        answer = self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": expiration_s},
+            },
+        )
+        return answer["status"]["token"]

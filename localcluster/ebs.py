@@ -278,19 +278,10 @@ class EbsChain(Lifecycle):
         once ``controller_rbac`` is applied."""
         if self.controller_rbac is None:
             return self.plane.admin_kubeconfig
-        import yaml
-        from kubernetes import client
-
-        with self.controller_rbac.open() as f:
-            for doc in yaml.safe_load_all(f):
-                if doc:
-                    admin.apply(doc)
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=24 * 3600)
+        admin.apply_file(self.controller_rbac)
+        token = admin.service_account_token(
+            CONTROLLER_SERVICE_ACCOUNT, "kube-system", expiration_s=24 * 3600
         )
-        token = admin.core.create_namespaced_service_account_token(
-            CONTROLLER_SERVICE_ACCOUNT, "kube-system", request
-        ).status.token
         return write_kubeconfig(
             self.state_dir / "controller.kubeconfig",
             self.plane.server,

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client
 
 from checkpoint_storage_bench import kube
 from checkpoint_storage_bench.retry import Deadline
@@ -186,14 +185,8 @@ class Cluster(AdminClient):
     # -- the hook's identity -------------------------------------------------------------------
 
     def token(self, service_account: str = SERVICE_ACCOUNT, namespace: str = NAMESPACE) -> str:
-        """A TokenRequest token for the service account (what a pod's projected token is)."""
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-        )
-        answer = self.core.create_namespaced_service_account_token(
-            service_account, namespace, request
-        )
-        return answer.status.token
+        """A token of the hook's ServiceAccount."""
+        return self.service_account_token(service_account, namespace)
 
     def service_account_kubeconfig(self, path: Path) -> Path:
         return write_kubeconfig(
