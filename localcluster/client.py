@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client, config
 
 from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.retry import Deadline
 
 if TYPE_CHECKING:
     from localcluster.controlplane import ControlPlane
@@ -66,3 +67,10 @@ class AdminClient:
             },
         )
         return answer["status"]["token"]
+
+    def wait_for_default_service_account(self, namespace: str, timeout: float = 30) -> None:
+        """Until the namespace's ``default`` ServiceAccount exists: the ServiceAccount
+        admission refuses a pod in the namespace before it (a dry run too)."""
+        self.kube.wait(
+            kube.SERVICE_ACCOUNT, "default", bool, Deadline(timeout), namespace=namespace
+        )

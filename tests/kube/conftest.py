@@ -157,16 +157,7 @@ def cluster(control_plane: ControlPlane) -> Cluster:
     """The admin client, with the namespace, node, StorageClass, classes and RBAC applied."""
     cluster = Cluster(control_plane)
     cluster.bootstrap()
-    # The service-account controller creates `default`; the ServiceAccount admission plugin
-    # wants it before pods in the namespace can be created (even as a dry run).
-    wait_for(
-        "the default ServiceAccount in ml-team",
-        lambda: (
-            cluster.core.list_namespaced_service_account(
-                NAMESPACE, field_selector="metadata.name=default"
-            ).items
-        ),
-    )
+    cluster.wait_for_default_service_account(NAMESPACE)
     return cluster
 
 

@@ -49,14 +49,7 @@ class EbsCluster(Cluster):
         self.apply_file(STORAGE_CLASS_FILE)
         self.apply_file(CLASSES_FILE)
         self.apply_file(RBAC_FILE)
-        wait_for(
-            f"the default ServiceAccount in {NAMESPACE}",
-            lambda: (
-                self.core.list_namespaced_service_account(
-                    NAMESPACE, field_selector="metadata.name=default"
-                ).items
-            ),
-        )
+        self.wait_for_default_service_account(NAMESPACE)
 
     # -- the claim -----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import pytest
 
 from localcluster.controlplane import stop_recorded
 from localcluster.node import Node, NodeError, sweep
-from tests.kube.cluster import CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, Cluster, wait_for
+from tests.kube.cluster import CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, Cluster
 from tests.kube.conftest import _binaries, _missing
 
 STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
@@ -148,10 +148,7 @@ def platform_namespace(node: Node) -> None:
     )
     cluster.apply_file(STORAGE_CLASS_FILE)
     cluster.apply_file(CLASSES_FILE)
-    wait_for(
-        "the default ServiceAccount",
-        lambda: cluster.core.list_namespaced_service_account(NAMESPACE).items,
-    )
+    cluster.wait_for_default_service_account(NAMESPACE)
 
 
 @pytest.fixture(scope="module")

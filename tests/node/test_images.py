@@ -4,7 +4,6 @@ node's containerd under its name, runs Python and fio in a pod as a non-root use
 from __future__ import annotations
 
 from localcluster.node import BASE_IMAGE, Node, debian_base_image
-from tests.kube.cluster import wait_for
 from tests.node.test_lifecycle import NAMESPACE, smoke_pod
 
 FIO = (
@@ -30,10 +29,7 @@ def test_the_debian_base_runs_python_and_fio_as_non_root(node: Node) -> None:
             },
         }
     )
-    wait_for(
-        "the default ServiceAccount",
-        lambda: node.cluster.core.list_namespaced_service_account(NAMESPACE).items,
-    )
+    node.cluster.wait_for_default_service_account(NAMESPACE)
     pod = smoke_pod("fio", FIO)
     pod["spec"]["containers"][0]["image"] = BASE_IMAGE
     done, log = node.run_pod(pod, timeout=180)

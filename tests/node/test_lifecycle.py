@@ -13,7 +13,7 @@ from pathlib import Path
 
 from localcluster.controlplane import NODE_NAME, stop_recorded
 from localcluster.node import BRIDGE_IP, Node, busybox_image, leftovers, sweep
-from tests.kube.cluster import REPO, wait_for
+from tests.kube.cluster import REPO
 from tests.node.conftest import done_with, state_dir
 
 IMAGE = "localhost/csb-busybox:1"
@@ -107,10 +107,7 @@ def prepare(node: Node) -> None:
             },
         }
     )
-    wait_for(
-        "the default ServiceAccount",
-        lambda: node.cluster.core.list_namespaced_service_account(NAMESPACE).items,
-    )
+    node.cluster.wait_for_default_service_account(NAMESPACE)
 
 
 def test_start_run_a_pod_stop_clean(bin_dir: Path) -> None:

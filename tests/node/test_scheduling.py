@@ -15,10 +15,7 @@ def test_the_scheduler_selects_the_node_and_the_claim_is_provisioned(node: Node)
     cluster.apply_file(STORAGE_CLASS_FILE)
     cluster.apply_file(CLASSES_FILE)
     cluster.apply(cluster.shipped_claim())
-    wait_for(
-        "the default ServiceAccount",
-        lambda: cluster.core.list_namespaced_service_account(NAMESPACE).items,
-    )
+    cluster.wait_for_default_service_account(NAMESPACE)
     claim = cluster.claim()
     assert claim["status"]["phase"] == "Pending"
     assert "volume.kubernetes.io/selected-node" not in claim["metadata"].get("annotations", {})
