@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,10 +297,16 @@ def _kill_rank_in_write(proc: subprocess.Popen, ckpt: Path, step: int, rank: int
     """Wait until ``rank``'s shard of ``step`` is being written (the fault seam holds it
     there), then SIGKILL that rank's process."""
     shard = f"shard-{rank:05d}-of-00002.ckpt"
+    _kill_rank_when(
+        proc, rank, lambda: any((p / shard).exists() for p in ckpt.glob(f".step-{step:08d}.tmp-*"))
+    )
+
+
+def _kill_rank_when(proc: subprocess.Popen, rank: int, ready: Callable[[], bool]) -> None:
+    """Wait until ``ready()`` (the rank is held inside its write), then SIGKILL that rank."""
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and proc.poll() is None:
-        tmp = [p for p in ckpt.glob(f".step-{step:08d}.tmp-*") if (p / shard).exists()]
-        if tmp:
+        if ready():
             break
         time.sleep(0.05)
     else:
@@ -376,6 +383,70 @@ def test_rank_write_error_commits_nothing_and_every_rank_is_told(tmp_path, optio
     # ...and waits, so torchrun names the rank that failed as the root cause.
     root = text[text.index("Root Cause") :]
     assert "rank      : 1" in root and "exitcode  : 1" in root, root
+
+
+DCP_ASYNC = ["--format", "dcp", "--async", "--parallel", "ddp", "--no-track"]
+
+
+@pytest.mark.slow
+def test_rank_failing_in_an_async_dcp_save_fails_fast_and_is_the_root_cause(tmp_path):
+    # DCP tells every rank of a failed save alike; only the rank that failed may exit with
+    # its own code, and no rank waits for --checkpoint-timeout (600 s here) to learn it.
+    ckpt = tmp_path / "ckpt"
+    proc = torchrun(
+        "--checkpoint-dir", ckpt, *ARGS, *DCP_ASYNC, "--checkpoint-timeout", "600",
+        env={checkpointer.FAULT_ENV: "1:4:eio"}, timeout=150,
+    )  # fmt: skip
+    text = _output(proc)
+    assert proc.returncode != 0
+    assert (
+        "rank 0: checkpoint step-00000004 was not committed: rank 1: OSError: [Errno 5] I/O "
+        "error injected" in text
+    ), text[-3000:]
+    root = text[text.index("Root Cause") :]
+    assert "rank      : 1" in root and "exitcode  : 1" in root, root
+    assert rank_exit_codes(text).get(0) in (None, 7, -15), text[-3000:]  # told, or stopped
+    assert [r.step for r in store.list_checkpoints(ckpt)] == [2]
+    assert hidden(ckpt) == []
+
+
+@pytest.mark.slow
+def test_rank_killed_in_an_async_dcp_save_fails_fast_and_commits_nothing(reference, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "killed.log"
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            torchrun_cmd(
+                "--checkpoint-dir", ckpt, *ARGS, *DCP_ASYNC, "--checkpoint-timeout", "600"
+            ),
+            env=_env({checkpointer.FAULT_ENV: "1:4:pause=120"}),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        try:
+            _kill_rank_when(proc, 1, lambda: "pausing inside the write" in log.read_text())
+            assert proc.wait(timeout=60) != 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert time.monotonic() - started < 120  # neither the pause nor the timeout was waited
+    text = log.read_text()
+    assert "exitcode  : -9" in text
+    assert [r.step for r in store.list_checkpoints(ckpt)] == [2]
+
+    out = tmp_path / "resumed.json"
+    resumed = torchrun(
+        "--checkpoint-dir", ckpt, *ARGS, *DCP_ASYNC, "--resume", "--summary-json", out,
+    )  # fmt: skip
+    assert resumed.returncode == 0, _output(resumed)[-4000:]
+    data = json.loads(out.read_text())
+    assert data["resumed_from_step"] == 2
+    assert data["loss_curve"] == reference("ddp").summary["loss_curve"][2:]
+    assert [r.step for r in store.list_checkpoints(ckpt)] == [6, 4, 2]
+    assert hidden(ckpt) == []
 
 
 @pytest.mark.slow

@@ -26,8 +26,9 @@ is a :class:`trainer.distributed.Ranks` whose collectives are its own values):
    :class:`trainer.errors.RankFailedError` (exit 7).
 
 Test seam: ``TRAINER_FAULT_SHARD_WRITE=RANK:STEP:pause=SECONDS`` makes that rank sleep inside
-its write of that step, ``RANK:STEP:eio`` makes the write fail with EIO (formats whose
-bytes go through the trainer's writer: raw and torch).
+its write of that step, ``RANK:STEP:eio`` makes the write fail with EIO (every format: the
+bytes of raw and torch go through the trainer's writer, safetensors and dcp call the
+storage seam as they start writing, DCP inside its write step).
 """
 
 from __future__ import annotations
@@ -185,6 +186,15 @@ class _FaultFS:
         return getattr(self._fs, name)
 
     def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
+        self._fire()
+        return self._fs.pwrite(fd, data, offset)
+
+    def library_write(self) -> None:
+        self._fire()
+        self._fs.library_write()
+
+    def _fire(self) -> None:
+        """Once, inside the write of the faulty step: fail it with EIO, or hold it."""
         with self._lock:
             fire = self.current == self.step and not self._fired
             self._fired |= fire
@@ -193,7 +203,6 @@ class _FaultFS:
                 raise OSError(errno.EIO, f"I/O error injected by {FAULT_ENV}")
             log.warning("%s: pausing inside the write for %s", FAULT_ENV, self.action)
             time.sleep(float(self.action.removeprefix("pause=")))
-        return self._fs.pwrite(fd, data, offset)
 
 
 def _fault_from_env(fs: LocalFS, rank: int) -> LocalFS | _FaultFS:
@@ -416,7 +425,12 @@ class Checkpointer(OneInFlight):
                     self.fs.rmtree(tmp)
                     raise
                 error = exc
-        if error is not None:
+        if isinstance(error, RankFailedError):
+            # Another rank's failure, told by the format's own collective (DCP's): this
+            # rank's part was fine; the rank that failed reports why and exits first.
+            report = {"ok": False, "error": _describe(error), "told": True}
+            error = None
+        elif error is not None:
             error = self._error(error, self._what(final))
             report = {"ok": False, "error": _describe(error)}
         files = report.pop("files", [])  # this rank's own: open descriptors are not sent
@@ -444,7 +458,8 @@ class Checkpointer(OneInFlight):
             failed = [r for r in reports if not r["ok"]]
             if failed:
                 self.fs.rmtree(tmp)
-                decision["error"] = "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed)
+                shown = [r for r in failed if not r.get("told")] or failed
+                decision["error"] = "; ".join(f"rank {r['rank']}: {r['error']}" for r in shown)
             else:
                 t_commit = time.monotonic()
                 try:

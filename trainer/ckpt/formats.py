@@ -59,7 +59,7 @@ from trainer.ckpt.io import (
     stream_names,
 )
 from trainer.ckpt.store import LAYOUT_FILES, LAYOUT_STRIPED
-from trainer.errors import CheckpointCorruptError
+from trainer.errors import CheckpointCorruptError, RankFailedError
 
 MAGIC = b"CKPTRAW1"
 _PREFIX = struct.Struct("<8sQ")
@@ -564,6 +564,7 @@ class _SafetensorsSave:
         from safetensors.torch import save_file
 
         t0 = time.monotonic()
+        self.fs.library_write()
         if len(self.shards) == 1:
             save_file(self.shards[0][1], self.directory / self.shards[0][0])
         else:
@@ -675,9 +676,19 @@ class _DcpSave:
     def _writer(self):
         # DCP fsyncs each file itself when sync_files is set; its planning, staging and
         # serialization all happen inside save(), so they count as write.
-        return self._dcp.FileSystemWriter(
+        writer = self._dcp.FileSystemWriter(
             self.directory, thread_count=self.opts.io_streams, sync_files=self.opts.durable
         )
+        write_data, fs = writer.write_data, self.fs
+
+        def write_data_through_the_seam(plan: Any, planner: Any) -> Any:
+            # Inside DCP's write step, after its planning collectives (on DCP's thread
+            # when the save is asynchronous).
+            fs.library_write()
+            return write_data(plan, planner)
+
+        writer.write_data = write_data_through_the_seam
+        return writer
 
     def _mine(self, name: str) -> bool:
         """Whether this rank wrote the file: its own ``__<rank>_*`` data files, and rank 0
@@ -687,13 +698,16 @@ class _DcpSave:
         return name.startswith(f"__{self.rank}_") or (self.rank == 0 and name == ".metadata")
 
     def finish(self) -> Written:
-        if self._future is not None:
-            self._future.result()
-            write_s = time.monotonic() - self._t_begin_end
-        else:
-            t0 = time.monotonic()
-            self._dcp.save(self.flat, storage_writer=self._writer(), **self._where)
-            write_s = time.monotonic() - t0
+        try:
+            if self._future is not None:
+                self._future.result()
+                write_s = time.monotonic() - self._t_begin_end
+            else:
+                t0 = time.monotonic()
+                self._dcp.save(self.flat, storage_writer=self._writer(), **self._where)
+                write_s = time.monotonic() - t0
+        except BaseException as exc:
+            raise _dcp_failure(exc, self.rank) from exc
         names = [p.name for p in self.directory.iterdir() if p.is_file() and self._mine(p.name)]
         return _library_written(self.fs, self.directory, names, self.opts, write_s)
 
@@ -702,6 +716,27 @@ class _DcpSave:
             # Wait for its thread, which still writes into the directory; its error (a
             # CheckpointException, a BaseException) is already the one being raised.
             self._future.exception()
+
+
+def _dcp_failure(exc: BaseException, rank: int | None) -> BaseException:
+    """What a failed DCP save under torchrun means for ``rank``.
+
+    DCP reports a failure to every rank of the save alike (a CheckpointException holding
+    each failed rank's error): the rank that failed gets its own error back (a full
+    volume stays exit 4 there), a rank that did not gets :class:`RankFailedError` (its
+    part was written; another rank's was not), so that only the rank that failed exits
+    with its own code.
+    """
+    failures = getattr(exc, "failures", None)
+    if rank is None or not isinstance(failures, dict) or not failures:
+        return exc
+    if rank not in failures:
+        failed = ", ".join(str(r) for r in sorted(failures))
+        said = " ".join(str(exc).split())[:300]
+        return RankFailedError(f"DCP's save failed on rank {failed}: {said}")
+    own = failures[rank]
+    own = own[0] if isinstance(own, tuple) else getattr(own, "exc", own)
+    return own if isinstance(own, BaseException) else exc
 
 
 class DcpFormat(_LibraryFormat):

@@ -106,6 +106,11 @@ class LocalFS:
     def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
         return os.pwrite(fd, data, offset)
 
+    def library_write(self) -> None:
+        """A library (safetensors, torch.distributed.checkpoint) is about to write its
+        files, on the thread that writes them: its bytes do not pass through
+        :meth:`pwrite`, so this is where a test's seam acts on them. Nothing here."""
+
     def preadinto(self, fd: int, buf: memoryview, offset: int) -> int:
         return os.preadv(fd, [buf], offset)
 
