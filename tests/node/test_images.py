@@ -4,7 +4,7 @@ node's containerd under its name, runs Python and fio in a pod as a non-root use
 from __future__ import annotations
 
 from localcluster.node import BASE_IMAGE, Node, debian_base_image
-from tests.node.test_lifecycle import NAMESPACE, smoke_pod
+from tests.node.pods import NAMESPACE, smoke_pod
 
 FIO = (
     "python3 -c 'import sys; print(\"python\", *sys.version_info[:2])'; "

@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 
 from localcluster.controlplane import NODE_NAME, stop_recorded
-from localcluster.node import BRIDGE_IP, Node, busybox_image, leftovers, sweep
+from localcluster.node import BRIDGE_IP, Node, leftovers, sweep
 from tests.kube.cluster import REPO
 from tests.node.conftest import done_with, state_dir
-
-IMAGE = "localhost/csb-busybox:1"
-NAMESPACE = "node-smoke"
+from tests.node.pods import NAMESPACE, prepare, smoke_pod
 
 
 def machine_state() -> dict:
@@ -62,52 +60,6 @@ NETWORK_CHECK = (
     "busybox nc -w 5 198.51.100.1 80 </dev/null 2>/dev/null"
     " && echo outside:reachable || echo outside:unreachable"
 )
-
-
-def smoke_pod(name: str, command: str) -> dict:
-    """A pod as a platform team runs jobs: non-root, fsGroup, no privilege, baseline PSA."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "restartPolicy": "Never",
-            "securityContext": {
-                "runAsUser": 1000,
-                "runAsGroup": 1000,
-                "fsGroup": 1000,
-                "runAsNonRoot": True,
-            },
-            "containers": [
-                {
-                    "name": "main",
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", command],
-                    "securityContext": {"allowPrivilegeEscalation": False},
-                    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-                }
-            ],
-            "volumes": [{"name": "scratch", "emptyDir": {}}],
-        },
-    }
-
-
-def prepare(node: Node) -> None:
-    node.import_image(
-        busybox_image(node.state_dir / "images", "1", ["/bin/sh"]), "localhost/csb-busybox"
-    )
-    node.cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": NAMESPACE,
-                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
-            },
-        }
-    )
-    node.cluster.wait_for_default_service_account(NAMESPACE)
 
 
 def test_start_run_a_pod_stop_clean(bin_dir: Path) -> None:
@@ -157,7 +109,7 @@ import sys, time
 from pathlib import Path
 from tests.kube.cluster import CLASSES_FILE, STORAGE_CLASS_FILE, Cluster
 from localcluster.node import Node
-from tests.node.test_lifecycle import prepare, smoke_pod
+from tests.node.pods import prepare, smoke_pod
 node = Node(Path(sys.argv[1]), Path(sys.argv[2]), die_with_parent=True, client_class=Cluster).start()
 prepare(node)
 node.cluster.apply_file(STORAGE_CLASS_FILE)

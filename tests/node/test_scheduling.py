@@ -6,7 +6,7 @@ from __future__ import annotations
 from localcluster.controlplane import NODE_NAME
 from localcluster.node import Node
 from tests.kube.cluster import CLAIM, CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, wait_for
-from tests.node.test_lifecycle import IMAGE
+from tests.node.pods import IMAGE
 
 
 def test_the_scheduler_selects_the_node_and_the_claim_is_provisioned(node: Node) -> None:

@@ -16,7 +16,7 @@ from localcluster.node import Node
 from tests.kube.cluster import wait_for
 from tests.kube.conftest import _binaries
 from tests.node.conftest import started_node
-from tests.node.test_lifecycle import IMAGE, NAMESPACE, prepare
+from tests.node.pods import IMAGE, NAMESPACE, prepare
 
 PORT = 23456
 
