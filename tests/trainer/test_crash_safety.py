@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.trainer.helpers import (
     REPO,
+    TINY_ARGS,
     edit_manifest_and_resume,
     run_trainer,
     tiny_config,
@@ -99,6 +101,65 @@ def test_sigkill_mid_write_then_resume_matches_uninterrupted_run(tmp_path):
     assert sorted(resumed_curve) == list(range(start + 1, 17))
     for step, loss in resumed_curve.items():
         assert loss == pytest.approx(ref_curve[step], rel=1e-5, abs=1e-6), step
+
+
+# The library formats, each held by the fault seam inside its write of step 4 (torch in
+# the trainer's writer, safetensors and DCP as the library starts writing; DCP's on its
+# asynchronous thread) and killed there.
+LIBRARY_KILL_CASES = [("torch", {}), ("safetensors", {}), ("dcp", {"async_checkpoint": True})]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_loss(tmp_path_factory) -> dict[int, float]:
+    """The loss curve of the tiny run, uninterrupted (the format does not change it)."""
+    cfg = tiny_config(tmp_path_factory.mktemp("uninterrupted"), log_every=1, track=False)
+    return dict(train(cfg, say=lambda s: None).loss_curve)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fmt", "options"), LIBRARY_KILL_CASES, ids=[c[0] for c in LIBRARY_KILL_CASES]
+)
+def test_library_format_killed_mid_write_is_never_taken_and_resume_takes_the_previous(
+    tmp_path, uninterrupted_loss, fmt, options
+):
+    from trainer.ckpt.checkpointer import FAULT_ENV
+
+    ckpt, log = tmp_path / "ckpt", tmp_path / "victim.log"
+    cfg = tiny_config(ckpt, keep=10, log_every=1, track=False, format=fmt, **options)
+    args = [
+        "--checkpoint-dir", str(ckpt), "--steps", str(cfg.steps), "--checkpoint-every",
+        str(cfg.checkpoint_every), "--keep", "10", "--format", fmt, "--log-every", "1",
+        "--no-track", *TINY_ARGS, *(["--async"] if options else []),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), FAULT_ENV: "0:4:pause=120"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(trainer_cmd(*args), env=env, stdout=out, stderr=out, cwd=REPO)
+        try:
+            deadline = time.monotonic() + 120
+            while "pausing inside the write" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # Step 4 was being written: it is not a checkpoint, only a hidden leftover.
+    assert [r.step for r in store.list_checkpoints(ckpt)] == [2]
+    assert [p.name for p in ckpt.iterdir() if p.name.startswith(".step-00000004.tmp-")]
+
+    said: list[str] = []
+    summary = train(replace(cfg, resume="always"), say=said.append)
+    assert summary.resumed_from == 2
+    assert any("continuing from step-00000002" in line for line in said), said
+    resumed = dict(summary.loss_curve)
+    assert sorted(resumed) == list(range(3, cfg.steps + 1))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted_loss[step], rel=1e-5, abs=1e-6), step
+    assert [r.step for r in store.list_checkpoints(ckpt)] == [6, 4, 2]
+    assert not [p for p in ckpt.iterdir() if p.name.startswith(".step-")]  # leftover gone
 
 
 def _three_checkpoints(ckpt_dir: Path, fmt: str = "raw") -> None:
