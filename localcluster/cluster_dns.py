@@ -20,7 +20,9 @@ import re
 import socket
 import struct
 import sys
-from typing import Any
+
+from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.retry import Backoff
 
 DOMAIN = "cluster.local"
 TTL = 5
@@ -31,6 +33,7 @@ SERVICE_NAME = re.compile(
 )
 
 log = logging.getLogger("cluster_dns")
+SERVICE = kube.Kind("v1", "Service", "services")
 
 
 def parse_query(packet: bytes) -> tuple[int, int, str, int, int, int]:
@@ -77,45 +80,51 @@ def error(query: bytes, rcode: int) -> bytes:
 
 
 class Resolver:
-    """Names -> addresses from the API server."""
+    """Names -> addresses from the API server, through the shared object layer.
 
-    def __init__(self, api: Any) -> None:
-        from kubernetes import client
+    Args:
+        objects: The object layer on the node's admin credentials (a query waits for no
+            retry: a failed read is a SERVFAIL at once, and the client asks again).
+    """
 
-        self.core = client.CoreV1Api(api)
+    def __init__(self, objects: kube.Client) -> None:
+        self.objects = objects
+
+    @classmethod
+    def from_kubeconfig(cls, path: str) -> Resolver:
+        return cls(kube.Client.from_kubeconfig(path, backoff=Backoff(delays=())))
 
     def lookup(self, name: str) -> list[str] | None:
         """The addresses of ``name`` (empty: a known Service without ready endpoints), or None
         when no such Service exists."""
-        from kubernetes.client.exceptions import ApiException
-
         match = SERVICE_NAME.match(name)
         if match is None:
             return None
         service, namespace = match.group(1), match.group(3)
-        try:
-            svc = self.core.read_namespaced_service(service, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        if svc.spec.cluster_ip and svc.spec.cluster_ip != "None":
-            return [svc.spec.cluster_ip]
+        svc = self.objects.get(SERVICE, service, namespace)
+        if svc is None:
+            return None
+        spec = svc.get("spec") or {}
+        if spec.get("clusterIP") and spec["clusterIP"] != "None":
+            return [spec["clusterIP"]]
         # A headless Service: its pods' addresses, chosen by its selector as the endpoints
         # controller would (the node's controller manager runs no endpoint controllers).
-        selector = svc.spec.selector or {}
+        selector = spec.get("selector") or {}
         if not selector:
             return []
-        pods = self.core.list_namespaced_pod(
-            namespace, label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        ).items
+        pods, _ = self.objects.list(
+            kube.POD,
+            namespace,
+            labelSelector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+        )
         # Every pod with an address, ready or not (as with publishNotReadyAddresses): a
         # PyTorchJob's master resolves its own name as soon as torchrun starts, before the
         # kubelet reports the pod ready.
+        statuses = [pod.get("status") or {} for pod in pods]
         return sorted(
-            pod.status.pod_ip
-            for pod in pods
-            if pod.status.pod_ip and pod.status.phase in ("Pending", "Running")
+            status["podIP"]
+            for status in statuses
+            if status.get("podIP") and status.get("phase") in ("Pending", "Running")
         )
 
 
@@ -177,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if port and not port.isdigit():
         print(f"cluster_dns: bad --listen {args.listen!r}", file=sys.stderr)
         return 2
-    from kubernetes import config
-
-    serve(Resolver(config.new_client_from_config(args.kubeconfig)), host, int(port or 53))
+    serve(Resolver.from_kubeconfig(args.kubeconfig), host, int(port or 53))
     return 0
 
 

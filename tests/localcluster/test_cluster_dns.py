@@ -74,3 +74,40 @@ def test_the_server_answers_over_udp() -> None:
         sock.settimeout(2)
         sock.sendto(dns.query(NAME), ("127.0.0.1", port))
         assert addresses(sock.recv(512)) == ["10.244.0.7", "10.244.0.8"]
+
+
+class Objects:
+    """Stands for the object layer: Services and pods as the API's JSON."""
+
+    def __init__(self, services: dict[str, dict], pods: list[dict]) -> None:
+        self.services, self.pods, self.selectors = services, pods, []
+
+    def get(self, kind, name: str, namespace: str) -> dict | None:
+        assert (kind, namespace) == (dns.SERVICE, "ml-team")
+        return self.services.get(name)
+
+    def list(self, kind, namespace: str, **selectors: str) -> tuple[list[dict], str]:
+        assert kind.plural == "pods" and namespace == "ml-team"
+        self.selectors.append(selectors)
+        return self.pods, "1"
+
+
+def pod(ip: str | None, phase: str) -> dict:
+    return {"status": {"phase": phase, **({"podIP": ip} if ip else {})}}
+
+
+def test_the_resolver_reads_a_services_address_or_its_pods_by_selector() -> None:
+    headless = {"spec": {"clusterIP": "None", "selector": {"role": "master", "job": "j"}}}
+    objects = Objects(
+        {"job-master-0": headless, "web": {"spec": {"clusterIP": "10.96.0.9"}}},
+        # Running or Pending (ready or not: torchrun resolves its own name early), never a
+        # finished pod's or one without an address.
+        [pod("10.244.0.8", "Running"), pod("10.244.0.7", "Pending"), pod("10.244.0.6", "Failed")]
+        + [pod(None, "Pending")],
+    )
+    resolver = dns.Resolver(objects)
+    assert resolver.lookup(NAME) == ["10.244.0.7", "10.244.0.8"]
+    assert objects.selectors == [{"labelSelector": "job=j,role=master"}]
+    assert resolver.lookup("web.ml-team.svc.cluster.local") == ["10.96.0.9"]
+    assert resolver.lookup("nope.ml-team.svc.cluster.local") is None
+    assert resolver.lookup("example.org") is None
