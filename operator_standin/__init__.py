@@ -7,7 +7,8 @@ says ``syncStatuses: true``, posts each phase to the Polyaxon API; the agent del
 object to stop the run, and the operator deletes it once the run is done. mloperator cannot
 be had here (the Go module proxy refuses it and its dependencies, and the readable snapshot
 reconciles the older ``core.polyaxon.com`` group), so this package does that part, and only
-that part, in Python with the ``kubernetes`` client. It is not part of the shipped bundle
+that part, in Python on the shared object layer (``checkpoint_storage_bench.kube``: one request
+path, its list-then-watch, errors named once). It is not part of the shipped bundle
 (``components/``, ``polyaxonfiles/``, ``connections/``): a real cluster runs the real operator
 from Polyaxon's charts.
 

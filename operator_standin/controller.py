@@ -19,17 +19,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
+from checkpoint_storage_bench import kube
 from operator_standin.crd import (
     API_VERSION,
-    GROUP,
+    FIELD_MANAGER,
     JOB_KIND,
     JOB_PLURAL,
     KFJOB_KIND,
     KFJOB_PLURAL,
-    VERSION,
 )
 
 log = logging.getLogger("operator_standin")
@@ -57,6 +56,12 @@ STUCK_WAITING = {
 DEFAULT_BACKOFF_LIMIT = 0  # mloperator's default: a failed pod fails the run
 DEFAULT_RESTART_POLICY = "Never"
 RESYNC_SECONDS = 2.0  # a full pass over every object, for what no watch event announces
+WATCH_SECONDS = 5.0  # each watch request's length: how soon a stop is seen between watches
+# The custom objects of the agent, and what the stand-in makes of them.
+OBJECT_KINDS = {
+    JOB_PLURAL: kube.Kind(API_VERSION, JOB_KIND, JOB_PLURAL),
+    KFJOB_PLURAL: kube.Kind(API_VERSION, KFJOB_KIND, KFJOB_PLURAL),
+}
 
 
 def now_iso() -> str:
@@ -218,50 +223,54 @@ def job_manifest(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def pods_warning(pods: Iterable[Any]) -> tuple[str, str] | None:
+def pods_warning(pods: Iterable[dict[str, Any]]) -> tuple[str, str] | None:
     """(reason, message) when a pod of the Job cannot go on by itself: unschedulable, or a
     container stuck waiting (image not found, bad config) — mloperator's
     ``HasUnschedulablePods`` and its container checks."""
     for pod in pods:
-        for cond in pod.status.conditions or []:
-            if cond.type == "PodScheduled" and cond.status == "False":
-                if cond.reason == "Unschedulable":
-                    return "Unschedulable", cond.message or "pod is unschedulable"
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                if cond.get("reason") == "Unschedulable":
+                    return "Unschedulable", cond.get("message") or "pod is unschedulable"
         statuses = [
-            *(pod.status.init_container_statuses or []),
-            *(pod.status.container_statuses or []),
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
         ]
         for container in statuses:
-            waiting = container.state.waiting if container.state else None
-            if waiting is not None and waiting.reason in STUCK_WAITING:
-                return waiting.reason, f"{container.name}: {waiting.message or waiting.reason}"
+            waiting = (container.get("state") or {}).get("waiting")
+            if waiting is not None and waiting.get("reason") in STUCK_WAITING:
+                reason = waiting["reason"]
+                return reason, f"{container['name']}: {waiting.get('message') or reason}"
     return None
 
 
-def job_phase(job: Any, pods: list[Any]) -> tuple[str, str, str] | None:
+def job_phase(job: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[str, str, str] | None:
     """The condition (type, reason, message) the Job's state calls for, or None for no
     change: Succeeded / Failed from the Job's conditions, Warning for a stuck pod, Running
     once a pod runs."""
-    status = job.status
-    for cond in status.conditions or []:
-        if cond.status != "True":
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
             continue
-        if cond.type == "Complete":
+        if cond.get("type") == "Complete":
             return SUCCEEDED, REASON, "Operation has succeeded"
-        if cond.type == "Failed":
-            message = cond.message or "Job failed"
-            return FAILED, cond.reason or REASON, message
+        if cond.get("type") == "Failed":
+            message = cond.get("message") or "Job failed"
+            return FAILED, cond.get("reason") or REASON, message
     warning = pods_warning(pods)
     if warning is not None:
         return WARNING, warning[0], warning[1]
-    if any(p.status.phase == "Running" for p in pods):
+    if any((p.get("status") or {}).get("phase") == "Running" for p in pods):
         return RUNNING, REASON, "Operation is running"
     return None
 
 
 KF_GROUP, KF_VERSION, PYTORCHJOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+PYTORCHJOB = kube.Kind(f"{KF_GROUP}/{KF_VERSION}", "PyTorchJob", PYTORCHJOB_PLURAL)
 # The label the training operator puts on every pod of a job.
 KF_REPLICA_LABEL = "training.kubeflow.org/job-name"
+# The label the Job controller puts on every pod of a batch Job.
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 def pytorchjob_manifest(obj: dict[str, Any]) -> dict[str, Any]:
@@ -358,64 +367,78 @@ def kfjob_phase(job: dict[str, Any], pods: list[Any]) -> tuple[str, str, str] | 
     return None
 
 
+@dataclass(frozen=True)
+class RunKind:
+    """What runs one kind of object: the resource the stand-in creates from it, the label
+    of that resource's pods, how its state maps to a condition, and the statuses of a
+    refused create that no retry can cure."""
+
+    kind: kube.Kind
+    called: str
+    manifest: Callable[[dict[str, Any]], dict[str, Any]]
+    pod_label: str
+    phase: Callable[[dict[str, Any], list[dict[str, Any]]], tuple[str, str, str] | None]
+    refused: tuple[int, ...]
+
+
+# A batch Job whose pod template the API refuses (schema, admission) never runs.
+BATCH_RUN = RunKind(
+    kube.JOB, "Kubernetes Job", job_manifest, JOB_NAME_LABEL, job_phase, (400, 403, 422)
+)
+# A PyTorchJob refused by the schema or the training operator's webhook never runs, nor one
+# without the training operator's CRD (404).
+KUBEFLOW_RUN = RunKind(
+    PYTORCHJOB, "PyTorchJob", pytorchjob_manifest, KF_REPLICA_LABEL, kfjob_phase,
+    (400, 403, 404, 422),
+)  # fmt: skip
+
+
 @dataclass
 class Reconciler:
     """Reconciles the ``polyaxon.com/v1`` objects of one kind (``plural``: ``jobs`` or
-    ``kfjobs``) in one namespace."""
+    ``kfjobs``) in one namespace, through the shared object layer (one request path: an
+    answer is a :class:`checkpoint_storage_bench.kube.KubeError` named by its status)."""
 
     api: client.ApiClient
     namespace: str
     sink: StatusSink | None = None
     plural: str = JOB_PLURAL
-    custom: client.CustomObjectsApi = field(init=False)
-    batch: client.BatchV1Api = field(init=False)
-    core: client.CoreV1Api = field(init=False)
+    kube: kube.Client = field(init=False)
+    kind: kube.Kind = field(init=False)
+    runs: RunKind = field(init=False)
 
     def __post_init__(self) -> None:
-        self.custom = client.CustomObjectsApi(self.api)
-        self.batch = client.BatchV1Api(self.api)
-        self.core = client.CoreV1Api(self.api)
+        self.kube = kube.Client(self.api, field_manager=FIELD_MANAGER)
+        self.kind = OBJECT_KINDS[self.plural]
+        self.runs = KUBEFLOW_RUN if self.plural == KFJOB_PLURAL else BATCH_RUN
 
     # -- the object --------------------------------------------------------------------------
 
     def get(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, self.plural, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.kube.get(self.kind, name, self.namespace)
 
     def names(self) -> list[str]:
-        listed = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, self.plural
-        )
-        return [item["metadata"]["name"] for item in listed.get("items", [])]
+        items, _ = self.kube.list(self.kind, self.namespace)
+        return [item["metadata"]["name"] for item in items]
 
-    def _patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
-        """Write ``status``; ``obj`` becomes the object as stored (new resourceVersion)."""
-        stored = self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, self.namespace, self.plural, obj["metadata"]["name"], {"status": status}
-        )
+    def _store(self, obj: dict[str, Any], stored: dict[str, Any]) -> None:
+        """``obj`` becomes the object as stored (new resourceVersion)."""
         obj.clear()
         obj.update(stored)
+
+    def _patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        patch = {"status": status}
+        self._store(
+            obj, self.kube.patch(self.kind, name, patch, self.namespace, subresource="status")
+        )
 
     def _set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> None:
         # A JSON merge patch replaces the list whole; the resourceVersion makes it fail on a
         # concurrent change (the agent's clean) instead of overwriting it.
         meta = obj["metadata"]
-        stored = self.custom.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            self.namespace,
-            self.plural,
-            meta["name"],
-            {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
-        )
-        obj.clear()
-        obj.update(stored)
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        self._store(obj, self.kube.patch(self.kind, meta["name"], patch, self.namespace))
 
     def _sync(self, obj: dict[str, Any], condition: dict[str, Any]) -> None:
         if self.sink is None or not obj.get("syncStatuses"):
@@ -462,102 +485,48 @@ class Reconciler:
             if "pytorchJobSpec" not in obj:
                 self._log(obj, FAILED, "OperatorUnsupported", "the stand-in runs PyTorchJobs only")
                 return
-            self._reconcile_kfjob(obj)
+            self._reconcile_run(obj)
             return
         if "batchJobSpec" not in obj:
             self._log(obj, FAILED, "OperatorUnsupported", "the stand-in runs batchJobSpec only")
             return
-        self._reconcile_job(obj)
+        self._reconcile_run(obj)
 
-    def _reconcile_job(self, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        try:
-            job = self.batch.read_namespaced_job(name, self.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            job = None
-        if job is None:
+    def _reconcile_run(self, obj: dict[str, Any]) -> None:
+        """Create what runs the object (a batch Job, a PyTorchJob) when there is none, else
+        map its state and its pods' to the object's condition."""
+        runs, name = self.runs, obj["metadata"]["name"]
+        run = self.kube.get(runs.kind, name, self.namespace)
+        if run is None:
             last = last_condition(obj.get("status") or {})
             if last is not None and last["type"] in (RUNNING, WARNING):
                 # It ran and is gone: deleted by someone else (mloperator's MarkJobAsDeleted).
-                self._log(obj, STOPPED, "JobDeleted", "The underlying Kubernetes Job was deleted")
+                self._log(obj, STOPPED, "JobDeleted", f"The underlying {runs.called} was deleted")
                 return
             try:
-                self.batch.create_namespaced_job(self.namespace, job_manifest(obj))
-            except ApiException as exc:
-                if exc.status == 409:
-                    return  # created by an earlier pass; its status comes next pass
-                self._log(obj, WARNING, "OperatorCreateJob", _api_message(exc))
-                if exc.status in (400, 403, 422):
-                    # The pod template itself is refused: no retry makes it valid.
-                    self._log(obj, FAILED, "OperatorCreateJob", _api_message(exc))
+                self.kube.request("POST", runs.kind.path(self.namespace), runs.manifest(obj))
+            except kube.Conflict:
+                return  # created by an earlier pass; its status comes next pass
+            except kube.KubeError as exc:
+                self._log(obj, WARNING, "OperatorCreateJob", exc.server_message)
+                if exc.status in runs.refused:
+                    self._log(obj, FAILED, "OperatorCreateJob", exc.server_message)
                 return
             self._log(obj, STARTING, REASON, "Operation is starting")
             return
-        pods = self.core.list_namespaced_pod(
-            self.namespace, label_selector=f"batch.kubernetes.io/job-name={name}"
-        ).items
-        phase = job_phase(job, pods)
-        if phase is not None:
-            self._log(obj, *phase)
-
-    def _read_pytorchjob(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self.custom.get_namespaced_custom_object(
-                KF_GROUP, KF_VERSION, self.namespace, PYTORCHJOB_PLURAL, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def _reconcile_kfjob(self, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        job = self._read_pytorchjob(name)
-        if job is None:
-            last = last_condition(obj.get("status") or {})
-            if last is not None and last["type"] in (RUNNING, WARNING):
-                self._log(obj, STOPPED, "JobDeleted", "The underlying PyTorchJob was deleted")
-                return
-            try:
-                self.custom.create_namespaced_custom_object(
-                    KF_GROUP, KF_VERSION, self.namespace, PYTORCHJOB_PLURAL,
-                    pytorchjob_manifest(obj),
-                )  # fmt: skip
-            except ApiException as exc:
-                if exc.status == 409:
-                    return
-                self._log(obj, WARNING, "OperatorCreateJob", _api_message(exc))
-                if exc.status in (400, 403, 404, 422):
-                    # Refused by the schema or the training operator's webhook, or no
-                    # training operator's CRD: no retry makes it run.
-                    self._log(obj, FAILED, "OperatorCreateJob", _api_message(exc))
-                return
-            self._log(obj, STARTING, REASON, "Operation is starting")
-            return
-        pods = self.core.list_namespaced_pod(
-            self.namespace, label_selector=f"{KF_REPLICA_LABEL}={name}"
-        ).items
-        phase = kfjob_phase(job, pods)
+        selector = f"{runs.pod_label}={name}"
+        pods, _ = self.kube.list(kube.POD, self.namespace, labelSelector=selector)
+        phase = runs.phase(run, pods)
         if phase is not None:
             self._log(obj, *phase)
 
     def _delete_run(self, name: str) -> None:
         """Delete what runs the object (background: the pods get their grace period)."""
+        path = self.runs.kind.path(self.namespace, name)
         try:
-            if self.plural == KFJOB_PLURAL:
-                self.custom.delete_namespaced_custom_object(
-                    KF_GROUP, KF_VERSION, self.namespace, PYTORCHJOB_PLURAL, name,
-                    propagation_policy="Background",
-                )  # fmt: skip
-            else:
-                self.batch.delete_namespaced_job(
-                    name, self.namespace, propagation_policy="Background"
-                )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+            self.kube.request("DELETE", path, query={"propagationPolicy": "Background"})
+        except kube.NotFound:
+            pass
 
     def _finalize(self, obj: dict[str, Any]) -> None:
         """A stop request (the agent deletes the object) or the clean-up of a done run."""
@@ -579,9 +548,8 @@ class Reconciler:
         rest = [f for f in meta.get("finalizers") or [] if f not in FINALIZERS]
         try:
             self._set_finalizers(obj, rest)
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
+        except (kube.NotFound, kube.Conflict):
+            pass  # gone, or changed since read: the next pass finalizes what is left
 
     def _clean_up(self, obj: dict[str, Any]) -> None:
         """Delete a done object once its ``ttlSecondsAfterFinished`` has passed (right away
@@ -591,22 +559,7 @@ class Reconciler:
         if ttl and done_at is not None:
             if (datetime.now(UTC) - done_at).total_seconds() < ttl:
                 return
-        try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, self.plural, obj["metadata"]["name"]
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-
-def _api_message(exc: ApiException) -> str:
-    import json
-
-    try:
-        return json.loads(exc.body).get("message") or str(exc.reason)
-    except (TypeError, ValueError):
-        return f"{exc.status} {exc.reason}"
+        self.kube.delete(self.kind, obj["metadata"]["name"], self.namespace)
 
 
 @dataclass
@@ -668,55 +621,41 @@ class Controller:
         if self.on_error is not None:
             self.on_error(what, exc)
 
-    def _watch(self, list_fn: Callable[..., Any], name_of: Callable[[Any], str | None], *args):
+    def _watch(self, kind: kube.Kind, name_of: Callable[[dict[str, Any]], str | None]) -> None:
+        """Queue the object an event of ``kind`` names: the object layer's watch (list, then
+        watch from there, resumed and listed again as it must), each request
+        :data:`WATCH_SECONDS` long so that a stop is seen soon."""
+        rec = self.reconciler
         while not self.stop_event.is_set():
             try:
-                stream = watch.Watch().stream(list_fn, *args, timeout_seconds=5)
-                for event in stream:
-                    name = name_of(event["object"])
+                events = rec.kube.watch(
+                    kind,
+                    rec.namespace,
+                    watch_seconds=WATCH_SECONDS,
+                    stop=self.stop_event.is_set,
+                    on_retry=lambda exc: log.debug("watch of %s: %s", kind.plural, exc),
+                )
+                for _, obj in events:
+                    name = name_of(obj)
                     if name:
                         self._queue.put(name)
                     if self.stop_event.is_set():
-                        break
-            except Exception as exc:  # noqa: BLE001 - watches expire and reconnect
-                log.debug("watch: %r", exc)
+                        return
+            except Exception as exc:  # noqa: BLE001 - refused (no CRD yet): the resync covers it
+                log.debug("watch of %s: %r", kind.plural, exc)
                 self.stop_event.wait(1.0)
 
     def _watch_objects(self) -> None:
-        rec = self.reconciler
-        self._watch(
-            rec.custom.list_namespaced_custom_object,
-            lambda o: o["metadata"]["name"],
-            GROUP,
-            VERSION,
-            rec.namespace,
-            rec.plural,
-        )
+        self._watch(self.reconciler.kind, lambda o: o["metadata"]["name"])
 
     def _watch_jobs(self) -> None:
-        rec = self.reconciler
-        if rec.plural == KFJOB_PLURAL:
+        """The resources the objects own: a change of one is its owner's change."""
+        owner_kind = self.reconciler.kind.kind
 
-            def kf_owner(job: dict[str, Any]) -> str | None:
-                for ref in job["metadata"].get("ownerReferences") or []:
-                    if ref.get("apiVersion") == API_VERSION and ref.get("kind") == KFJOB_KIND:
-                        return ref["name"]
-                return None
-
-            self._watch(
-                rec.custom.list_namespaced_custom_object,
-                kf_owner,
-                KF_GROUP,
-                KF_VERSION,
-                rec.namespace,
-                PYTORCHJOB_PLURAL,
-            )
-            return
-
-        def owner(job: Any) -> str | None:
-            for ref in job.metadata.owner_references or []:
-                if ref.api_version == API_VERSION and ref.kind == JOB_KIND:
-                    return ref.name
+        def owner(run: dict[str, Any]) -> str | None:
+            for ref in run["metadata"].get("ownerReferences") or []:
+                if ref.get("apiVersion") == API_VERSION and ref.get("kind") == owner_kind:
+                    return ref["name"]
             return None
 
-        self._watch(self.reconciler.batch.list_namespaced_job, owner, self.reconciler.namespace)
+        self._watch(self.reconciler.runs.kind, owner)

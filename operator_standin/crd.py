@@ -22,11 +22,12 @@ stand-in creates the batch Job from it).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+
+from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.retry import Deadline
 
 GROUP = "polyaxon.com"
 VERSION = "v1"
@@ -149,33 +150,26 @@ def definitions() -> list[dict[str, Any]]:
     ]
 
 
-def install(api: client.ApiClient, timeout: float = 60.0) -> list[str]:
-    """Create (or replace) the CRDs and wait until the API server serves them.
+FIELD_MANAGER = "operator-standin"
 
-    Returns the CRD names. Raises TimeoutError when one is not Established in ``timeout``.
+
+def install(api: client.ApiClient, timeout: float = 60.0) -> list[str]:
+    """Apply the CRDs (server-side: created, or brought to these definitions) and wait until
+    the API server serves them, all under one deadline of ``timeout`` seconds.
+
+    Returns the CRD names.
+
+    Raises:
+        checkpoint_storage_bench.retry.DeadlineExceeded: One is not Established in time
+            (naming it and its last status).
+        checkpoint_storage_bench.kube.KubeError: The API server refused one.
     """
-    ext = client.ApiextensionsV1Api(api)
+    objects = kube.Client(api, field_manager=FIELD_MANAGER)
+    deadline = Deadline(timeout)
     names = []
     for body in definitions():
-        name = body["metadata"]["name"]
-        names.append(name)
-        try:
-            ext.create_custom_resource_definition(body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            current = ext.read_custom_resource_definition(name)
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version
-            ext.replace_custom_resource_definition(name, body)
-    deadline = time.monotonic() + timeout
+        objects.apply(body, deadline=deadline)
+        names.append(body["metadata"]["name"])
     for name in names:
-        while not _established(ext, name):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {name} not Established after {timeout:.0f} s")
-            time.sleep(0.2)
+        objects.wait(kube.CRD, name, kube.established, deadline)
     return names
-
-
-def _established(ext: client.ApiextensionsV1Api, name: str) -> bool:
-    conditions = ext.read_custom_resource_definition(name).status.conditions or []
-    return any(c.type == "Established" and c.status == "True" for c in conditions)
