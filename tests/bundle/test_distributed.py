@@ -96,7 +96,8 @@ def test_every_pod_runs_the_same_trainer_under_torchrun(workers: int, n: int) ->
     assert set(replicas) == {"Master", "Worker"}
     assert replicas["Master"].replica_count == 1
     assert replicas["Worker"].replica_count == workers
-    one = single({})
+    # The single-pod job with the PyTorchJob's default mode (always several ranks: ddp).
+    one = single({"parallel": "ddp"})
     for name, pod in replicas.items():
         for index in range(pod.replica_count):
             options = torchrun(expand(pod.argv, operator_env(name, index)))
@@ -132,6 +133,18 @@ def test_every_replica_gives_the_claim_its_group_as_root_then_runs_torchrun_as_t
         assert line[4:] == pod.argv and pod.argv[0] == "torchrun"
         assert "$(RANK)" in pod.argv and "$(RANK)" not in script
         assert kubernetes_validate.validate(pod.as_pod(), "1.34.0", strict=True)
+
+
+def test_the_pytorchjob_runs_data_parallel_by_default_and_refuses_one_process_mode() -> None:
+    # Every PyTorchJob runs at least two ranks, and the trainer refuses --parallel none under
+    # a torchrun of several processes: the default must be a mode it runs.
+    from polyaxon.exceptions import PolyaxonfileError
+
+    for pod in pytorchjob({}).replicas().values():
+        assert pod.argv[pod.argv.index("--parallel") + 1] == "ddp"
+    assert "fsdp" in pytorchjob({"parallel": "fsdp"}).replicas()["Worker"].argv
+    with pytest.raises(PolyaxonfileError):
+        check(PYTORCHJOB, {**PROFILE, "parallel": "none"})
 
 
 def test_every_replica_mounts_the_shared_claim() -> None:
