@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
+from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.retry import Deadline
 from localcluster.controlplane import ControlPlaneError, free_port
 
 if TYPE_CHECKING:
@@ -225,7 +225,11 @@ def webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
     }
 
 
-def webhook_answers(api: client.ApiClient) -> bool:
+PYTORCHJOB = kube.Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs")
+FIELD_MANAGER = "checkpoint-storage-bench-training-operator"
+
+
+def webhook_answers(objects: kube.Client) -> bool:
     """Whether the API server gets the validator's answer: a PyTorchJob with two masters
     (which only the webhook refuses) is denied, in a dry run."""
     container = {"name": "pytorch", "image": "none"}
@@ -237,22 +241,12 @@ def webhook_answers(api: client.ApiClient) -> bool:
         "spec": {"pytorchReplicaSpecs": {"Master": replica}},
     }
     try:
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", body, dry_run="All"
-        )
-    except ApiException as exc:
-        return exc.status == 403 and "denied the request" in (exc.body or "")
+        objects.request("POST", PYTORCHJOB.path(NAMESPACE), body, query={"dryRun": "All"})
+    except kube.Forbidden as exc:
+        return "denied the request" in exc.server_message
+    except kube.KubeError:
+        return False  # e.g. the webhook not reached yet (a 500)
     return False
-
-
-def _create_or_replace(create: Any, replace: Any, read: Any, name: str, body: dict) -> None:
-    try:
-        create(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        body["metadata"]["resourceVersion"] = read(name).metadata.resource_version
-        replace(name, body)
 
 
 @dataclass
@@ -274,12 +268,13 @@ class TrainingOperator:
             raise TrainingOperatorError(
                 f"{binary} is not built (scripts/controlplane.sh build {BINARY})"
             )
-        api = self.node.cluster.api
-        self._install(api)
+        objects = self._objects()
+        deadline = Deadline(timeout)
+        self._install(objects, deadline)
         self.webhook_port = self.webhook_port or free_port()
         self.probe_port = self.probe_port or free_port()
         data = certificates()
-        self._secret_and_webhook(api, data)
+        self._secret_and_webhook(objects, data, deadline)
         self._created_cert_dir = not CERT_DIR.exists()
         # In a pod the Secret is mounted there; the rotator waits for the files, it does not
         # write them.
@@ -319,7 +314,7 @@ class TrainingOperator:
             # /tmp: one directory only when they agree.
             env={"KUBECONFIG": str(self.node.plane.admin_kubeconfig), "TMPDIR": "/tmp"},
         )
-        self.node._wait(BINARY, self._ready, timeout)
+        self.node._wait(BINARY, self._ready, max(1.0, deadline.remaining()))
         self.timings["start"] = round(time.monotonic() - t0, 2)
         return self
 
@@ -346,56 +341,33 @@ class TrainingOperator:
                     return False
         except OSError:
             return False
-        return webhook_answers(self.node.cluster.api)
+        return webhook_answers(self._objects())
 
-    def _install(self, api: client.ApiClient) -> None:
-        ext = client.ApiextensionsV1Api(api)
-        names = []
-        for body in crds():
-            names.append(body["metadata"]["name"])
-            _create_or_replace(
-                ext.create_custom_resource_definition,
-                ext.replace_custom_resource_definition,
-                ext.read_custom_resource_definition,
-                body["metadata"]["name"],
-                body,
-            )
-        deadline = time.monotonic() + 60
+    def _objects(self) -> kube.Client:
+        """The object layer on the node's admin credentials, as this operator's applier."""
+        return kube.Client(self.node.cluster.api, field_manager=FIELD_MANAGER)
+
+    def _install(self, objects: kube.Client, deadline: Deadline) -> None:
+        """Apply the module's CRDs and wait until the API server serves them."""
+        names = [objects.apply(body, deadline=deadline)["metadata"]["name"] for body in crds()]
         for name in names:
-            while True:
-                conds = ext.read_custom_resource_definition(name).status.conditions or []
-                if any(c.type == "Established" and c.status == "True" for c in conds):
-                    break
-                if time.monotonic() > deadline:
-                    raise TrainingOperatorError(f"CRD {name} not Established after 60 s")
-                time.sleep(0.2)
+            objects.wait(kube.CRD, name, kube.established, deadline)
 
-    def _secret_and_webhook(self, api: client.ApiClient, data: dict[str, bytes]) -> None:
-        core = client.CoreV1Api(api)
-        try:
-            core.create_namespace({"metadata": {"name": NAMESPACE}})
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+    def _secret_and_webhook(
+        self, objects: kube.Client, data: dict[str, bytes], deadline: Deadline
+    ) -> None:
+        """The namespace, the Secret with the certificates and the ValidatingWebhookConfiguration
+        (server-side apply: created, or brought to these values)."""
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
         secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
             "metadata": {"name": SECRET, "namespace": NAMESPACE},
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
         }
-        _create_or_replace(
-            lambda b: core.create_namespaced_secret(NAMESPACE, b),
-            lambda n, b: core.replace_namespaced_secret(n, NAMESPACE, b),
-            lambda n: core.read_namespaced_secret(n, NAMESPACE),
-            SECRET,
-            secret,
-        )
-        adm = client.AdmissionregistrationV1Api(api)
-        _create_or_replace(
-            adm.create_validating_webhook_configuration,
-            adm.replace_validating_webhook_configuration,
-            adm.read_validating_webhook_configuration,
-            WEBHOOK_CONFIG,
-            webhook_configuration(self.webhook_port, data["ca.crt"]),
-        )
+        webhook = webhook_configuration(self.webhook_port, data["ca.crt"])
+        for doc in (namespace, secret, webhook):
+            objects.apply(doc, deadline=deadline)
 
 
 def start(node: Node, timeout: float = 120.0) -> TrainingOperator:
