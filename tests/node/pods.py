@@ -9,12 +9,22 @@ IMAGE = "localhost/csb-busybox:1"
 NAMESPACE = "node-smoke"
 
 
-def smoke_pod(name: str, command: str) -> dict:
-    """A pod as a platform team runs jobs: non-root, fsGroup, no privilege, baseline PSA."""
+def job_pod(
+    name: str,
+    command: str,
+    *args: str,
+    image: str = IMAGE,
+    namespace: str = NAMESPACE,
+    claim: str | None = None,
+    mount: str = "/scratch",
+) -> dict:
+    """A pod as a platform team runs jobs: non-root, fsGroup, no privilege (PodSecurity
+    ``baseline``); ``sh -c command args…``, with the claim, or a scratch emptyDir, at ``mount``."""
+    source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "restartPolicy": "Never",
             "securityContext": {
@@ -26,30 +36,36 @@ def smoke_pod(name: str, command: str) -> dict:
             "containers": [
                 {
                     "name": "main",
-                    "image": IMAGE,
+                    "image": image,
                     "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", command],
+                    "command": ["/bin/sh", "-c", command, *args],
                     "securityContext": {"allowPrivilegeEscalation": False},
-                    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                    "volumeMounts": [{"name": "data", "mountPath": mount}],
                 }
             ],
-            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "volumes": [{"name": "data", **source}],
         },
     }
 
 
-def prepare(node: Node) -> None:
-    node.import_image(
-        busybox_image(node.state_dir / "images", "1", ["/bin/sh"]), "localhost/csb-busybox"
-    )
+def baseline_namespace(node: Node, name: str = NAMESPACE) -> None:
+    """The namespace under PodSecurity ``baseline``, ready for pods."""
     node.cluster.apply(
         {
             "apiVersion": "v1",
             "kind": "Namespace",
             "metadata": {
-                "name": NAMESPACE,
+                "name": name,
                 "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
             },
         }
     )
-    node.cluster.wait_for_default_service_account(NAMESPACE)
+    node.cluster.wait_for_default_service_account(name)
+
+
+def prepare(node: Node) -> None:
+    """The busybox image imported and the smoke namespace made."""
+    node.import_image(
+        busybox_image(node.state_dir / "images", "1", ["/bin/sh"]), "localhost/csb-busybox"
+    )
+    baseline_namespace(node)

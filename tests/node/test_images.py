@@ -4,7 +4,7 @@ node's containerd under its name, runs Python and fio in a pod as a non-root use
 from __future__ import annotations
 
 from localcluster.node import BASE_IMAGE, Node, debian_base_image
-from tests.node.pods import NAMESPACE, smoke_pod
+from tests.node.pods import baseline_namespace, job_pod
 
 FIO = (
     "python3 -c 'import sys; print(\"python\", *sys.version_info[:2])'; "
@@ -19,19 +19,8 @@ def test_the_debian_base_runs_python_and_fio_as_non_root(node: Node) -> None:
     assert debian_base_image() == archive  # cached: the second call builds nothing
     node.import_image(archive, BASE_IMAGE.rsplit(":", 1)[0])
     assert BASE_IMAGE in node.ctr("images", "ls", "--quiet").stdout.split()
-    node.cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": NAMESPACE,
-                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
-            },
-        }
-    )
-    node.cluster.wait_for_default_service_account(NAMESPACE)
-    pod = smoke_pod("fio", FIO)
-    pod["spec"]["containers"][0]["image"] = BASE_IMAGE
+    baseline_namespace(node)
+    pod = job_pod("fio", FIO, image=BASE_IMAGE)
     done, log = node.run_pod(pod, timeout=180)
     assert done["status"]["phase"] == "Succeeded", (done["status"], log)
     assert log.split() == ["python", "3", "11", "written", str(16 * 2**20)], log

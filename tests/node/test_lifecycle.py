@@ -15,7 +15,7 @@ from localcluster.controlplane import NODE_NAME, stop_recorded
 from localcluster.node import BRIDGE_IP, Node, leftovers, sweep
 from tests.kube.cluster import REPO
 from tests.node.conftest import done_with, state_dir
-from tests.node.pods import NAMESPACE, prepare, smoke_pod
+from tests.node.pods import NAMESPACE, job_pod, prepare
 
 
 def machine_state() -> dict:
@@ -73,7 +73,7 @@ def test_start_run_a_pod_stop_clean(bin_dir: Path) -> None:
         assert addresses["InternalIP"] == BRIDGE_IP
         prepare(node)
         pod, log = node.run_pod(
-            smoke_pod(
+            job_pod(
                 "smoke",
                 "id -u; echo written > /scratch/f && cat /scratch/f; "
                 "cat /var/run/secrets/kubernetes.io/serviceaccount/namespace; echo; "
@@ -87,7 +87,7 @@ def test_start_run_a_pod_stop_clean(bin_dir: Path) -> None:
         assert log.split() == ["1000", "written", NAMESPACE, "10.0.0.1:443"], log
         # In-cluster clients reach the API server through the Service (kube-proxy's DNAT to
         # the bridge address); nothing routes off the machine.
-        pod, log = node.run_pod(smoke_pod("network", NETWORK_CHECK))
+        pod, log = node.run_pod(job_pod("network", NETWORK_CHECK))
         assert pod["status"]["phase"] == "Succeeded", (pod["status"], log)
         routes, verdicts = log.split("--\n")
         assert "default" not in routes, routes
@@ -109,15 +109,13 @@ import sys, time
 from pathlib import Path
 from tests.kube.cluster import CLASSES_FILE, STORAGE_CLASS_FILE, Cluster
 from localcluster.node import Node
-from tests.node.pods import prepare, smoke_pod
+from tests.node.pods import job_pod, prepare
 node = Node(Path(sys.argv[1]), Path(sys.argv[2]), die_with_parent=True, client_class=Cluster).start()
 prepare(node)
 node.cluster.apply_file(STORAGE_CLASS_FILE)
 node.cluster.apply_file(CLASSES_FILE)
 node.cluster.apply(node.cluster.shipped_claim("sleeper-claim", "node-smoke"))
-pod = smoke_pod("sleeper", "sleep 3600")
-pod["spec"]["volumes"].append({"name": "claim", "persistentVolumeClaim": {"claimName": "sleeper-claim"}})
-pod["spec"]["containers"][0]["volumeMounts"].append({"name": "claim", "mountPath": "/claim"})
+pod = job_pod("sleeper", "sleep 3600", claim="sleeper-claim", mount="/claim")
 node.cluster.request("POST", "/api/v1/namespaces/node-smoke/pods", pod)
 while node.cluster.request("GET", "/api/v1/namespaces/node-smoke/pods/sleeper")["status"].get("phase") != "Running":
     time.sleep(0.5)

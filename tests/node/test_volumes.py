@@ -32,6 +32,7 @@ from tests.kube.cluster import (
     wait_for,
 )
 from tests.node.conftest import limits_written, platform_namespace
+from tests.node.pods import job_pod
 
 MIB = 2**20
 TOLERANCE = 0.15
@@ -72,32 +73,10 @@ LIVE_SCRIPT = (
 
 
 def fio_pod(name: str, script: str = POD_SCRIPT) -> dict:
-    """The job pod as a platform team runs it: non-root, ``fsGroup``, no privilege."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "restartPolicy": "Never",
-            "securityContext": {
-                "runAsUser": 1000,
-                "runAsGroup": 1000,
-                "fsGroup": 1000,
-                "runAsNonRoot": True,
-            },
-            "containers": [
-                {
-                    "name": "fio",
-                    "image": BASE_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", script, name],
-                    "securityContext": {"allowPrivilegeEscalation": False},
-                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                }
-            ],
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}],
-        },
-    }
+    """The job pod on the claim, at /data; ``$0`` in the script is the pod's name."""
+    return job_pod(
+        name, script, name, image=BASE_IMAGE, namespace=NAMESPACE, claim=CLAIM, mount="/data"
+    )
 
 
 def parse(log: str) -> dict[str, list[str]]:
