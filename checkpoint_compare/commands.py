@@ -12,20 +12,15 @@ import click
 from checkpoint_compare.config import CompareConfig
 from checkpoint_compare.cost import load_pricing
 from checkpoint_compare.errors import CompareError
-from checkpoint_compare.grouping import group_by_profile
-from checkpoint_compare.records import RunKind
 from checkpoint_compare.sources import ApiSource, Loaded, load_runs
-from checkpoint_compare.verdict import Verdict, build_verdict, op_outputs
-from checkpoint_compare.workloads import WorkloadVerdict, is_data_comparison, judge_workloads
+from checkpoint_compare.verdict import Verdict, judge_runs, op_outputs
 from checkpoint_storage_bench.contract import WORKLOAD_INPUT
 from checkpoint_storage_bench.tracking import in_polyaxon_run, tracked_run
 
 log = logging.getLogger("checkpoint_compare")
 
 
-def judge(
-    config: CompareConfig, loaded: Loaded | None = None
-) -> tuple[Verdict | WorkloadVerdict, Loaded]:
+def judge(config: CompareConfig, loaded: Loaded | None = None) -> tuple[Verdict, Loaded]:
     """Load (unless given), group, compare, price and recommend: the one verdict, with the
     row of the workload the runs measured.
 
@@ -36,29 +31,19 @@ def judge(
         config.prices.pricing_path, config.prices.gpu_hourly, config.prices.volume_gib
     )
     loaded = loaded or load_runs(config.sources)
-    if is_data_comparison(loaded.records):
-        verdict = judge_workloads(
-            loaded.records,
-            pricing,
-            config.thresholds,
-            baseline=config.selection.baseline,
-            budget=config.workload_budget,
-            expected=config.selection.expected,
-        )
-        return verdict, loaded
-    groups, failed = group_by_profile(loaded.records, expected=config.selection.expected)
-    for run in failed:
-        log.warning("run %s %s and is not used: %s", run.label, run.status, run.message)
-    return build_verdict(
-        groups,
+    verdict, failed = judge_runs(
+        loaded.records,
         pricing,
         config.thresholds,
         baseline=config.selection.baseline,
-        failed_runs=failed,
         budget=config.budget,
-        hook_runs=[r for r in loaded.records if r.kind is RunKind.HOOK],
+        workload_budget=config.workload_budget,
+        expected=config.selection.expected,
         allow_resumed=config.selection.allow_resumed,
-    ), loaded
+    )
+    for run in failed:
+        log.warning("run %s %s and is not used: %s", run.label, run.status, run.message)
+    return verdict, loaded
 
 
 def _write(path: Path, text: str) -> Path:
@@ -71,23 +56,19 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def _record_inputs(verdict: Verdict | WorkloadVerdict) -> tuple[list[str], dict[str, Any]]:
-    """The compare run's tags and inputs."""
-    if isinstance(verdict, WorkloadVerdict):
-        return ["compare", f"{WORKLOAD_INPUT}:{verdict.workload}"], {
-            "baseline": verdict.baseline,
-            "profiles": ",".join(p.profile for p in verdict.profiles),
-            "compared_runs": ",".join(u for p in verdict.profiles for u in p.runs),
-            WORKLOAD_INPUT: verdict.workload,
-        }
-    return ["compare"], {
+def _record_inputs(verdict: Verdict) -> tuple[list[str], dict[str, Any]]:
+    """The compare run's tags and inputs. The workload is ``compared_workload``: an input
+    named ``workload`` would make the compare run a data workload's run to the next
+    verdict that loads the pipeline's runs."""
+    return ["compare", f"{WORKLOAD_INPUT}:{verdict.workload}"], {
         "baseline": verdict.baseline,
-        "profiles": ",".join(f.profile for f in verdict.profiles),
-        "compared_runs": ",".join(r.run.uuid for f in verdict.profiles for r in f.per_run),
+        "profiles": ",".join(p.profile for p in verdict.profiles),
+        "compared_runs": ",".join(r.uuid for p in verdict.profiles for r in p.runs),
+        f"compared_{WORKLOAD_INPUT}": verdict.workload,
     }
 
 
-def run(config: CompareConfig) -> Verdict | WorkloadVerdict:
+def run(config: CompareConfig) -> Verdict:
     """Judge, then print the verdict, write the reports and log it as a Polyaxon run (its
     outputs, the reports as artifacts, the markdown as the run's readme and as the readme
     of the outermost pipeline the user started)."""
@@ -95,7 +76,6 @@ def run(config: CompareConfig) -> Verdict | WorkloadVerdict:
     from checkpoint_compare.report_json import dumps
     from checkpoint_compare.report_markdown import render_markdown
     from checkpoint_compare.report_text import render_text
-    from checkpoint_compare.workloads import outputs
 
     verdict, loaded = judge(config)
     click.echo(render_text(verdict), nl=False)
@@ -110,8 +90,7 @@ def run(config: CompareConfig) -> Verdict | WorkloadVerdict:
             click.echo(f"warning: {config.reports.html_path}: {NO_PLOTS}", err=True)
         written.append(_write(config.reports.html_path, render_html(verdict)))
     tags, inputs = _record_inputs(verdict)
-    results = outputs(verdict) if isinstance(verdict, WorkloadVerdict) else op_outputs(verdict)
-    _record(config, loaded, tags, inputs, results, written, markdown)
+    _record(config, loaded, tags, inputs, op_outputs(verdict), written, markdown)
     return verdict
 
 

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import enum
 import math
-import statistics
 from dataclasses import dataclass, field
 
 import click
 
-from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures, RunFigures
+from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures
 from checkpoint_compare.formatting import seconds
-from checkpoint_compare.grouping import around_the_others
 from checkpoint_compare.intervals import Shift, run_level_shift
+from checkpoint_compare.records import RunRecord
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
 
@@ -121,40 +120,23 @@ class Difference:
 @dataclass
 class Drift:
     """How much the baseline moved between its first runs and the ones after the other
-    profiles (a pipeline that returned to the first profile: A…B…A).
+    profiles (a pipeline that returned to the first profile: A…B…A), for every workload.
 
     Attributes:
         profile: The baseline profile.
         first: Runs before any other profile ran.
         last: Runs after the other profiles.
-        pause: Shift of the pauses, last − first, with its interval.
-        runtime_s: Median runtime of the last runs − of the first runs.
+        shift: Shift of the headline figure (the pause, an epoch, ...), last − first,
+            between runs; None when a side has no samples.
+        runtime_s: A training run's median runtime of the last runs − of the first runs;
+            None for a workload whose headline is its whole run.
     """
 
     profile: str
-    first: list[RunFigures]
-    last: list[RunFigures]
-    pause: Shift | None
-    runtime_s: float
-
-
-def measure_drift(baseline: ProfileFigures, others: list[ProfileFigures], confidence: float):  # noqa: ANN201
-    """The baseline's drift, when some of its runs came after every other profile's runs;
-    None otherwise (no return to the first profile, or runs without start times)."""
-    split = around_the_others(
-        baseline.per_run, lambda r: r.started, [r.started for f in others for r in f.per_run]
-    )
-    if split is None:
-        return None
-    first, last = split
-    before = [[v for _, v in r.measured] for r in first if r.measured]
-    after = [[v for _, v in r.measured] for r in last if r.measured]
-    # Before every other profile, and after them all: one block each.
-    pause = run_level_shift(after, before, confidence, (1, 1)) if before and after else None
-    runtime = statistics.median(r.runtime_s for r in last) - statistics.median(
-        r.runtime_s for r in first
-    )
-    return Drift(baseline.profile, first, last, pause, runtime)
+    first: list[RunRecord]
+    last: list[RunRecord]
+    shift: Shift | None
+    runtime_s: float | None = None
 
 
 @dataclass
@@ -253,20 +235,6 @@ def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) ->
     )  # fmt: skip
 
 
-def _pause_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) -> Shift:
-    """The runs' median pauses against each other: the run, not the checkpoint, is what was
-    assigned to a profile."""
-    x = [[v for _, v in r.measured] for r in cand.per_run if r.measured]
-    y = [[v for _, v in r.measured] for r in base.per_run if r.measured]
-    if x and y:
-        return run_level_shift(x, y, t.confidence, _blocks(base, cand))
-    return Shift(
-        cand.pause.median - base.pause.median, None, None, None, len(x), len(y),
-        "no per-checkpoint pauses after warm-up (only the runs' summary outputs, or every "
-        "checkpoint was warm-up): no interval",
-    )  # fmt: skip
-
-
 def _restore_difference(
     base: ProfileFigures, cand: ProfileFigures, t: Thresholds
 ) -> Difference | None:
@@ -281,11 +249,13 @@ def compare(
     baseline: ProfileFigures,
     candidate: ProfileFigures,
     thresholds: Thresholds,
+    pause: Difference,
     drift: Drift | None = None,
 ) -> Comparison:
-    """Compare a candidate profile with the baseline, robust and symmetric."""
+    """Compare a candidate's whole training run with the baseline's, robust and symmetric,
+    given the headline's difference (the pause per checkpoint, judged by the verdict's
+    engine as every workload's headline is, the baseline's drift already applied)."""
     t = thresholds
-    pause = Difference.judge(_pause_shift(baseline, candidate, t), t.practical_floor_s, "pause")
     runtime_floor = t.runtime_floor * max(baseline.runtime_s, candidate.runtime_s)
     runtime = Difference.judge(_runtime_shift(baseline, candidate, t), runtime_floor, "runtime")
     stage_deltas = {
@@ -315,20 +285,12 @@ def compare(
 
 
 def _drift_notes(c: Comparison) -> list[str]:
-    """Say when the baseline drifted as much as the difference, and then do not count it."""
-    notes = []
+    """Say when the baseline's runtime drifted as much as the whole run's difference, and
+    then do not count it (the headline's drift is the engine's, for every workload)."""
+    notes: list[str] = []
     drift, name = c.drift, c.candidate.profile
-    if drift is None:
+    if drift is None or drift.runtime_s is None:
         return notes
-    if drift.pause is not None and abs(drift.pause.estimate) >= abs(c.pause.estimate):
-        if c.pause.counts:
-            c.pause.counts = False
-            c.pause.why_not = "pause: no larger than the baseline's drift"
-        notes.append(
-            f"{drift.profile}'s own pauses moved by {seconds(drift.pause.estimate, signed=True)} s between its "
-            f"first and its last runs (drift), at least as much as the difference to {name} "
-            f"({seconds(c.pause.estimate, signed=True)} s): the difference may be drift, not the profile"
-        )
     if abs(drift.runtime_s) >= abs(c.runtime.estimate):
         if c.runtime.counts:
             c.runtime.counts = False

@@ -26,15 +26,20 @@ Priced before unpriced, always: nothing is said of what an unpriced profile cost
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from checkpoint_compare.comparison import Comparison
+from checkpoint_compare.comparison import NO_DIFFERENCE, Comparison
 from checkpoint_compare.cost import Pricing, ProfileCost
 from checkpoint_compare.figures import ProfileFigures
 from checkpoint_compare.formatting import seconds, usd
 from checkpoint_compare.intervals import median_upper_bound
-from checkpoint_compare.table import NONE_MEETS
+from checkpoint_compare.table import NONE_MEETS, WorkloadBudget, WorkloadRow
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
+
+if TYPE_CHECKING:
+    from checkpoint_compare.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -225,39 +230,71 @@ def _cheapest(fits: list[ProfileFit]) -> ProfileFit:
     )
 
 
-def recommend(
-    profiles: list[ProfileFigures],
-    costs: dict[str, ProfileCost],
-    comparisons: list[Comparison],
-    verdict_profile: str | None,
-    budget: Budget,
-    pricing: Pricing,
-    confidence: float,
-) -> Recommendation:
-    """Recommend a profile for the checkpoints of a training run (``profiles`` baseline
-    first).
+@dataclass(frozen=True)
+class _RunFigure:
+    """One run's figures as a data workload's budget test reads them."""
+
+    median: float
+    au: float | None
+
+
+def every_run_meets(row: WorkloadRow, budget: WorkloadBudget, p: Any) -> bool | None:
+    """A data workload's budget is met when every run meets it, each on its own median (the
+    run is the unit: the epochs of a quick run must not carry a run that starved the GPUs);
+    None when no budget was asked or a run has no figure to judge. ``p``: a profile's
+    verdict (its ``run_samples``, ``run_au``)."""
+    tests = [
+        row.budget(_RunFigure(statistics.median(s), statistics.median(a) if a else None), budget)
+        for s, a in zip(p.run_samples, p.run_au or [[]] * len(p.run_samples), strict=True)
+        if s
+    ]
+    if not tests or any(t is None for t in tests):
+        return None
+    return all(tests)
+
+
+def recommend(verdict: Verdict, pricing: Pricing) -> Recommendation:
+    """Recommend a profile for any workload, given its verdict (profiles baseline first):
+    each profile's fit (a training row: the pause bound of every run, the net cost at the
+    cadence; a data row: its row's budget test on every run), then :func:`choose`.
 
     A profile with a run that has no finite final loss (it diverged, or did not say) is
     never recommended, whatever its pauses and price: nothing shows it trained the model.
     """
-    by_candidate = {c.candidate.profile: c for c in comparisons}
-    fits = [_fit(f, costs[f.profile], budget, pricing, by_candidate, confidence) for f in profiles]
-    for fit, p in zip(fits, profiles, strict=True):
-        fit.eligible = not p.loss_problem
-        if (comp := by_candidate.get(p.profile)) is not None and comp.faster is not None:
-            fit.direction = "better" if comp.faster else "worse"
-    unusable = [f"{p.profile}: {p.loss_problem}" for p in profiles if p.loss_problem]
+    row, budget, confidence = verdict.row, verdict.budget, verdict.thresholds.confidence
+    comparisons = {c.name: c.comparison for c in verdict.candidates if c.comparison}
+    fits = []
+    for p in verdict.profiles:
+        if p.figures is not None:
+            fit = _fit(p.figures, p.cost, budget, pricing, comparisons, confidence)
+            fit.eligible = not p.figures.loss_problem
+        else:
+            fit = ProfileFit(
+                profile=p.profile, pause_high_s=None, share_high=None,
+                meets=every_run_meets(row, verdict.workload_budget, p),
+                why=row.budget_figure(p), gpu_month=None,
+                storage_month=p.cost.storage_month if p.cost.known else None,
+            )  # fmt: skip
+        fit.direction = p.standing
+        fits.append(fit)
     rec = Recommendation(NONE_MEETS, "", budget, confidence, fits)
+    unusable = [f"{p.profile}: {p.figures.loss_problem}" for p in verdict.profiles
+                if p.figures is not None and p.figures.loss_problem]  # fmt: skip
     if not any(f.eligible for f in fits):
         rec.reason = "no profile can be recommended: " + "; ".join(unusable)
         return rec
-    rec.profile, rec.reason = choose(
-        fits,
-        has_limit=budget.has_limit,
-        level=f" with {confidence:.0%} confidence",
-        cadence=budget.checkpoints_per_month,
-        verdict_profile=verdict_profile,
-    )
+    if why := row.unjudgeable(verdict.profiles, verdict.workload_budget):
+        rec.reason = why
+        return rec
+    if row.training:
+        kept = None if verdict.verdict == NO_DIFFERENCE else verdict.verdict
+        rec.profile, rec.reason = choose(
+            fits, has_limit=budget.has_limit, level=f" with {confidence:.0%} confidence",
+            cadence=budget.checkpoints_per_month, verdict_profile=kept,
+        )  # fmt: skip
+    else:
+        has_limit = row.budget_words(verdict.workload_budget) is not None
+        rec.profile, rec.reason = choose(fits, has_limit=has_limit)
     if unusable:
         rec.reason += f" ({'; '.join(unusable)}: not recommended)"
     return rec

@@ -15,7 +15,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from checkpoint_compare.comparison import Difference
+from checkpoint_compare.comparison import Difference, Outcome
+from checkpoint_compare.figures import ProfileFigures
 from checkpoint_compare.report_tables import (
     column_names,
     comparison_lines,
@@ -23,7 +24,6 @@ from checkpoint_compare.report_tables import (
     sections,
 )
 from checkpoint_compare.verdict import Candidate, Verdict, interval
-from checkpoint_compare.workloads import WorkloadVerdict
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -79,28 +79,26 @@ def profile_colours(verdict: Verdict) -> dict[str, str]:
     """One colour per profile in every plot (the baseline first), so a profile is the same
     colour wherever it appears; the verdict's colours (green, red) are left to the
     differences that decide it."""
-    return {s.profile: PALETTE[i % len(PALETTE)] for i, s in enumerate(verdict.profiles)}
+    return {p.profile: PALETTE[i % len(PALETTE)] for i, p in enumerate(verdict.profiles)}
 
 
 def _label(verdict: Verdict, profile: str) -> str:
     return profile + (" (baseline)" if profile == verdict.baseline else "")
 
 
-def _stage_bars(verdict: Verdict) -> Callable[[Figure], None]:
+def _stage_bars(verdict: Verdict, figures: list[ProfileFigures]) -> Callable[[Figure], None]:
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
-        names = [_label(verdict, s.profile) for s in verdict.profiles]
+        names = [_label(verdict, s.profile) for s in figures]
         bottoms = [0.0] * len(names)
         for stage in _STACKED:
-            heights = [
-                s.stages[stage].median if stage in s.stages else 0.0 for s in verdict.profiles
-            ]
+            heights = [s.stages[stage].median if stage in s.stages else 0.0 for s in figures]
             if any(heights):
                 ax.bar(names, heights, bottom=bottoms, label=stage)
                 bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
         ax.scatter(
             names,
-            [s.pause.median for s in verdict.profiles],
+            [s.pause.median for s in figures],
             color="black",
             marker="_",
             s=800,
@@ -114,12 +112,12 @@ def _stage_bars(verdict: Verdict) -> Callable[[Figure], None]:
     return draw
 
 
-def _pause_over_steps(verdict: Verdict) -> Callable[[Figure], None]:
+def _pause_over_steps(verdict: Verdict, figures: list[ProfileFigures]) -> Callable[[Figure], None]:
     colours = profile_colours(verdict)
 
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
-        for s in verdict.profiles:
+        for s in figures:
             many = len(s.per_run) > 1
             for i, run in enumerate(s.per_run):
                 label = _label(verdict, s.profile) + (f" run {i + 1}" if many else "")
@@ -142,16 +140,16 @@ def _pause_over_steps(verdict: Verdict) -> Callable[[Figure], None]:
     return draw
 
 
-def _fio_bars(verdict: Verdict) -> Callable[[Figure], None]:
-    cases = sorted({c for s in verdict.profiles for c in s.fio})
+def _fio_bars(figures: list[ProfileFigures]) -> Callable[[Figure], None]:
+    cases = sorted({c for s in figures for c in s.fio})
 
     def draw(fig: Figure) -> None:
-        width = 0.8 / len(verdict.profiles)
+        width = 0.8 / len(figures)
         for i, (measure, label) in enumerate(
             (("bw_mbps", "bandwidth (MB/s)"), ("lat_p99_us", "p99 latency (µs)"))
         ):
             ax = fig.add_subplot(1, 2, i + 1)
-            for j, s in enumerate(verdict.profiles):
+            for j, s in enumerate(figures):
                 xs = [k + j * width for k in range(len(cases))]
                 ax.bar(
                     xs, [s.fio.get(c, {}).get(measure, 0) for c in cases], width, label=s.profile
@@ -177,12 +175,16 @@ def _ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 
 def interval_colour(cand: Candidate) -> str:
-    """Green or red only where the difference decides the verdict: the candidate's run is
-    measurably faster (or slower) because of its checkpoints. A difference that counts on
-    its own but does not decide (a faster pause under a run that is not measurably faster)
-    is grey, like one that does not count, so the colours never contradict the verdict."""
-    faster = cand.comparison.faster
-    return GREY if faster is None else GREEN if faster else RED
+    """Green or red only where the difference decides the verdict: the candidate is
+    measurably faster (or slower) on the whole (a training run: because of its
+    checkpoints). A difference that counts on its own but does not decide (a faster pause
+    under a run that is not measurably faster) is grey, like one that does not count, so
+    the colours never contradict the verdict."""
+    if cand.outcome in (Outcome.BETTER, Outcome.FASTER_COSTLIER):
+        return GREEN
+    if cand.outcome in (Outcome.WORSE, Outcome.SLOWER_CHEAPER):
+        return RED
+    return GREY
 
 
 def interval_panel(
@@ -254,7 +256,7 @@ def interval_panel(
             )
         out.append(
             f"<circle cx='{x(s.estimate):.1f}' cy='{y:.1f}' r='5' fill='{colour}'>"
-            f"<title>{esc(interval(s))}</title></circle>"
+            f"<title>{esc(interval(s, unit=unit))}</title></circle>"
         )
         out.append("</g>")
     out.append("</svg>")
@@ -262,31 +264,67 @@ def interval_panel(
 
 
 def intervals_svg(verdict: Verdict) -> str:
-    """The pause, whole-run (and restore) differences of every candidate with their
-    intervals, coloured as the verdict decides."""
+    """The headline's differences of every candidate with their intervals, coloured as the
+    verdict decides; a training run's whole run and restore beside them."""
 
     def rows(
         measure: Callable[[Candidate], Difference | None],
         colour: Callable[[Candidate], str] = interval_colour,
     ) -> list[tuple[str, Difference, str]]:
         return [
-            (c.comparison.candidate.profile, diff, colour(c))
+            (c.name, diff, colour(c))
             for c in verdict.candidates
             if (diff := measure(c)) is not None
         ]
 
+    row = verdict.row
     level = f"{verdict.thresholds.confidence:.0%}"
     panels = [
         interval_panel(
-            f"Pause per checkpoint, {level} interval", rows(lambda c: c.comparison.pause), "s",
-            "pause",
+            f"{row.label.capitalize()}, {level} interval", rows(lambda c: c.profile.difference),
+            row.unit, row.stem,
         ),
-        interval_panel("Whole run", rows(lambda c: c.comparison.runtime), "s", "runtime"),
     ]  # fmt: skip
+    if whole := rows(lambda c: c.comparison.runtime if c.comparison else None):
+        panels.append(interval_panel("Whole run", whole, "s", "runtime"))
     # The restore informs and does not decide the verdict: never a verdict colour.
-    if restore := rows(lambda c: c.comparison.restore, lambda c: GREY):
+    if restore := rows(lambda c: c.comparison.restore if c.comparison else None, lambda c: GREY):
         panels.append(interval_panel("Restore of the newest checkpoint", restore, "s", "restore"))
     return "<div id='plot-intervals'>" + "".join(panels) + "</div>"
+
+
+def _samples_plot(verdict: Verdict) -> Callable[[Figure], None]:
+    """Every sample of the headline per profile (and, where the row has one, its AU)."""
+    row, profiles = verdict.row, verdict.profiles
+    au = row.au_metric is not None and any(p.au_samples for p in profiles)
+    colours = profile_colours(verdict)
+
+    def draw(fig: Figure) -> None:
+        ax = fig.add_subplot(1, 2 if au else 1, 1)
+        for i, p in enumerate(profiles):
+            ax.scatter([i] * len(p.samples), p.samples, color=colours[p.profile], alpha=0.7)
+            ax.hlines(p.median, i - 0.3, i + 0.3, color=colours[p.profile], linewidth=2)
+        ax.set_xticks(range(len(profiles)), [_label(verdict, p.profile) for p in profiles])
+        ax.tick_params(axis="x", rotation=15)
+        ax.set_ylabel(f"{row.label} ({row.unit})")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{row.label.capitalize()}: every sample, the median as a bar")
+        if au:
+            bars = fig.add_subplot(1, 2, 2)
+            bars.bar(
+                [_label(verdict, p.profile) for p in profiles],
+                [100 * (p.au or 0.0) for p in profiles],
+                color=[colours[p.profile] for p in profiles],
+            )
+            if (floor := verdict.workload_budget.min_au) is not None:
+                bars.axhline(100 * floor, color="black", linestyle="--", label="budget")
+                bars.legend()
+            bars.set_ylim(0, 100)
+            bars.set_ylabel("accelerator utilization (%)")
+            bars.set_title("Accelerator utilization (median)")
+            bars.tick_params(axis="x", rotation=15)
+
+    return draw
 
 
 def _table(verdict: Verdict, title: str, rows: list[tuple[str, list[str]]]) -> str:
@@ -300,16 +338,18 @@ def _table(verdict: Verdict, title: str, rows: list[tuple[str, list[str]]]) -> s
     return "".join(out)
 
 
-def to_html(verdict: Verdict) -> str:
+def render_html(verdict: Verdict) -> str:
     """Render the report as one self-contained HTML document that reads top-down as a
     decision: the verdict and what to do, the plots that show why, the tables, the
-    assumptions, and last the comparison in words."""
+    assumptions, and last the comparison in words. The same document for every workload;
+    a training run adds its pauses over the steps, its stages and the fio sweep."""
     esc = html.escape
+    title = f"Storage profile comparison: {verdict.workload} ({verdict.row.title})"
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        "<title>Storage profile comparison</title>",
+        f"<title>{esc(title)}</title>",
         f"<style>{STYLE}</style></head><body>",
-        "<h1>Storage profile comparison</h1>",
+        f"<h1>{esc(title)}</h1>",
         f"<p class='verdict' id='verdict'><b>Verdict: {esc(verdict.verdict)}</b><br>"
         f"{esc(verdict.reason)}</p>",
     ]
@@ -320,30 +360,35 @@ def to_html(verdict: Verdict) -> str:
             f"{esc(rec.reason)}</p>"
         )
     parts.append(
-        "<section id='why'><h2>Differences from the baseline</h2><p>Dot: the Hodges–Lehmann "
-        "estimate; line: its interval; grey band: the practical floor. Green: measurably "
-        "faster, and it decides the verdict; red: measurably slower, and it decides; grey: "
-        "does not decide the verdict (within noise, or not borne out by the whole run)."
-        "</p>" + intervals_svg(verdict)
+        "<section id='why'><h2>Differences from the baseline</h2><p>Dot: the estimate (the "
+        "shift between the runs' medians); line: its interval; grey band: the practical "
+        "floor. Green: measurably faster, and it decides the verdict; red: measurably slower, "
+        "and it decides; grey: does not decide the verdict (within noise, or not borne out by "
+        "the whole run).</p>" + intervals_svg(verdict)
     )
+    figures = verdict.figures
     plots = [
-        ("plot-pause", "Pause per checkpoint, by profile", _pause_over_steps(verdict)),
-        ("plot-stages", "Stage breakdown per profile", _stage_bars(verdict)),
+        ("plot-samples", f"{verdict.row.label.capitalize()} per profile", _samples_plot(verdict))
     ]
-    if any(s.fio for s in verdict.profiles):
-        plots.append(("plot-fio", "fio bandwidth and latency per case", _fio_bars(verdict)))
+    if figures:
+        plots += [
+            ("plot-pause", "Pause per checkpoint, by profile", _pause_over_steps(verdict, figures)),
+            ("plot-stages", "Stage breakdown per profile", _stage_bars(verdict, figures)),
+        ]
+    if any(s.fio for s in figures):
+        plots.append(("plot-fio", "fio bandwidth and latency per case", _fio_bars(figures)))
     if not plots_available():
         parts.append(f"<p id='no-plots'><i>{esc(NO_PLOTS)}</i></p>")
         plots = []
-    for plot_id, title, draw in plots:
+    for plot_id, plot_title, draw in plots:
         size = (10, 4) if plot_id == "plot-fio" else (8, 4)
         parts.append(
-            f"<h2>{esc(title)}</h2><img id='{plot_id}' alt='{esc(title)}' "
+            f"<h2>{esc(plot_title)}</h2><img id='{plot_id}' alt='{esc(plot_title)}' "
             f"src='data:image/png;base64,{png(draw, size)}'>"
         )
     parts.append("</section><section id='tables'>")
-    for title, rows in sections(verdict):
-        parts.append(_table(verdict, title, rows))
+    for section, rows in sections(verdict):
+        parts.append(_table(verdict, section, rows))
     parts.append("</section><section id='assumptions'><h2>Assumptions</h2><ul>")
     parts += [f"<li>{esc(a)}</li>" for a in verdict.assumptions]
     parts.append("</ul></section>")
@@ -366,12 +411,3 @@ def to_html(verdict: Verdict) -> str:
     )
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def render_html(verdict: Verdict | WorkloadVerdict) -> str:
-    """Any workload's verdict as the HTML report."""
-    if isinstance(verdict, WorkloadVerdict):
-        from checkpoint_compare.report_workloads import to_html as workload_html
-
-        return workload_html(verdict)
-    return to_html(verdict)

@@ -1,10 +1,13 @@
-"""The verdict as a JSON document: one schema (``checkpoint-compare/3``) for every workload.
+"""The verdict as a JSON document: one schema (``checkpoint-compare/4``) for every workload.
 
 Every document has ``schema``, ``workload``, ``headline`` (the figure judged, its label and
-unit), ``verdict``, ``reason``, ``baseline``, ``recommendation`` (``profile``, ``reason``),
-``confidence``, ``profiles`` (by name, each with its ``difference`` from the baseline: null
-for the baseline), ``notes`` and ``outputs``; the checkpoint verdict adds what only it has
-(stages, the whole run, cost deltas, drift, failed runs). docs/compare.md lists the fields.
+unit), ``verdict``, ``reason``, ``baseline``, ``recommendation``, ``confidence``,
+``drift``, ``profiles`` (by name, each with its runs and headline samples, its median and
+its ``difference`` from the baseline: null for the baseline), ``comparisons`` (one per
+candidate: its outcome, reason, headline difference and notes), ``notes``, ``failed_runs``,
+``thresholds``, ``assumptions`` and ``outputs``; a training run's profiles and comparisons
+add what only it has (stages, the whole run, restore, cost deltas). docs/compare.md lists
+the fields.
 """
 
 from __future__ import annotations
@@ -13,14 +16,12 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from checkpoint_compare.comparison import Difference
-from checkpoint_compare.figures import RunFigures
+from checkpoint_compare.comparison import Comparison, Difference
+from checkpoint_compare.figures import ProfileFigures, RunFigures
 from checkpoint_compare.intervals import Shift
-from checkpoint_compare.table import CHECKPOINT
-from checkpoint_compare.verdict import Candidate, Verdict, op_outputs
-from checkpoint_compare.workloads import WorkloadProfile, WorkloadVerdict, outputs
+from checkpoint_compare.verdict import Candidate, ProfileVerdict, Verdict, op_outputs
 
-SCHEMA = "checkpoint-compare/3"
+SCHEMA = "checkpoint-compare/4"
 
 
 def _shift(shift: Shift | None) -> dict[str, Any] | None:
@@ -58,19 +59,6 @@ def difference(
     }
 
 
-def _checkpoint_difference(cand: Candidate) -> dict[str, Any]:
-    """The headline (pause per checkpoint) difference; claimed when the report calls the
-    pause measurably different or declares the whole run faster or slower, pointing the
-    way the declared whole run does, else the pause."""
-    c = cand.comparison
-    claimed = c.pause.counts or c.faster is not None
-    faster = c.faster if c.faster is not None else c.pause.estimate < 0
-    direction = "better" if faster else "worse"
-    out = difference(c.pause.shift, c.pause, claimed, direction, CHECKPOINT.unit)
-    out["runs"] = {"profile": len(c.candidate.per_run), "baseline": len(c.baseline.per_run)}
-    return out
-
-
 def _run(r: RunFigures) -> dict[str, Any]:
     return {
         "uuid": r.run.uuid,
@@ -97,64 +85,96 @@ def _run(r: RunFigures) -> dict[str, Any]:
     }
 
 
-def to_json(verdict: Verdict) -> dict[str, Any]:
-    """The verdict as a JSON document."""
-    profiles = {}
-    for s in verdict.profiles:
-        profiles[s.profile] = {
-            "training_runs": [_run(r) for r in s.per_run],
-            "training_run": s.runs.training.uuid,
-            "hook_run": s.runs.hook.uuid if s.runs.hook else None,
-            "fio_run": s.runs.fio.uuid if s.runs.fio else None,
-            "interval": list(s.interval),
-            "checkpoint_count": s.checkpoint_count,
-            "stages": {k: asdict(v) | {"spread": v.spread} for k, v in s.stages.items()},
-            "warmup_pause_s_median": s.warmup_median,
-            "pause_per_checkpoint": [[step, v] for series in s.pause_series for step, v in series],
-            "write_gbps_median": s.write_gbps_median,
-            "upload_gbps_median": s.upload_gbps_median,
-            "runtime_s": s.runtime_s,
-            "runtimes_s": s.runtimes,
-            "restores_s": s.restores,
-            "pause_total_s": s.pause_total_s,
-            "pause_share": s.pause_share,
-            "final_loss": s.final_loss,
-            "loss_problem": s.loss_problem,
-            "fio": s.fio,
-            "hook": s.hook,
-            "cost": asdict(verdict.costs[s.profile]),
-            "difference": None,
-        }
-    for cand in verdict.candidates:
-        profiles[cand.comparison.candidate.profile]["difference"] = _checkpoint_difference(cand)
-    comparisons = []
-    for cand in verdict.candidates:
-        c = cand.comparison
-        comparisons.append(
-            {
-                "baseline": c.baseline.profile,
-                "candidate": c.candidate.profile,
-                "outcome": cand.outcome.value,
-                "reason": cand.reason,
-                "pause": _difference(c.pause),
-                "pause_delta_s": c.pause_delta_s,
-                "pause_measurable": c.pause_measurable,
-                "pause_speedup": c.pause_speedup,
-                "runtime": _difference(c.runtime),
-                "runtime_delta_s": c.runtime_delta_s,
-                "runtime_measurable": c.runtime_measurable,
-                "explained_by_checkpoints": c.explained_by_checkpoints,
-                "restore": _difference(c.restore) if c.restore else None,
-                "stage_deltas": c.stage_deltas,
-                "final_loss_delta": c.loss_delta,
-                "final_loss_unknown": c.loss_unknown,
-                "cost_delta": asdict(cand.cost) if cand.cost else None,
-                "notes": c.notes,
-            }
-        )
-    drift = verdict.drift
-    rec = verdict.recommendation
-    row = CHECKPOINT
+def _training_profile(s: ProfileFigures) -> dict[str, Any]:
+    """What a training row adds to a profile: its runs' figures, stages, the whole run."""
+    return {
+        "training_runs": [_run(r) for r in s.per_run],
+        "training_run": s.runs.training.uuid,
+        "hook_run": s.runs.hook.uuid if s.runs.hook else None,
+        "fio_run": s.runs.fio.uuid if s.runs.fio else None,
+        "interval": list(s.interval),
+        "checkpoint_count": s.checkpoint_count,
+        "stages": {k: asdict(v) | {"spread": v.spread} for k, v in s.stages.items()},
+        "warmup_pause_s_median": s.warmup_median,
+        "pause_per_checkpoint": [[step, v] for series in s.pause_series for step, v in series],
+        "write_gbps_median": s.write_gbps_median,
+        "upload_gbps_median": s.upload_gbps_median,
+        "runtime_s": s.runtime_s,
+        "runtimes_s": s.runtimes,
+        "restores_s": s.restores,
+        "pause_total_s": s.pause_total_s,
+        "pause_share": s.pause_share,
+        "final_loss": s.final_loss,
+        "loss_problem": s.loss_problem,
+        "fio": s.fio,
+        "hook": s.hook,
+    }
+
+
+def _profile(v: Verdict, p: ProfileVerdict) -> dict[str, Any]:
+    diff = p.difference
+    out = {
+        "runs": [
+            {"uuid": r.uuid, "label": r.label, "samples": samples}
+            for r, samples in zip(p.runs, p.run_samples, strict=True)
+        ],
+        "samples": p.samples,
+        "median": p.median,
+        "spread": p.noise,
+        "relative": p.relative,
+        "au": p.au,
+        "au_samples": p.au_samples,
+        "meets_budget": p.meets_budget,
+        "started_at": p.started.isoformat() if p.started else None,
+        "blocks": p.blocks,
+        "cost": asdict(p.cost),
+        "difference": None
+        if diff is None
+        else difference(diff.shift, diff, p.claimed, p.claim_direction, v.row.unit),
+    }
+    if p.figures is not None:
+        out |= _training_profile(p.figures)
+    return out
+
+
+def _whole_run(c: Comparison) -> dict[str, Any]:
+    """What a training row adds to a comparison: the pause and the whole run as the
+    outcome table reads them, restore, stages, loss."""
+    return {
+        "pause": _difference(c.pause),
+        "pause_delta_s": c.pause_delta_s,
+        "pause_measurable": c.pause_measurable,
+        "pause_speedup": c.pause_speedup,
+        "runtime": _difference(c.runtime),
+        "runtime_delta_s": c.runtime_delta_s,
+        "runtime_measurable": c.runtime_measurable,
+        "explained_by_checkpoints": c.explained_by_checkpoints,
+        "restore": _difference(c.restore) if c.restore else None,
+        "stage_deltas": c.stage_deltas,
+        "final_loss_delta": c.loss_delta,
+        "final_loss_unknown": c.loss_unknown,
+    }
+
+
+def _comparison(v: Verdict, cand: Candidate) -> dict[str, Any]:
+    diff = cand.profile.difference
+    out = {
+        "baseline": v.baseline,
+        "candidate": cand.name,
+        "outcome": cand.outcome.value,
+        "reason": cand.reason,
+        "headline": None if diff is None else _difference(diff),
+        "cost_delta": asdict(cand.cost) if cand.cost else None,
+        "notes": cand.notes,
+    }
+    if cand.comparison is not None:
+        out |= _whole_run(cand.comparison)
+    return out
+
+
+def document(verdict: Verdict) -> dict[str, Any]:
+    """The JSON document of any workload's verdict."""
+    drift, rec, row = verdict.drift, verdict.recommendation, verdict.row
     return {
         "schema": SCHEMA,
         "workload": row.name,
@@ -168,7 +188,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
         else {
             "profile": rec.profile,
             "reason": rec.reason,
-            "budget": asdict(rec.budget),
+            "budget": asdict(verdict.budget) | asdict(verdict.workload_budget),
             "confidence": rec.confidence,
             "profiles": [asdict(f) | {"monthly_usd": f.monthly} for f in rec.fits],
         },
@@ -176,13 +196,13 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
         if drift is None
         else {
             "profile": drift.profile,
-            "first_runs": [r.run.uuid for r in drift.first],
-            "last_runs": [r.run.uuid for r in drift.last],
-            "pause": _shift(drift.pause),
+            "first_runs": [r.uuid for r in drift.first],
+            "last_runs": [r.uuid for r in drift.last],
+            "shift": _shift(drift.shift),
             "runtime_s": drift.runtime_s,
         },
-        "profiles": profiles,
-        "comparisons": comparisons,
+        "profiles": {p.profile: _profile(verdict, p) for p in verdict.profiles},
+        "comparisons": [_comparison(verdict, c) for c in verdict.candidates],
         "notes": verdict.notes,
         "failed_runs": [
             {"uuid": r.uuid, "name": r.name, "status": r.status, "message": r.message}
@@ -194,65 +214,7 @@ def to_json(verdict: Verdict) -> dict[str, Any]:
     }
 
 
-def _workload_profile(v: WorkloadVerdict, p: WorkloadProfile) -> dict[str, Any]:
-    diff = p.difference
-    return {
-        "runs": [
-            {"uuid": uuid, "label": label, "samples": samples}
-            for uuid, label, samples in zip(p.runs, p.run_labels, p.run_samples, strict=True)
-        ],
-        "samples": p.samples,
-        "median": p.median,
-        "spread": p.noise,
-        "relative": p.relative,
-        "au": p.au,
-        "au_samples": p.au_samples,
-        "meets_budget": p.meets_budget,
-        "started_at": p.started.isoformat() if p.started else None,
-        "cost": asdict(p.cost) if p.cost else None,
-        "difference": None
-        if diff is None
-        else difference(diff.shift, diff, diff.counts, p.direction, v.unit),
-    }
-
-
-def workload_json(v: WorkloadVerdict) -> dict[str, Any]:
-    """A data workload's verdict, in the one schema."""
-    row = v.row
-    return {
-        "schema": SCHEMA,
-        "workload": v.workload,
-        "headline": {"figure": row.headline, "label": row.label, "unit": row.unit},
-        "confidence": v.confidence,
-        "verdict": v.verdict,
-        "reason": " ".join(v.sentences[:-1]),
-        "baseline": v.baseline,
-        "recommendation": {
-            "profile": v.recommended or "none",
-            "reason": v.reason,
-            "budget": asdict(v.budget),
-        },
-        "drift": None
-        if v.drift is None
-        else {
-            "first_runs": v.drift.first,
-            "last_runs": v.drift.last,
-            "shift": asdict(v.drift.shift),
-        },
-        "profiles": {p.profile: _workload_profile(v, p) for p in v.profiles},
-        "notes": v.notes,
-        "outputs": outputs(v),
-    }
-
-
-def document(verdict: Verdict | WorkloadVerdict) -> dict[str, Any]:
-    """The JSON document of any workload's verdict."""
-    if isinstance(verdict, WorkloadVerdict):
-        return workload_json(verdict)
-    return to_json(verdict)
-
-
-def dumps(verdict: Verdict | WorkloadVerdict) -> str:
+def dumps(verdict: Verdict) -> str:
     # allow_nan=False: NaN and Infinity are not JSON; a figure that is not finite is a bug
     # here (inputs are checked on the way in), not something to hand a reader to trip on.
     return json.dumps(document(verdict), indent=2, default=str, allow_nan=False) + "\n"

@@ -1,12 +1,12 @@
 """The verdict as markdown: what a run's readme shows (Polyaxon renders a run's ``readme``
-on its page), so the pipeline's page answers the question without opening an artifact."""
+on its page), so the pipeline's page answers the question without opening an artifact. The
+same document for every workload: its headline's table, a training run's whole run."""
 
 from __future__ import annotations
 
 from checkpoint_compare.formatting import seconds, usd
 from checkpoint_compare.report_tables import column_names, comparison_lines, recommendation_lines
 from checkpoint_compare.verdict import Verdict, interval
-from checkpoint_compare.workloads import WorkloadVerdict
 
 
 def _cell(text: str) -> str:
@@ -17,56 +17,55 @@ def _usd(value: float | None) -> str:
     return usd(value, unit=False)
 
 
-def to_markdown(verdict: Verdict) -> str:
+def render_markdown(verdict: Verdict) -> str:
     """The verdict, the recommendation, one table of headline figures, the comparisons."""
     rec = verdict.recommendation
+    row_of, unit = verdict.row, verdict.row.unit
     level = f"{verdict.thresholds.confidence:.0%}"
     names = column_names(verdict)
-    by_candidate = {c.comparison.candidate.profile: c for c in verdict.candidates}
+    by_candidate = {c.name: c for c in verdict.candidates}
+    profiles = verdict.profiles
 
     def row(label: str, cells: list[str]) -> str:
         return "| " + " | ".join(_cell(c) for c in [label, *cells]) + " |"
 
+    def against(measure) -> list[str]:  # noqa: ANN001 — a candidate's Difference, or None
+        cells = []
+        for p in profiles:
+            diff = measure(by_candidate[p.profile]) if p.profile in by_candidate else None
+            cells.append("–" if diff is None else interval(diff.shift, say_why=False, unit=unit))
+        return cells
+
     rows = [
         row("", names),
         "|" + "---|" * (len(names) + 1),
-        row("training runs", [str(len(p.per_run)) for p in verdict.profiles]),
-        row("checkpoints compared", [str(len(p.measured_pauses)) for p in verdict.profiles]),
-        row("pause median s", [seconds(p.pause.median) for p in verdict.profiles]),
+        row("runs", [str(len(p.runs)) for p in profiles]),
+        row("samples compared", [str(len(p.samples)) for p in profiles]),
+        row(f"{row_of.words} median {unit}", [seconds(p.median) for p in profiles]),
         row(
-            f"pause vs baseline, {level} interval",
-            [
-                "–"
-                if p.profile not in by_candidate
-                else interval(by_candidate[p.profile].comparison.pause.shift, say_why=False)
-                for p in verdict.profiles
-            ],
-        ),  # fmt: skip
-        row("runtime s (median)", [seconds(p.runtime_s) for p in verdict.profiles]),
-        row(
-            "runtime vs baseline",
-            [
-                "–"
-                if p.profile not in by_candidate
-                else interval(by_candidate[p.profile].comparison.runtime.shift, say_why=False)
-                for p in verdict.profiles
-            ],
-        ),  # fmt: skip
+            f"{row_of.words} vs baseline, {level} interval", against(lambda c: c.profile.difference)
+        ),
+    ]
+    if verdict.figures:
+        rows += [
+            row("runtime s (median)", [seconds(f.runtime_s) for f in verdict.figures]),
+            row("runtime vs baseline", against(lambda c: c.comparison.runtime)),
+        ]
+    if row_of.au_metric is not None:
+        rows.append(row("AU", ["–" if p.au is None else f"{p.au:.0%}" for p in profiles]))
+    rows += [
         row(
             "outcome",
             [
                 by_candidate[p.profile].outcome.value if p.profile in by_candidate else "baseline"
-                for p in verdict.profiles
+                for p in profiles
             ],
         ),  # fmt: skip
-        row(
-            "storage USD/month",
-            [_usd(verdict.costs[p.profile].storage_month) for p in verdict.profiles],
-        ),  # fmt: skip
-        row("one run USD", [_usd(verdict.costs[p.profile].run_total) for p in verdict.profiles]),
+        row("storage USD/month", [_usd(p.cost.storage_month) for p in profiles]),
+        row("one run USD", [_usd(p.cost.run_total) for p in profiles]),
     ]
     parts = [
-        "# Storage profile comparison",
+        f"# Storage profile comparison: {verdict.workload} ({row_of.title})",
         "",
         f"**Verdict: {verdict.verdict}** — {verdict.reason}",
         "",
@@ -84,19 +83,3 @@ def to_markdown(verdict: Verdict) -> str:
         parts += ["", "## Failed runs (not used)", ""]
         parts += [f"- {r.label}: {r.status} {r.message}".rstrip() for r in verdict.failed_runs]
     return "\n".join(parts) + "\n"
-
-
-def workload_markdown(v: WorkloadVerdict) -> str:
-    """A data workload's verdict: its sentences, one per line."""
-    return (
-        f"**Verdict ({v.workload}): {v.verdict}**\n\n"
-        + "\n".join(f"- {s}" for s in v.sentences)
-        + "\n"
-    )
-
-
-def render_markdown(verdict: Verdict | WorkloadVerdict) -> str:
-    """Any workload's verdict as markdown (the run's and the pipeline's readme)."""
-    if isinstance(verdict, WorkloadVerdict):
-        return workload_markdown(verdict)
-    return to_markdown(verdict)

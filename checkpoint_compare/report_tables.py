@@ -1,6 +1,7 @@
 """A verdict as titled sections of rows (one column per profile), comparison lines and the
 recommendation: what the terminal, HTML and markdown reports show, each figure formatted in
-one place."""
+one place, for every workload. The headline's section and lines come from the row; a
+training row's figures (stages, the whole run, fio, the hook) add their own sections."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 from checkpoint_compare.comparison import Difference
 from checkpoint_compare.figures import ProfileFigures
-from checkpoint_compare.formatting import seconds, timestamp, usd
-from checkpoint_compare.verdict import Verdict, interval
+from checkpoint_compare.formatting import DASH, level, seconds, timestamp, usd
+from checkpoint_compare.intervals import Shift
+from checkpoint_compare.verdict import ProfileVerdict, Verdict, budget_words, interval
 from checkpoint_storage_bench.contract import STAGES
 
 Row = tuple[str, list[str]]
@@ -29,12 +31,58 @@ _usd = usd
 
 
 def column_names(verdict: Verdict) -> list[str]:
-    """One header per profile: its name, whether it is the baseline, and how it wrote its
-    checkpoints (format, sync or async, durability), so two unlike runs never look alike."""
+    """One header per profile: its name, whether it is the baseline, and for a training run
+    how it wrote its checkpoints (format, sync or async, durability), so two unlike runs
+    never look alike."""
     return [
-        s.profile + (" (baseline)" if s.profile == verdict.baseline else "") + f" · {_how(s)}"
-        for s in verdict.profiles
+        p.profile
+        + (" (baseline)" if p.profile == verdict.baseline else "")
+        + (f" · {_how(p.figures)}" if p.figures is not None else "")
+        for p in verdict.profiles
     ]
+
+
+def _figure(value: float | None, unit: str, signed: bool = False) -> str:
+    return DASH if value is None else f"{seconds(value, signed=signed)} {unit}"
+
+
+def shift_interval(shift: Shift | None, unit: str) -> str:
+    """``[-2.9, -2.6] s 95%``, or why there is none."""
+    if shift is None:
+        return DASH
+    if not shift.has_interval:
+        return f"none: {shift.method}"
+    low, high = (seconds(x, signed=True) for x in (shift.low, shift.high))
+    return f"[{low}, {high}] {unit} {level(shift.confidence, shift.asked)}".rstrip()
+
+
+def headline_rows(verdict: Verdict) -> list[Row]:
+    """The headline of every profile: its median, samples, runs, the shift against the
+    baseline with its interval, the budget, the price; the AU where the row has one."""
+    row, unit = verdict.row, verdict.row.unit
+
+    def each(cell: Callable[[ProfileVerdict], str]) -> list[str]:
+        return [cell(p) for p in verdict.profiles]
+
+    def fits(p: ProfileVerdict) -> str:
+        return DASH if p.meets_budget is None else "yes" if p.meets_budget else "no"
+
+    rows = [
+        (f"{row.label}, median", each(lambda p: _figure(p.median, unit))),
+        ("samples", each(lambda p: f"{len(p.samples)} from {len(p.runs)} run(s)")),
+        ("run medians", each(lambda p: ", ".join(_figure(m, unit) for m in p.run_medians))),
+        ("spread (max − min) / median", each(lambda p: DASH if p.noise is None else f"{p.noise:.0%}")),
+        ("shift against the baseline", each(lambda p: _figure(p.shift and p.shift.estimate, unit, True))),
+        ("interval", each(lambda p: shift_interval(p.shift, unit))),
+        ("change", each(lambda p: DASH if p.relative is None else f"{p.relative:+.0%}")),
+        ("measurable (outside the noise floor)", each(lambda p: DASH if p.shift is None else "yes" if p.significant else "no")),
+    ]  # fmt: skip
+    if row.au_metric is not None:
+        rows.append(
+            ("accelerator utilization", each(lambda p: DASH if p.au is None else f"{p.au:.0%}"))
+        )
+    rows.append(("meets the budget", each(fits)))
+    return rows
 
 
 def _how(s: ProfileFigures) -> str:
@@ -56,8 +104,20 @@ def _s(value: Any) -> str:
 
 
 def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
-    """The figures per profile, grouped in titled sections (one column per profile)."""
-    profiles = verdict.profiles
+    """The figures per profile, grouped in titled sections (one column per profile): the
+    headline's, a training run's own, the cost."""
+    result = [(f"{verdict.row.label.capitalize()} ({verdict.row.title})", headline_rows(verdict))]
+    if verdict.figures:
+        result += _training_sections(verdict, verdict.figures)
+    result.append((COST_SECTION, _cost_rows(verdict)))
+    return result
+
+
+def _training_sections(
+    verdict: Verdict, profiles: list[ProfileFigures]
+) -> list[tuple[str, list[Row]]]:
+    """A training run's figures: its checkpoints and the whole run, where and what ran, the
+    fio sweep, the hook."""
 
     def row(label: str, fn) -> Row:  # noqa: ANN001 — a small local formatter
         return label, [fn(s) for s in profiles]
@@ -158,24 +218,29 @@ def sections(verdict: Verdict) -> list[tuple[str, list[Row]]]:
         row("settle: total s", lambda s: _f(s.hook.get("total_settle_s"))),
     ]
 
-    def cost(attr: str, fmt=_usd):  # noqa: ANN001, ANN202
-        return lambda s: fmt(getattr(verdict.costs[s.profile], attr))
-
-    costs = [
-        row("volume type", cost("volume_type", _s)),
-        row("IOPS / MiB/s priced", lambda s: _provisioned(verdict, s)),
-        row("storage per month", cost("storage_month")),
-        row("storage over the run", cost("storage_run")),
-        row("GPU over the run", cost("gpu_run")),
-        row("run total", cost("run_total")),
-    ]
     result = [("Checkpoints and the whole run", timing), ("Where and what ran", provenance)]
     if fio:
         result.append(("fio sweep", fio))
     if any(s.hook for s in profiles):
         result.append(("Storage-profile hook", hook))
-    result.append((COST_SECTION, costs))
     return result
+
+
+def _cost_rows(verdict: Verdict) -> list[Row]:
+    """What each profile costs: its volume, a month, over a run (a data workload's run: its
+    headline's median) and the GPU time of a run."""
+
+    def cost(attr: str, fmt=_usd):  # noqa: ANN001, ANN202
+        return [fmt(getattr(p.cost, attr)) for p in verdict.profiles]
+
+    return [
+        ("volume type", cost("volume_type", _s)),
+        ("IOPS / MiB/s priced", [_provisioned(p) for p in verdict.profiles]),
+        ("storage per month", cost("storage_month")),
+        ("storage over the run", cost("storage_run")),
+        ("GPU over the run", cost("gpu_run")),
+        ("run total", cost("run_total")),
+    ]
 
 
 def _restore_when(s: ProfileFigures) -> str:
@@ -194,8 +259,8 @@ def _volume(s: ProfileFigures) -> str:
     return f"{_s(s.hook.get('volume_handle'))} ({_s(s.hook.get('driver'))})"
 
 
-def _provisioned(verdict: Verdict, s: ProfileFigures) -> str:
-    c = verdict.costs[s.profile]
+def _provisioned(p: ProfileVerdict) -> str:
+    c = p.cost
     return "–" if not c.known else f"{c.iops:g} / {c.throughput_mibps:g}"
 
 
@@ -207,39 +272,34 @@ def _counts(diff: Difference) -> str:
 
 
 def comparison_lines(verdict: Verdict) -> list[str]:
-    """One paragraph per candidate: differences with intervals, cost differences, notes."""
+    """One paragraph per candidate: its outcome, the headline's difference with its
+    interval, a training run's whole run, restore and stages, cost differences, notes."""
     lines = []
+    row, unit = verdict.row, verdict.row.unit
     drift = verdict.drift
     if drift is not None:
-        pause = interval(drift.pause) if drift.pause else "–"
+        shift = interval(drift.shift, unit=unit) if drift.shift else "–"
+        runtime = (
+            f", runtime {seconds(drift.runtime_s, signed=True)} s"
+            if drift.runtime_s is not None
+            else ""
+        )
         lines.append(
             f"drift of {drift.profile} (its last {len(drift.last)} run(s) − its first "
-            f"{len(drift.first)}): pause {pause}, runtime {seconds(drift.runtime_s, signed=True)} s"
+            f"{len(drift.first)}): {row.words} {shift}{runtime}"
         )
+    base = verdict.profiles[0]
     for cand in verdict.candidates:
-        c = cand.comparison
-        speedup = f"; speedup ×{c.pause_speedup:.2f}" if c.pause_speedup else ""
-        lines.append(f"{c.candidate.profile} vs {c.baseline.profile}: {cand.outcome.value}")
-        lines.append(
-            f"  pause per checkpoint {interval(c.pause.shift, say_why=False)}: "
-            f"{_counts(c.pause)}{speedup}"
-        )
-        # The method once: a reason without an interval is the comparison's note already.
-        method = f" ({c.runtime.shift.method})" if c.runtime.shift.has_interval else ""
-        lines.append(
-            f"  whole run {interval(c.runtime.shift, say_why=False)}{method}: {_counts(c.runtime)}"
-        )
-        if c.restore is not None:
+        p, c = cand.profile, cand.comparison
+        speedup = f"; speedup ×{base.median / p.median:.2f}" if p.median > 0 else ""
+        lines.append(f"{cand.name} vs {verdict.baseline}: {cand.outcome.value}")
+        if p.difference is not None:
             lines.append(
-                f"  restore of the newest checkpoint {interval(c.restore.shift, say_why=False)}: "
-                f"{_counts(c.restore) if c.restore.shift.has_interval else 'does not count'}"
-                + ("" if c.restore.shift.has_interval else f" ({c.restore.shift.method})")
+                f"  {row.label} {interval(p.difference.shift, say_why=False, unit=unit)}: "
+                f"{_counts(p.difference)}{speedup}"
             )
-        stages = ", ".join(
-            f"{s} {seconds(d, signed=True)} s" for s, d in c.stage_deltas.items() if s != "pause"
-        )
-        if stages:
-            lines.append(f"  stage medians: {stages}")
+        if c is not None:
+            lines += _whole_run_lines(c)
         if cand.cost:
             d = cand.cost
             lines.append(
@@ -248,12 +308,33 @@ def comparison_lines(verdict: Verdict) -> list[str]:
                 f"one run {_usd(d.run_total)}"
             )
             # Only a difference that counts saves GPU time worth setting against the price.
-            if d.breakeven_checkpoints_month is not None and c.pause.counts:
+            if d.breakeven_checkpoints_month is not None and p.significant:
                 lines.append(
                     f"  the extra storage pays for itself above "
                     f"{d.breakeven_checkpoints_month:,.0f} checkpoints a month"
                 )
-        lines += [f"  note: {n}" for n in c.notes]
+        lines += [f"  note: {n}" for n in cand.notes]
+    return lines
+
+
+def _whole_run_lines(c: Any) -> list[str]:
+    """A training run's whole run, restore and stage medians against the baseline's."""
+    # The method once: a reason without an interval is the comparison's note already.
+    method = f" ({c.runtime.shift.method})" if c.runtime.shift.has_interval else ""
+    lines = [
+        f"  whole run {interval(c.runtime.shift, say_why=False)}{method}: {_counts(c.runtime)}"
+    ]
+    if c.restore is not None:
+        lines.append(
+            f"  restore of the newest checkpoint {interval(c.restore.shift, say_why=False)}: "
+            f"{_counts(c.restore) if c.restore.shift.has_interval else 'does not count'}"
+            + ("" if c.restore.shift.has_interval else f" ({c.restore.shift.method})")
+        )
+    stages = ", ".join(
+        f"{s} {seconds(d, signed=True)} s" for s, d in c.stage_deltas.items() if s != "pause"
+    )
+    if stages:
+        lines.append(f"  stage medians: {stages}")
     return lines
 
 
@@ -263,15 +344,11 @@ def recommendation_lines(verdict: Verdict) -> list[str]:
     if rec is None:
         return []
     lines = [f"RECOMMENDED: {rec.profile} — {rec.reason}"]
-    budget = rec.budget
-    if budget.has_limit:
-        limits = []
-        if budget.max_pause_s is not None:
-            limits.append(f"pause ≤ {budget.max_pause_s:g} s per checkpoint")
-        if budget.max_pause_share is not None:
-            limits.append(f"≤ {budget.max_pause_share:.1%} of the run paused")
-        lines.append(f"  budget: {', '.join(limits)} ({rec.confidence:.0%} confidence)")
+    if words := budget_words(verdict):
+        confidence = f" ({rec.confidence:.0%} confidence)" if verdict.row.training else ""
+        lines.append(f"  budget: {words}{confidence}")
         for fit in rec.fits:
-            verdict_word = "meets it" if fit.meets else "does not"
-            lines.append(f"  {fit.profile}: {verdict_word}: {fit.why}")
+            if fit.meets is not None:
+                verdict_word = "meets it" if fit.meets else "does not"
+                lines.append(f"  {fit.profile}: {verdict_word}: {fit.why}")
     return lines

@@ -1,4 +1,4 @@
-"""The verdict as plain text, for a terminal or a run's log."""
+"""The verdict as plain text, for a terminal or a run's log, for every workload."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from checkpoint_compare.report_tables import (
     sections,
 )
 from checkpoint_compare.verdict import Verdict
-from checkpoint_compare.workloads import WorkloadVerdict
-from checkpoint_compare.workloads import terminal as workload_terminal
 
 
 def _table(header: list[str], rows: list[Row]) -> list[str]:
@@ -25,10 +23,11 @@ def _table(header: list[str], rows: list[Row]) -> list[str]:
     return out
 
 
-def terminal(verdict: Verdict) -> str:
-    """The report as plain text for a terminal or a run's log."""
+def render_text(verdict: Verdict) -> str:
+    """The report as plain text: the sections, the comparison, the notes, the failed runs,
+    and last the verdict and the recommendation (what a log's reader looks for)."""
     header = ["", *column_names(verdict)]
-    lines = []
+    lines = [f"{verdict.workload} verdict, baseline {verdict.baseline}:"]
     for title, rows in sections(verdict):
         lines += ["", f"== {title}"] + _table(header, rows)
         if title == COST_SECTION:
@@ -41,11 +40,4 @@ def terminal(verdict: Verdict) -> str:
         lines += [f"  {r.label}: {r.status} {r.message}".rstrip() for r in verdict.failed_runs]
     lines += ["", f"VERDICT: {verdict.verdict} — {verdict.reason}"]
     lines += recommendation_lines(verdict)
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def render_text(verdict: Verdict | WorkloadVerdict) -> str:
-    """Any workload's verdict for a terminal."""
-    if isinstance(verdict, WorkloadVerdict):
-        return workload_terminal(verdict)
-    return terminal(verdict)
+    return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@ from checkpoint_storage_bench.contract import (
     COMPARABLE_INPUTS,
     MATERIALIZE_TOTAL_S,
     REQUIRED_INPUTS,
+    SCAN_AU,
     SCAN_CACHE_KEPT_OUT,
     SCAN_EPOCH_S,
     WORKLOAD_INPUT,
@@ -76,6 +77,15 @@ class WorkloadRow:
         refusals: The workload's own reasons to refuse runs, given (label, run) pairs:
             one line each, none when the runs can be compared.
         title: What the workload stands for, for a report's title.
+        stem: The headline's name in output names and reasons (``pause`` gives
+            ``pause_delta_s``, ``<profile>_pause_s_median``).
+        training: The workload is a training run: its figures (stages, runtime, loss, fio,
+            hook) are made, and the whole run (runtime, final loss, the cost of a run)
+            decides the outcome; otherwise the headline's difference does.
+        au_metric: The accelerator utilization a run logs beside its headline (a scan's),
+            reported per profile and read by the budget test; None when it has none.
+        floor: The practical floor of the headline's difference, given the thresholds and
+            the baseline's median: below it a difference never counts.
 
     The checkpoint row's budget (``--max-pause-s``, ``--max-pause-share``) is tested with
     an upper confidence bound of the pause (:mod:`checkpoint_compare.recommendation`).
@@ -95,6 +105,15 @@ class WorkloadRow:
     budget_figure: Callable[[Judged], str] = lambda p: ""
     refusals: Callable[[list[tuple[str, Any]]], list[str]] = lambda runs: []
     title: str = ""
+    stem: str = ""
+    training: bool = False
+    au_metric: str | None = None
+    floor: Callable[[Any, float], float] = lambda t, base: t.runtime_floor * base
+
+    @property
+    def words(self) -> str:
+        """The headline in a reason: ``pause``, ``epoch time``."""
+        return self.stem.replace("_", " ")
 
 
 _DATA_COMMON = (WORKLOAD_INPUT, "seed")
@@ -152,6 +171,9 @@ ROWS: dict[str, WorkloadRow] = {
             comparable=COMPARABLE_INPUTS,
             required=REQUIRED_INPUTS,
             title="checkpoints of a training run",
+            stem="pause",
+            training=True,
+            floor=lambda t, base: t.practical_floor_s,
         ),
         WorkloadRow(
             name="scan",
@@ -183,6 +205,8 @@ ROWS: dict[str, WorkloadRow] = {
             refusals=_cache_not_kept_out,
             budget_figure=lambda p: "no AU recorded" if p.au is None else f"AU {p.au:.0%}",
             title="reading the dataset as training does",
+            stem="epoch_time",
+            au_metric=SCAN_AU,
         ),
         WorkloadRow(
             name="materialize",
@@ -194,6 +218,7 @@ ROWS: dict[str, WorkloadRow] = {
             format_bound=_FORMAT_BOUND,
             required=_DATASET_REQUIRED,
             title="building the preprocessed cache",
+            stem="total_time",
         ),
         WorkloadRow(
             name="workspace",
@@ -209,6 +234,7 @@ ROWS: dict[str, WorkloadRow] = {
                 None if b.max_p99_ms is None else f"p99 save latency <= {b.max_p99_ms:g} ms"
             ),
             title="a notebook workspace's saves",
+            stem="p99_save",
         ),
     )
 }

@@ -17,7 +17,7 @@ from checkpoint_compare.cli import main
 from tests.checkpoint_compare.recorded import write_fio_run, write_hook_run, write_repeats
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-PLOTS = ("plot-stages", "plot-pause", "plot-fio")
+PLOTS = ("plot-samples", "plot-stages", "plot-pause", "plot-fio")  # every workload has plot-samples
 # Written into a copy of the report: the browser reports what it decoded of each image.
 PROBE = """<script>
 for (const img of document.images) {

@@ -86,3 +86,28 @@ def test_profile_names_whose_output_names_collide_are_refused(
     assert code == 2, output
     assert "overwrite each other" in output
     assert "gp3-fast and gp3.fast" in output or "gp3.fast and gp3-fast" in output
+
+
+def test_every_workload_gets_one_document_with_the_same_fields(
+    runs_root: Path, pricing_file
+) -> None:
+    """One engine, one schema: a checkpoint verdict and a scan verdict have the same fields
+    at the top, per profile and per comparison; the checkpoint's only add to them."""
+    from checkpoint_compare.report_json import SCHEMA, document
+    from tests.checkpoint_compare.recorded import write_repeats
+    from tests.checkpoint_compare.workload_runs import judge, slow_and_fast
+
+    write_repeats(BASE, [1.0] * 6, runtime_s=50.0)
+    write_repeats(FAST, [0.5] * 6, runtime_s=47.0)
+    code, output, checkpoint = run_cli(runs_root, pricing_file())
+    assert code == 0, output
+    scan = document(judge(slow_and_fast(), min_au=0.9))
+    assert checkpoint["schema"] == scan["schema"] == SCHEMA
+    assert set(checkpoint) == set(scan)
+    assert set(scan["profiles"][FAST]) <= set(checkpoint["profiles"][FAST])
+    assert set(scan["comparisons"][0]) <= set(checkpoint["comparisons"][0])
+    assert set(scan["profiles"][FAST]["difference"]) == set(
+        checkpoint["profiles"][FAST]["difference"]
+    )
+    assert checkpoint["workload"] == "checkpoint" and scan["workload"] == "scan"
+    assert checkpoint["outputs"]["workload"] == "checkpoint"

@@ -168,7 +168,7 @@ def test_drift_larger_than_the_difference_is_said(runs_root: Path, pricing_file)
     assert code == 0, output
     drift = report["drift"]
     assert drift["profile"] == BASE and len(drift["first_runs"]) == len(drift["last_runs"]) == 3
-    assert drift["pause"]["estimate"] == pytest.approx(-0.3, abs=0.01)
+    assert drift["shift"]["estimate"] == pytest.approx(-0.3, abs=0.01)
     comp = comparison(report, FAST)
     # The baseline's two blocks disagree by the drift: with a block's runs counted as two,
     # that spread keeps the interval across zero, and the drift is named.

@@ -10,7 +10,7 @@ import re
 import matplotlib.image
 
 from checkpoint_compare.report_html import GREEN, GREY
-from checkpoint_compare.report_workloads import to_html
+from checkpoint_compare.report_html import render_html as to_html
 from tests.checkpoint_compare.workload_runs import (
     BASE,
     FAST,
@@ -26,7 +26,7 @@ def test_the_scan_report_says_the_verdict_first_in_au_then_shows_why() -> None:
     verdict = page[page.index("id='verdict'") : page.index("id='recommendation'")]
     assert "keeps the GPUs fed at 97% AU, baseline 71%" in verdict
     assert "epoch time 7.2 s vs 10 s" in verdict
-    assert f"Recommendation: {FAST}" in page
+    assert f"Recommended: {FAST}" in page
     order = [page.index(f"id='{i}'") for i in ("verdict", "recommendation", "plot-intervals",
                                                 "plot-samples", "tables")]  # fmt: skip
     assert order == sorted(order)

@@ -19,7 +19,8 @@ from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING, load_pricing
 from checkpoint_compare.errors import BadInput, NotComparable, RunsMissing
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.workloads import is_data_comparison, judge_workloads
+from checkpoint_compare.verdict import judge_runs
+from checkpoint_compare.workloads import is_data_comparison
 from checkpoint_storage_bench.contract import (
     DATA_SUMMARY_SCHEMA,
     LEDGER_OUTPUT,
@@ -154,10 +155,16 @@ def test_an_unpriced_profile_is_never_called_the_cheapest() -> None:
     runs = [scan_run(BASE, [1.0] * 3, [0.5] * 3), scan_run("nvme-local", [1.0] * 3, [0.95] * 3)]
     verdict = judge(runs, min_au=0.9)
     assert verdict.recommended == "nvme-local"
-    assert "cheapest" not in verdict.reason and "nothing is said of what it costs" in verdict.reason
+    assert (
+        "cheapest" not in verdict.recommendation.reason
+        and "nothing is said of what it costs" in verdict.recommendation.reason
+    )
     both = judge(runs, min_au=0.4)
     assert both.recommended == BASE  # priced before unpriced
-    assert "nvme-local also meets it, not priced: nothing is said of its cost" in both.reason
+    assert (
+        "nvme-local also meets it, not priced: nothing is said of its cost"
+        in both.recommendation.reason
+    )
 
 
 def test_noise_is_no_difference_and_the_cheapest_is_recommended() -> None:
@@ -175,7 +182,7 @@ def test_noise_is_no_difference_and_the_cheapest_is_recommended() -> None:
     # slower is recommended, not the baseline.
     dear_first = judge(runs, baseline=FAST)
     assert dear_first.recommended == BASE
-    assert "the cheapest profile that is not measurably slower" in dear_first.reason
+    assert "the cheapest profile that is not measurably slower" in dear_first.recommendation.reason
 
 
 def test_workspace_speaks_p99_save_latency_against_its_budget() -> None:
@@ -186,7 +193,7 @@ def test_workspace_speaks_p99_save_latency_against_its_budget() -> None:
         workspace_run(FAST, [15.0, 9.3, 9.1, 9.2, 9.4, 9.3]),
     ]
     verdict = judge(runs, max_p99_ms=10.0)
-    assert verdict.headline == "p99 save latency" and verdict.unit == "ms"
+    assert verdict.row.label == "p99 save latency" and verdict.row.unit == "ms"
     assert verdict.recommended == FAST
     assert "p99 save latency 9.25 ms vs 21.5 ms" in verdict.sentences[0]
     assert judge(runs, max_p99_ms=25.0).recommended == BASE
@@ -206,7 +213,7 @@ def test_refusals() -> None:
         judge(mixed)
     pricing = load_pricing(DEFAULT_PRICING, None, None)
     with pytest.raises(RunsMissing, match="io2"):
-        judge_workloads(slow_and_fast(), pricing, Thresholds(), expected=("io2",))
+        judge_runs(slow_and_fast(), pricing, Thresholds(), expected=("io2",))
     assert is_data_comparison(slow_and_fast())
 
 
@@ -302,7 +309,9 @@ def test_a_drift_of_the_baseline_as_large_as_the_difference_is_named_and_nothing
     assert verdict.drift is not None and verdict.drift.shift.estimate == pytest.approx(2.0)
     assert fast.shift.low < 0 < fast.shift.high and abs(fast.shift.estimate) > fast.floor
     assert not fast.significant
-    assert any("the difference may be drift, not the profile" in n for n in verdict.notes)
+    assert any(
+        "the difference may be drift, not the profile" in n for n in verdict.candidates[0].notes
+    )
     assert verdict.verdict == "no measurable difference"
 
 
@@ -455,14 +464,15 @@ def test_the_cli_judges_real_scan_summaries(tmp_path: Path) -> None:
 
 
 def test_outputs_carry_the_verdict_and_none_when_nothing_fits() -> None:
-    from checkpoint_compare.workloads import outputs
+    from checkpoint_compare.verdict import op_outputs
 
-    out = outputs(judge(slow_and_fast(), min_au=0.99))
+    out = op_outputs(judge(slow_and_fast(), min_au=0.99))
     assert out["recommended_profile"] == "none" and out["workload"] == "scan"
-    assert "does not keep the GPUs fed" in out["verdict"]
-    assert out["recommendation_reason"].startswith("Recommendation: none")
+    assert out["verdict"] == FAST and "does not keep the GPUs fed" in out["verdict_reason"]
+    assert out["recommendation_reason"].startswith("no profile meets the budget")
     assert out["checkpoint_throughput_scan_au"] == pytest.approx(0.97)
-    assert outputs(judge(slow_and_fast()))["recommended_profile"] == FAST
+    assert out["epoch_time_delta_s"] < 0 and out["checkpoint_baseline_scan_epoch_s"] > 0
+    assert op_outputs(judge(slow_and_fast()))["recommended_profile"] == FAST
 
 
 def test_a_missing_headline_figure_is_bad_input() -> None:
@@ -470,3 +480,29 @@ def test_a_missing_headline_figure_is_bad_input() -> None:
             RunRecord(uuid="x", inputs={**SCAN_INPUTS, "storage_profile": FAST})]  # fmt: skip
     with pytest.raises(BadInput, match="no run recorded scan_epoch_s"):
         judge(runs, baseline=BASE)
+
+
+def _tracked_scan(profile: str, epochs: list[float]) -> None:
+    from checkpoint_storage_bench.tracking import tracked_run
+
+    with tracked_run(f"scan-{profile}", tags=["data"]) as t:
+        t.log_inputs(**SCAN_INPUTS, storage_profile=profile)
+        for i, e in enumerate(epochs):
+            t.log_metrics(i, {"scan_epoch_s": e, "scan_au": 0.5})
+        t.log_outputs(scan_epoch_s=sorted(epochs)[len(epochs) // 2], scan_au=0.5)
+
+
+def test_a_verdict_over_the_pipeline_ignores_an_earlier_compare_run(
+    runs_root: Path, pricing_file
+) -> None:
+    """The compare run records which workload it judged; were that its input ``workload``,
+    the next verdict over the pipeline's runs would take the compare run for a scan."""
+    for profile, epochs in ((BASE, BASE_EPOCHS), (FAST, FAST_EPOCHS)):
+        for e in epochs:
+            _tracked_scan(profile, e)
+    args = ["--offline-root", str(runs_root), "--pricing", str(pricing_file())]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(main, [*args, "--no-track"])
+    assert again.exit_code == 0, again.output
+    assert f"VERDICT: {FAST}" in again.output

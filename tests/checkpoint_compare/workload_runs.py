@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING, load_pricing
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.workloads import WorkloadBudget, WorkloadVerdict, judge_workloads
+from checkpoint_compare.table import WorkloadBudget
+from checkpoint_compare.verdict import Verdict, judge_runs
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
 SCAN_INPUTS = {"workload": "scan", "dataset_format": "webdataset", "dataset_size": 1 << 30}
@@ -32,11 +33,15 @@ def scan_run(
     )
 
 
-def judge(records: list[RunRecord], baseline: str | None = None, **budget) -> WorkloadVerdict:
+def judge(records: list[RunRecord], baseline: str | None = None, **budget) -> Verdict:
+    """The one verdict's engine over the runs, as ``python -m checkpoint_compare`` judges
+    them."""
     pricing = load_pricing(DEFAULT_PRICING, None, None)
-    return judge_workloads(
-        records, pricing, Thresholds(warmup=1), baseline=baseline, budget=WorkloadBudget(**budget)
-    )
+    verdict, _ = judge_runs(
+        records, pricing, Thresholds(warmup=1), baseline=baseline,
+        workload_budget=WorkloadBudget(**budget),
+    )  # fmt: skip
+    return verdict
 
 
 BASE_EPOCHS = ([14.0, 10.0, 10.2, 9.9, 10.1, 10.0], [13.0, 10.0, 9.9, 10.1, 10.0, 10.0])
