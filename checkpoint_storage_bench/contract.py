@@ -327,6 +327,24 @@ def profile_output(profile: str, figure: str) -> str:
     return f"{output_key(profile)}_{figure}"
 
 
+def headline_outputs(stem: str, unit: str) -> dict[str, str]:
+    """The compare op's outputs about a workload's headline figure, named from its stem and
+    unit (the checkpoint's ``pause`` and ``s`` give the names in :data:`VERDICT_OUTPUTS`):
+    the baseline's median ÷ the candidate's, the candidate's shift and its interval, the
+    baseline's drift.
+
+    >>> headline_outputs("epoch_time", "s")["delta"]
+    'epoch_time_delta_s'
+    """
+    return {
+        "speedup": f"{stem}_speedup",
+        "delta": f"{stem}_delta_{unit}",
+        "delta_low": f"{stem}_delta_ci_low_{unit}",
+        "delta_high": f"{stem}_delta_ci_high_{unit}",
+        "drift": f"baseline_drift_{stem}_{unit}",
+    }
+
+
 # ---------------------------------------------------------------- storage-profile hook
 
 SWITCH_SCHEMA = "storage-profile-switch/1"
