@@ -59,6 +59,7 @@ from checkpoint_storage_bench.contract import (
     RECOMMENDED_PROFILE_OUTPUT,
     VERDICT_OUTPUT,
     WORKLOAD_INPUT,
+    headline_outputs,
     output_key,
     profile_output,
 )
@@ -703,6 +704,7 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
     assert best is not None
     row, rec = verdict.row, verdict.recommendation
     stem, unit = row.stem, row.unit
+    named = headline_outputs(stem, unit)
     shift = best.profile.shift
     out: dict[str, Any] = {
         WORKLOAD_INPUT: row.name,
@@ -715,19 +717,19 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
         "candidate_profile": best.name,
         "profile_count": len(verdict.profiles),
         "confidence": verdict.thresholds.confidence,
-        f"{stem}_speedup": verdict.profiles[0].median / best.profile.median
+        named["speedup"]: verdict.profiles[0].median / best.profile.median
         if best.profile.median > 0
         else None,
-        f"{stem}_delta_{unit}": shift.estimate if shift else None,
-        f"{stem}_delta_ci_low_{unit}": shift.low if shift else None,
-        f"{stem}_delta_ci_high_{unit}": shift.high if shift else None,
+        named["delta"]: shift.estimate if shift else None,
+        named["delta_low"]: shift.low if shift else None,
+        named["delta_high"]: shift.high if shift else None,
         "failed_runs": len(verdict.failed_runs),
     }
     if (drift := verdict.drift) is not None:
         if drift.runtime_s is not None:
             out["baseline_drift_runtime_s"] = drift.runtime_s
         if drift.shift is not None:
-            out[f"baseline_drift_{stem}_{unit}"] = drift.shift.estimate
+            out[named["drift"]] = drift.shift.estimate
     if (comp := best.comparison) is not None:
         out |= {
             "runtime_delta_s": comp.runtime_delta_s,

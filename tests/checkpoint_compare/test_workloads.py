@@ -25,8 +25,10 @@ from checkpoint_storage_bench.contract import (
     DATA_SUMMARY_SCHEMA,
     LEDGER_OUTPUT,
     RUN_STARTED_AT,
+    VERDICT_OUTPUTS,
     LedgerEntry,
     format_ledger,
+    headline_outputs,
 )
 from tests.checkpoint_compare.workload_runs import (
     BASE,
@@ -473,6 +475,11 @@ def test_outputs_carry_the_verdict_and_none_when_nothing_fits() -> None:
     assert out["checkpoint_throughput_scan_au"] == pytest.approx(0.97)
     assert out["epoch_time_delta_s"] < 0 and out["checkpoint_baseline_scan_epoch_s"] > 0
     assert op_outputs(judge(slow_and_fast()))["recommended_profile"] == FAST
+    # Every name is the contract's: the fixed ones, the headline's, the profiles' figures.
+    named = set(VERDICT_OUTPUTS) | set(headline_outputs("epoch_time", "s").values())
+    named |= {f"{p}_{f}" for p in ("checkpoint_baseline", "checkpoint_throughput")
+              for f in ("runs", "run_cost_usd", "scan_epoch_s", "scan_au")}  # fmt: skip
+    assert set(out) <= named, sorted(set(out) - named)
 
 
 def test_a_missing_headline_figure_is_bad_input() -> None:
