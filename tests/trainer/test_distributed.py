@@ -389,13 +389,15 @@ DCP_ASYNC = ["--format", "dcp", "--async", "--parallel", "ddp", "--no-track"]
 
 
 @pytest.mark.slow
-def test_rank_failing_in_an_async_dcp_save_fails_fast_and_is_the_root_cause(tmp_path):
+@pytest.mark.parametrize("fault", ["eio", checkpointer.START_EIO], ids=["in-write", "at-start"])
+def test_rank_failing_in_an_async_dcp_save_fails_fast_and_is_the_root_cause(tmp_path, fault):
     # DCP tells every rank of a failed save alike; only the rank that failed may exit with
-    # its own code, and no rank waits for --checkpoint-timeout (600 s here) to learn it.
+    # its own code. A rank that fails before its save joins the others' (DCP's plan) to
+    # fail it. No rank waits for --checkpoint-timeout (600 s here) to learn it.
     ckpt = tmp_path / "ckpt"
     proc = torchrun(
         "--checkpoint-dir", ckpt, *ARGS, *DCP_ASYNC, "--checkpoint-timeout", "600",
-        env={checkpointer.FAULT_ENV: "1:4:eio"}, timeout=150,
+        env={checkpointer.FAULT_ENV: f"1:4:{fault}"}, timeout=150,
     )  # fmt: skip
     text = _output(proc)
     assert proc.returncode != 0

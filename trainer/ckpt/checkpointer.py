@@ -26,7 +26,8 @@ is a :class:`trainer.distributed.Ranks` whose collectives are its own values):
    :class:`trainer.errors.RankFailedError` (exit 7).
 
 Test seam: ``TRAINER_FAULT_SHARD_WRITE=RANK:STEP:pause=SECONDS`` makes that rank sleep inside
-its write of that step, ``RANK:STEP:eio`` makes the write fail with EIO (every format: the
+its write of that step, ``RANK:STEP:eio-at-start`` fails it with EIO as it starts the
+checkpoint, ``RANK:STEP:eio`` makes the write fail with EIO (every format: the
 bytes of raw and torch go through the trainer's writer, safetensors and dcp call the
 storage seam as they start writing, DCP inside its write step).
 """
@@ -60,6 +61,9 @@ from trainer.provenance import run_uuid
 log = logging.getLogger(__name__)
 
 FAULT_ENV = "TRAINER_FAULT_SHARD_WRITE"
+START_EIO = "eio-at-start"
+"""The seam's action that fails a rank as it starts the checkpoint (its temporary
+directory), before it writes or joins any collective of the format."""
 FAILED_RANK_GRACE_S = 2.0
 
 
@@ -185,6 +189,11 @@ class _FaultFS:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fs, name)
 
+    def mkdir(self, path: Path) -> None:
+        if self.action == START_EIO:
+            self._fire()
+        self._fs.mkdir(path)
+
     def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
         self._fire()
         return self._fs.pwrite(fd, data, offset)
@@ -194,11 +203,14 @@ class _FaultFS:
         self._fs.library_write()
 
     def _fire(self) -> None:
-        """Once, inside the write of the faulty step: fail it with EIO, or hold it."""
+        """Once, inside the write of the faulty step (or as it starts): fail it with EIO,
+        or hold it."""
         with self._lock:
             fire = self.current == self.step and not self._fired
             self._fired |= fire
         if fire:
+            if self.action == START_EIO:
+                raise OSError(errno.EIO, f"I/O error injected by {FAULT_ENV} at the start")
             if self.action == "eio":
                 raise OSError(errno.EIO, f"I/O error injected by {FAULT_ENV}")
             log.warning("%s: pausing inside the write for %s", FAULT_ENV, self.action)
@@ -211,14 +223,15 @@ def _fault_from_env(fs: LocalFS, rank: int) -> LocalFS | _FaultFS:
         return fs
     try:
         fault_rank, step, action = spec.split(":", 2)
-        if action != "eio":
+        if action not in ("eio", START_EIO):
             float(action.removeprefix("pause="))
         if int(fault_rank) != rank:
             return fs
         return _FaultFS(fs, int(step), action)
     except ValueError:
         raise ValueError(
-            f"{FAULT_ENV}={spec!r}: expected RANK:STEP:eio or RANK:STEP:pause=S"
+            f"{FAULT_ENV}={spec!r}: expected RANK:STEP:eio, RANK:STEP:{START_EIO} or "
+            "RANK:STEP:pause=S"
         ) from None
 
 
@@ -325,14 +338,14 @@ class Checkpointer(OneInFlight):
         inflight: InFlight | None = None
         error: BaseException | None = None
         try:
+            if isinstance(self.fs, _FaultFS):
+                self.fs.current = step
             try:
                 self.fs.mkdir(tmp)
             except FileExistsError:
                 if self.ranks.world_size == 1:
                     raise
                 # another rank made it first
-            if isinstance(self.fs, _FaultFS):
-                self.fs.current = step
             state = state_fn()
             if self.ranks.world_size > 1 and not self.fmt.collective:
                 state = split_state(state, self.ranks, step)
@@ -344,8 +357,12 @@ class Checkpointer(OneInFlight):
                 # Nothing to agree on with other ranks: fail the save where it was asked.
                 self._failed(exc, tmp, final, self._what(final))
                 raise
-            # Another rank is writing its part: it hears of this failure in the gather.
+            # Another rank is writing its part: it hears of this failure in the gather,
+            # and of a format's own collective save (DCP's) in it, which this rank joins
+            # to fail it, so that no rank waits there for this one.
             error = exc
+            if self.fmt.collective:
+                self.fmt.join_failed(exc, tmp, self.options)
         times.serialize_s = inflight.serialize_s if inflight else time.monotonic() - t0
         if self._pool is not None:
             times.pause_s = time.monotonic() - t_request

@@ -748,6 +748,33 @@ class DcpFormat(_LibraryFormat):
     collective = True
     _save = _DcpSave
 
+    @staticmethod
+    def join_failed(error: BaseException, directory: Path, opts: WriteOptions) -> None:
+        """Join the save the other ranks of ``opts.group`` are in, with ``error`` instead
+        of this rank's part: DCP's first collective (the plan) then fails on every rank
+        at once. A rank that failed before its save would otherwise leave the others
+        waiting in it until the group's timeout, and its next message on the group would
+        be taken for DCP's."""
+        import torch.distributed.checkpoint as dcp
+
+        class _Failed(dcp.DefaultSavePlanner):
+            def set_up_planner(
+                self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False
+            ) -> None:
+                raise error
+
+        try:
+            dcp.save(
+                {},
+                storage_writer=dcp.FileSystemWriter(directory),
+                planner=_Failed(),
+                process_group=opts.group,
+            )
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # noqa: BLE001 - DCP's CheckpointException naming this rank
+            pass  # ``error`` is what this rank reports; the others were told by DCP
+
     def load_dir(self, directory: Path, names: list[str]) -> Any:
         import torch.distributed.checkpoint as dcp
 
