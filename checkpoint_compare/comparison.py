@@ -1,20 +1,23 @@
-"""A candidate profile against the baseline: robust, symmetric, with intervals.
+"""The pieces every comparison is made of, and a training run's whole run against the
+baseline's: robust, symmetric, with intervals.
 
 Noise model (docs/compare.md): the run is the unit of replication. Whatever differs
-between two runs (the machine's load, a neighbour on the disk) moves all checkpoints of a
-run together, so the checkpoints of one run are not independent draws for a comparison
-between profiles: the pause difference is the shift between the runs' median pauses with
-its between-run interval (``intervals.run_level_shift``), and with one run a side there is
-none: no pause difference counts and the report asks for repeats. It counts when the
-interval excludes zero and the shift is larger than a practical floor. The whole run is one
-measurement: its runtimes are compared the same way, each run one value (Student's t
-between runs), so one run a side gives no runtime interval. It counts when its interval
-excludes zero, it is larger than the runtime floor, and the checkpoints can account for it.
+between two runs (the machine's load, a neighbour on the disk) moves all checkpoints (or
+epochs) of a run together, so they are not independent draws for a comparison between
+profiles: the headline's difference (the pause per checkpoint for a training run) is the
+shift between the runs' medians with its between-run interval, made by the verdict's engine
+for every workload (:mod:`checkpoint_compare.verdict`), and judged here
+(:class:`Difference`): it counts when the interval excludes zero and the shift is larger
+than a practical floor; with one run a side there is no interval and nothing counts. A
+training run's whole run is one measurement: its runtimes are compared the same way, each
+run one value (Student's t between runs). It counts when its interval excludes zero, it is
+larger than the runtime floor, and the checkpoints can account for it.
 
 Every rule is symmetric: swapping baseline and candidate swaps the sign of each difference
 and nothing else, and a slower profile needs the same evidence as a faster one. When the
 pipeline returned to the baseline at the end (A…B…A), the baseline's own drift between its
-first and its last runs is measured; a difference no larger than that drift does not count.
+first and its last runs is measured (:class:`Drift`); a difference no larger than that drift
+does not count.
 """
 
 from __future__ import annotations

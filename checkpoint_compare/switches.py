@@ -62,7 +62,7 @@ def check_switches(groups: list[ProfileRuns], hook_runs: list[RunRecord]) -> lis
     if not ledgers:
         return [
             f"no hook run recorded the claim's ledger (output {LEDGER_OUTPUT!r}): switches "
-            "of the claim's class during the training runs were not checked"
+            "of the claim's class during the measured runs were not checked"
         ]
     notes, problems = [], []
     for group in groups:
