@@ -513,3 +513,17 @@ def test_a_verdict_over_the_pipeline_ignores_an_earlier_compare_run(
     again = CliRunner().invoke(main, [*args, "--no-track"])
     assert again.exit_code == 0, again.output
     assert f"VERDICT: {FAST}" in again.output
+
+
+def test_scans_of_another_claim_or_volume_are_refused_as_training_runs_are() -> None:
+    def hook(profile: str, claim: str, handle: str) -> RunRecord:
+        return RunRecord(
+            uuid=f"hook-{profile}", inputs={"claim": claim, "namespace": "ml",
+            "target_class": profile, "driver": "ebs.csi.aws.com", "volume_handle": handle},
+            outputs={"applied_class": profile},
+        )  # fmt: skip
+
+    runs = slow_and_fast()
+    with pytest.raises(NotComparable, match="the claim differs.*the volume differs"):
+        judge([*runs, hook(BASE, "data", "vol-1"), hook(FAST, "other-team", "vol-2")])
+    judge([*runs, hook(BASE, "data", "vol-1"), hook(FAST, "data", "vol-1")])
