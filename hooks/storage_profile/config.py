@@ -52,6 +52,32 @@ WORKLOAD_BUDGETS: dict[str, tuple[str, ...]] = {
 """The budget options the verdict tests for each workload (its table's budget test): a
 budget of another workload is not tested, so it answers nothing."""
 
+
+@dataclass(frozen=True)
+class CalibratedRuns:
+    """What the calibration (docs/compare.md, "Calibration") measured for a workload, in runs
+    a side of a comparison as the verdict counts them (at most ``VERDICT_RUNS_PER_BLOCK`` a
+    block of back-to-back runs): whether the verdict detected a factor of two between classes
+    in at least 95 % of comparisons without a false claim."""
+
+    missed: int
+    """The most runs a side measured that detected it in fewer (0: no design missed)."""
+    met: int | None
+    """The fewest runs a side that detected it (None: no design measured did)."""
+
+
+CALIBRATED_RUNS: dict[str, CalibratedRuns] = {
+    "checkpoint": CalibratedRuns(missed=0, met=2),
+    "scan": CalibratedRuns(missed=0, met=2),
+    "materialize": CalibratedRuns(missed=2, met=None),
+    "workspace": CalibratedRuns(missed=2, met=None),
+}
+"""A checkpoint's pauses and a storage-bound scan's epochs give every run several samples:
+two runs a side detected the factor of two. Materialize has one figure a run and the
+workspace a p99 that a busy machine moves by more than the class: with one block a side, or
+the return to the first profile (the candidate still one block, 2 runs counted), they missed
+it; a design measured to miss cannot reach a 95 % answer, so the plan says so."""
+
 DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
 """``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume
 can stay ``optimizing`` for hours (docs/storage-profile.md, "Timeouts")."""
@@ -547,11 +573,40 @@ def answerability(
         previous = name
     baseline = profiles[0]
     candidates = [p for p in dict.fromkeys(profiles) if p != baseline]
-    differences = tuple(c for c in candidates if min(runs[c], runs[baseline]) >= 2)
+    paired = [c for c in candidates if min(runs[c], runs[baseline]) >= 2]
+    counted = {p: min(runs[p], VERDICT_RUNS_PER_BLOCK * blocks[p]) for p in runs}
+    side = {c: min(counted[c], counted[baseline]) for c in paired}
+    calibrated = CALIBRATED_RUNS[workload]
+    differences = tuple(c for c in paired if side[c] > calibrated.missed)
     limits: list[str] = []
     notes: list[str] = []
     level = f"{confidence:.0%}"
-    unanswered = [c for c in candidates if c not in differences]
+    alternate = ",".join([*dict.fromkeys(profiles)] * 2)
+    missed = [c for c in paired if c not in differences]
+    if missed:
+        short = [p for p in (baseline, *missed) if counted[p] <= calibrated.missed]
+        limits.append(
+            f"the {workload} workload: {_and([f'{p} counts {counted[p]} runs' for p in short])} "
+            f"(at most {VERDICT_RUNS_PER_BLOCK} a block of back-to-back runs), and with "
+            f"{calibrated.missed} a side the calibration detected a factor of two between "
+            f"classes in fewer than {level} of comparisons (docs/compare.md), so a difference "
+            f"between {_and(missed)} and the baseline {baseline} would likely be missed: more "
+            f"blocks of each profile (profiles that alternate: {alternate}) count more runs"
+        )
+    unproven = [c for c in differences if calibrated.met is None or side[c] < calibrated.met]
+    if unproven:
+        shown = (
+            f"only with {calibrated.met} a side"
+            if calibrated.met is not None
+            else f"with none of the designs measured (up to {calibrated.missed} a side)"
+        )
+        notes.append(
+            f"the {workload} workload: {_and(unproven)} and the baseline {baseline} count "
+            f"{min(side[c] for c in unproven)} runs a side, and the calibration detected a "
+            f"factor of two between classes in {level} of comparisons {shown} "
+            "(docs/compare.md): not a limit, not a calibrated answer either"
+        )
+    unanswered = [c for c in candidates if c not in paired]
     if unanswered:
         lonely = [p for p in (baseline, *unanswered) if runs[p] < 2]
         limits.append(

@@ -492,6 +492,66 @@ def test_more_repeats_in_one_block_buy_a_steadier_estimate_not_a_narrower_interv
     assert load(out)["answerable"] is True
 
 
+@pytest.mark.parametrize(
+    ("profiles", "extra", "short"),
+    [
+        (PAIR, ("--workload", "materialize"), "checkpoint-baseline counts 2 runs and "),
+        # The return gives the baseline a second block; the candidate is still one.
+        (PAIR, ("--workload", "materialize", "--return-to-first"), "checkpoint-throughput"),
+        # More repeats in one block are not counted as more runs.
+        (PAIR, ("--workload", "materialize", "--repeats", "6"), "checkpoint-throughput counts 2"),
+        (PAIR, ("--workload", "workspace"), "checkpoint-throughput counts 2 runs"),
+    ],
+    ids=["materialize", "materialize-return", "materialize-one-long-block", "workspace"],
+)
+def test_a_data_workload_short_of_its_calibrated_runs_is_refused_before_anything(
+    fake: FakeKube, profiles: str, extra: tuple[str, ...], short: str
+):
+    # Two runs a side detected a factor of two in too few calibrated comparisons of these
+    # workloads: without a budget such a run would answer nothing it can be trusted with.
+    cluster(fake)
+    result = plan(profiles, "--repeats", "2", *extra)
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.stderr.splitlines() if "could say nothing" in ln]
+    workload = extra[1]
+    assert f"the {workload} workload: " in line and short in line
+    missed = config.CALIBRATED_RUNS[workload].missed
+    assert f"with {missed} a side the calibration detected a factor of two" in line
+    assert "in fewer than 95% of comparisons (docs/compare.md)" in line
+    assert f"profiles that alternate: {PAIR},{PAIR}" in line
+    assert fake.calls == []  # refused before the API server was asked anything
+
+
+def test_a_data_workload_with_its_calibrated_runs_answers(fake: FakeKube, tmp_path: Path):
+    cluster(fake)
+    out = tmp_path / "plan.json"
+    for workload in ("materialize", "workspace"):
+        result = plan(f"{PAIR},{PAIR}", "--repeats", "2", "--workload", workload, summary=out)
+        assert result.exit_code == 0, result.output
+        assert load(out)["answerable"] is True and load(out)["answer_limits"] == []
+        # Four runs a side: past what missed; said when the calibration did not reach it.
+        met = config.CALIBRATED_RUNS[workload].met
+        notes = [n for n in load(out)["answer_notes"] if n.startswith(f"the {workload} ")]
+        assert len(notes) == (met is None or met > 2 * VERDICT_RUNS_PER_BLOCK)
+    # With a budget the workspace run still answers that: a limit, not a refusal.
+    args = ("--repeats", "2", "--workload", "workspace", "--max-p99-ms", "20")
+    assert plan(PAIR, *args, summary=out).exit_code == 0
+    (limit,) = load(out)["answer_limits"]
+    assert load(out)["answerable"] is False and limit.startswith("the workspace workload: ")
+    # The storage-bound workloads reach theirs with two runs a side.
+    for workload in ("checkpoint", "scan"):
+        assert config.CALIBRATED_RUNS[workload].met == VERDICT_RUNS_PER_BLOCK
+        assert plan(PAIR, "--repeats", "2", "--workload", workload, summary=out).exit_code == 0
+        assert load(out)["answer_limits"] == []
+
+
+def test_every_workload_has_its_calibrated_runs() -> None:
+    assert tuple(config.CALIBRATED_RUNS) == WORKLOADS
+    for calibrated in config.CALIBRATED_RUNS.values():
+        # Below 2 runs a side there is no interval at all: nothing to calibrate.
+        assert calibrated.met is None or calibrated.met > max(1, calibrated.missed)
+
+
 def test_without_repeats_only_the_window_is_judged(fake: FakeKube, tmp_path: Path):
     cluster(fake)
     out = tmp_path / "plan.json"
@@ -562,6 +622,9 @@ AGENT_TIER = {"repeats": 1, **{k: DEMO_PARAMS[k] for k in ("steps", "checkpoint_
         (PROFILES_PIPELINE, {**AGENT_TIER, "workload": "scan", **DATA_DEMO_PARAMS}, False),
         (PIPELINE, {"repeats": 1}, None),
         (PROFILES_PIPELINE, {"repeats": 1, "workload": "materialize"}, None),
+        (PROFILES_PIPELINE, {"workload": "materialize"}, None),
+        (PROFILES_PIPELINE, {"workload": "workspace", "max_p99_ms": 20}, False),
+        (PROFILES_PIPELINE, {"workload": "workspace", "profiles": PAIR.split(",") * 2}, True),
     ],
     ids=[
         "defaults",
@@ -570,6 +633,9 @@ AGENT_TIER = {"repeats": 1, **{k: DEMO_PARAMS[k] for k in ("steps", "checkpoint_
         "agent-tier-scan",
         "one-run",
         "materialize",
+        "materialize-defaults",
+        "workspace-budget",
+        "workspace-alternating",
     ],
 )
 def test_the_pipelines_plan_op_says_what_its_settings_can_answer(
