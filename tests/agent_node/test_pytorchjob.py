@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +72,16 @@ def operator(node: Node) -> Iterator[training_operator.TrainingOperator]:
 
 
 @pytest.fixture(scope="module")
-def image(node: Node) -> str:
-    """The project's image, built (cached) and imported into the node's containerd."""
+def image(node: Node, request: pytest.FixtureRequest) -> str:
+    """The project's image, built (cached) and imported into the node's containerd; the
+    sandbox starts while it imports (the import is most of this module's set-up)."""
     name, archive = project_image()
-    import_image(node.state_dir, archive, name.rsplit(":", 1)[0])
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        imported = pool.submit(import_image, node.state_dir, archive, name.rsplit(":", 1)[0])
+        request.getfixturevalue("sandbox_on_node")
+        imported.result()
+    print(f"project image imported, sandbox started: {time.monotonic() - t0:.0f} s")
     return name
 
 
@@ -192,7 +199,7 @@ def directory(profile: str) -> str:
 
 @pytest.fixture(scope="module")
 def runs(
-    node: Node, operator, sandbox_on_node: Sandbox, image: str, classes: list[str]
+    node: Node, image: str, operator, sandbox_on_node: Sandbox, classes: list[str]
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """One run on each of two classes of the one claim, each in its own fresh directory."""
     done = {}
