@@ -18,12 +18,14 @@ from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
     COMPARABLE_INPUTS,
+    DATA_COMPARABLE_INPUTS,
+    DATA_FORMAT_BOUND_INPUTS,
+    DATA_REQUIRED_INPUTS,
     MATERIALIZE_TOTAL_S,
     REQUIRED_INPUTS,
     SCAN_AU,
     SCAN_CACHE_KEPT_OUT,
     SCAN_EPOCH_S,
-    WORKLOAD_INPUT,
     WORKLOADS,
     WORKSPACE_SAVE_P99_MS,
 )
@@ -116,15 +118,6 @@ class WorkloadRow:
         return self.stem.replace("_", " ")
 
 
-_DATA_COMMON = (WORKLOAD_INPUT, "seed")
-_DATASET = (
-    "dataset_format", "codec", "dataset_size", "record_size", "shard_size", "row_group_size",
-)  # fmt: skip
-# A shard size means nothing to a directory of files, a row group only to Parquet.
-_FORMAT_BOUND = {"shard_size": ("webdataset", "parquet", "mds"), "row_group_size": ("parquet",)}
-_DATASET_REQUIRED = ("dataset_format", "dataset_size")
-
-
 def _cache_not_kept_out(runs: list[tuple[str, Any]]) -> list[str]:
     """A scan whose page cache was not kept out measured memory, not the volume."""
     cached = [
@@ -181,20 +174,9 @@ ROWS: dict[str, WorkloadRow] = {
             label="epoch time",
             unit="s",
             sample_metric=SCAN_EPOCH_S,
-            comparable=(
-                *_DATA_COMMON,
-                *_DATASET,
-                "loader",
-                "epochs",
-                "num_workers",
-                "batch_size",
-                "prefetch_factor",
-                "shuffle_buffer",
-                "compute_ms",
-                "drop_cache",
-            ),  # fmt: skip
-            format_bound=_FORMAT_BOUND,
-            required=_DATASET_REQUIRED,
+            comparable=DATA_COMPARABLE_INPUTS["scan"],
+            format_bound=DATA_FORMAT_BOUND_INPUTS,
+            required=DATA_REQUIRED_INPUTS["scan"],
             budget=_au_budget,
             budget_words=lambda b: (
                 None
@@ -214,9 +196,9 @@ ROWS: dict[str, WorkloadRow] = {
             label="total time",
             unit="s",
             sample_metric=None,
-            comparable=(*_DATA_COMMON, *_DATASET, "output_shard_size"),
-            format_bound=_FORMAT_BOUND,
-            required=_DATASET_REQUIRED,
+            comparable=DATA_COMPARABLE_INPUTS["materialize"],
+            format_bound=DATA_FORMAT_BOUND_INPUTS,
+            required=DATA_REQUIRED_INPUTS["materialize"],
             title="building the preprocessed cache",
             stem="total_time",
         ),
@@ -226,8 +208,8 @@ ROWS: dict[str, WorkloadRow] = {
             label="p99 save latency",
             unit="ms",
             sample_metric=WORKSPACE_SAVE_P99_MS,
-            comparable=(*_DATA_COMMON, "files", "file_size", "rounds"),
-            required=("files",),
+            comparable=DATA_COMPARABLE_INPUTS["workspace"],
+            required=DATA_REQUIRED_INPUTS["workspace"],
             budget=_p99_budget,
             budget_figure=lambda p: f"p99 save latency {p.median:.3g} ms",
             budget_words=lambda b: (

@@ -680,6 +680,35 @@ DATA_WORKLOAD_METRICS = {
 WORKLOAD_INPUT = "workload"
 """The run input (and summary key) naming the workload, one of :data:`WORKLOADS`."""
 
+_DATASET_INPUTS = (
+    "dataset_format", "codec", "dataset_size", "record_size", "shard_size", "row_group_size",
+)  # fmt: skip
+DATA_COMPARABLE_INPUTS = {
+    "scan": (
+        WORKLOAD_INPUT, "seed", *_DATASET_INPUTS, "loader", "epochs", "num_workers",
+        "batch_size", "prefetch_factor", "shuffle_buffer", "compute_ms", "drop_cache",
+    ),
+    "materialize": (WORKLOAD_INPUT, "seed", *_DATASET_INPUTS, "output_shard_size"),
+    "workspace": (WORKLOAD_INPUT, "seed", "files", "file_size", "rounds"),
+}  # fmt: skip
+"""Each data workload's inputs that must be equal for two runs to be compared (the dataset
+and what reads or writes it: a loader, its workers or its prefetch changes an epoch as much as
+a volume can). Every one is an input the workload records."""
+
+DATA_FORMAT_BOUND_INPUTS = {
+    "shard_size": ("webdataset", "parquet", "mds"),
+    "row_group_size": ("parquet",),
+}
+"""Dataset inputs compared only for the formats they shape: a shard size means nothing to a
+directory of files, a row group only to Parquet."""
+
+DATA_REQUIRED_INPUTS = {
+    "scan": ("dataset_format", "dataset_size"),
+    "materialize": ("dataset_format", "dataset_size"),
+    "workspace": ("files",),
+}
+"""Without these a data run's comparison cannot be vouched for, so each run records them."""
+
 DATA_SUMMARY_CONFIG = "config"
 DATA_SUMMARY_OUTPUTS = "outputs"
 DATA_SUMMARY_DETAILS = "details"

@@ -12,6 +12,9 @@ import pytest
 import yaml
 
 from checkpoint_storage_bench.contract import (
+    DATA_COMPARABLE_INPUTS,
+    DATA_REQUIRED_INPUTS,
+    DATA_SUMMARY_CONFIG,
     DATA_SUMMARY_DETAILS,
     DATA_SUMMARY_EPOCH,
     DATA_SUMMARY_EPOCHS,
@@ -22,6 +25,7 @@ from checkpoint_storage_bench.contract import (
     DATA_WORKLOAD_OUTPUTS,
     DATA_WORKLOADS,
     SCAN_EPOCH_METRICS,
+    WORKLOAD_INPUT,
     WORKSPACE_SAVE_P99_MS,
 )
 from checkpoint_storage_bench.tracking import Tracker
@@ -39,7 +43,7 @@ ARGS = {
 @pytest.fixture
 def logged(monkeypatch) -> dict[str, Any]:
     """What the run hands to tracking: metric names by step, output names."""
-    seen: dict[str, Any] = {"metrics": {}, "outputs": set()}
+    seen: dict[str, Any] = {"metrics": {}, "outputs": set(), "inputs": set()}
 
     def log_metrics(self, step: int, values: dict[str, float | None]) -> None:
         seen["metrics"].setdefault(step, {}).update(values)
@@ -47,6 +51,10 @@ def logged(monkeypatch) -> dict[str, Any]:
     def log_outputs(self, **values: Any) -> None:
         seen["outputs"] |= set(values)
 
+    def log_inputs(self, **values: Any) -> None:
+        seen["inputs"] |= set(values)
+
+    monkeypatch.setattr(Tracker, "log_inputs", log_inputs)
     monkeypatch.setattr(Tracker, "log_metrics", log_metrics)
     monkeypatch.setattr(Tracker, "log_outputs", log_outputs)
     return seen
@@ -66,6 +74,10 @@ def test_every_name_a_workload_writes_is_the_contracts(
     assert tuple(summary) == DATA_SUMMARY_KEYS
     assert set(summary[DATA_SUMMARY_OUTPUTS]) == set(DATA_WORKLOAD_OUTPUTS[workload])
     assert logged["outputs"] == set(DATA_WORKLOAD_OUTPUTS[workload])
+    # What the verdict compares and requires of a run, the run records.
+    wanted = {*DATA_COMPARABLE_INPUTS[workload], *DATA_REQUIRED_INPUTS[workload]}
+    assert wanted <= logged["inputs"], wanted - logged["inputs"]
+    assert wanted - {WORKLOAD_INPUT} <= set(summary[DATA_SUMMARY_CONFIG])
     names = {name for values in logged["metrics"].values() for name in values}
     assert names == set(DATA_WORKLOAD_METRICS[workload])
     details = summary[DATA_SUMMARY_DETAILS]
