@@ -375,12 +375,17 @@ def test_rank_write_error_commits_nothing_and_every_rank_is_told(tmp_path, optio
     assert proc.returncode != 0
     assert [r.step for r in store.list_checkpoints(ckpt)] == [2]
     assert hidden(ckpt) == []  # rank 0 removed it before telling anyone
-    # Rank 0 (told by the gather) says which rank failed and why...
+    # Rank 0 (told by the gather) says which rank failed and why, and waits.
+    assert_rank_1_failed_and_is_the_root_cause(text)
+
+
+def assert_rank_1_failed_and_is_the_root_cause(text: str) -> None:
+    """Rank 0 says rank 1's injected error kept step 4 from being committed, and torchrun
+    names rank 1, with its own exit code 1, as the root cause."""
     assert (
         "rank 0: checkpoint step-00000004 was not committed: rank 1: OSError: [Errno 5] I/O "
         "error injected" in text
     ), text[-3000:]
-    # ...and waits, so torchrun names the rank that failed as the root cause.
     root = text[text.index("Root Cause") :]
     assert "rank      : 1" in root and "exitcode  : 1" in root, root
 
@@ -401,12 +406,7 @@ def test_rank_failing_in_an_async_dcp_save_fails_fast_and_is_the_root_cause(tmp_
     )  # fmt: skip
     text = _output(proc)
     assert proc.returncode != 0
-    assert (
-        "rank 0: checkpoint step-00000004 was not committed: rank 1: OSError: [Errno 5] I/O "
-        "error injected" in text
-    ), text[-3000:]
-    root = text[text.index("Root Cause") :]
-    assert "rank      : 1" in root and "exitcode  : 1" in root, root
+    assert_rank_1_failed_and_is_the_root_cause(text)
     assert rank_exit_codes(text).get(0) in (None, 7, -15), text[-3000:]  # told, or stopped
     assert [r.step for r in store.list_checkpoints(ckpt)] == [2]
     assert hidden(ckpt) == []
