@@ -415,38 +415,13 @@ def test_unknown_checksum_algorithm_is_refused(tmp_path):
         WriteOptions(checksum="md4")
 
 
-def test_checkpoint_of_the_old_writer_still_loads(tmp_path):
-    """A checkpoint as the code before the ``checksum`` field wrote it: the file by itself,
-    zlib CRC32s per 4 MiB chunk, a manifest without ``checksum``, ``layout`` or
-    ``bytes``-per-stream fields."""
-    state = rich_state()
-    image = bytes(RawFormat().stage(state).data)
-    path = tmp_path / "step-00000042"
-    path.mkdir()
-    (path / "state.ckpt").write_bytes(image)
-    chunk = 4 << 20
-    old_manifest = {
-        "schema": "checkpoint-manifest/1",
-        "step": 42,
-        "format": "raw",
-        "created_at": 1764547200.0,
-        "io_mode": "direct",
-        "files": [
-            {
-                "name": "state.ckpt",
-                "bytes": len(image),
-                "chunk_bytes": chunk,
-                "crc32": [zlib.crc32(image[i : i + chunk]) for i in range(0, len(image), chunk)],
-            }
-        ],
-    }
-    (path / store.MANIFEST).write_text(json.dumps(old_manifest, indent=1))
-    manifest, loaded = load_back(path, "raw")
-    assert "checksum" not in manifest
-    assert_same(state, loaded)
-    # and damage in it is still found
-    (path / "state.ckpt").write_bytes(image[:100] + bytes([image[100] ^ 1]) + image[101:])
-    with pytest.raises(CheckpointCorruptError, match="checksum mismatch in chunk 0"):
+def test_a_manifest_without_its_checksum_field_is_incomplete(tmp_path):
+    """Every manifest names its checksum algorithm: one without is never read as CRC32."""
+    path, _ = save_one(tmp_path, "raw", rich_state())
+    manifest = json.loads((path / store.MANIFEST).read_text())
+    del manifest["checksum"]
+    (path / store.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointCorruptError, match="has no field 'checksum'"):
         store.read_verified(LocalFS(), path, AlignedBuffer())
 
 

@@ -42,6 +42,8 @@ def _break(manifest: dict, how: str) -> dict:
         manifest["files"] = [["state.ckpt"]]
     elif how == "step_str":
         manifest["step"] = "6"
+    elif how == "no_checksum":
+        del manifest["checksum"]
     elif how == "checksum_list":
         manifest["checksum"] = ["crc32"]
     elif how == "checksum_unknown":
@@ -57,7 +59,8 @@ def _break(manifest: dict, how: str) -> dict:
     "how",
     [
         "no_format", "format_null", "name_null", "name_escapes", "crc32_null", "crc32_short",
-        "bytes_str", "files_str", "entry_list", "step_str", "checksum_list", "checksum_unknown",
+        "bytes_str", "files_str", "entry_list", "step_str", "no_checksum", "checksum_list",
+        "checksum_unknown",
         "layout_list", "not_a_dict",
     ],
 )  # fmt: skip

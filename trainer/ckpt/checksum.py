@@ -1,9 +1,8 @@
 """Chunk checksums: which algorithm a manifest names, and the fastest implementation of it.
 
-The algorithm stays CRC32 (zlib's polynomial and values), so every checkpoint written
-before the manifest recorded its algorithm still verifies unchanged. What changed is the
-implementation: Intel ISA-L's ``crc32`` (the ``isal`` package) computes the same values
-several times faster than zlib (about 5-7 GB/s vs 0.9-2.3 GB/s on our 2-core build VM,
+The algorithm is CRC32 (zlib's polynomial and values), named by every manifest's
+``checksum`` field. Intel ISA-L's ``crc32`` (the ``isal`` package) computes it several
+times faster than zlib (about 5-7 GB/s vs 0.9-2.3 GB/s on our 2-core build VM,
 i.e. faster than the disk) and, like zlib, releases the GIL while it runs, so writer and
 reader threads checksum in parallel with the training loop's Python thread. Where ``isal``
 is not installed, zlib computes the same values, only slower.
@@ -21,8 +20,6 @@ except ImportError:  # the values are the same; only the speed differs
 
 CRC32 = "crc32"
 DEFAULT = CRC32
-LEGACY = CRC32
-"""What a manifest without a ``checksum`` field used (every one written before it existed)."""
 
 Checksum = Callable[[memoryview], int]
 

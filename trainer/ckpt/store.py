@@ -91,8 +91,7 @@ def manifest_for(
 
     ``layout`` striped: the files hold one image, chunk k in file k mod N (one file: the
     image itself); files: independent files a library wrote (dcp, safetensors). Each
-    file's checksums are stored under the algorithm's name, ``checksum`` names it
-    (manifests without it are CRC32).
+    file's checksums are stored under the algorithm's name, ``checksum`` names it.
     """
     files = written if isinstance(written, list) else [written]
     return {
@@ -245,12 +244,15 @@ def file_entry(
 
 
 def checksum_algorithm(path: Path, manifest: dict[str, Any]) -> str:
-    """The checksum algorithm a manifest names (one without it is CRC32), known to this build.
+    """The checksum algorithm a manifest names, known to this build.
 
     Raises:
-        CheckpointCorruptError: It is no name, or one this build cannot compute.
+        CheckpointCorruptError: The manifest has no ``checksum`` field (it is incomplete),
+            or it is no name, or one this build cannot compute.
     """
-    algorithm = manifest.get("checksum", checksums.LEGACY)
+    if "checksum" not in manifest:
+        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has no field 'checksum'")
+    algorithm = manifest["checksum"]
     try:
         if not isinstance(algorithm, str):
             raise ValueError(f"checksum algorithm {algorithm!r} is not a name")
