@@ -38,6 +38,7 @@ def cli(
     option: bool = True,
     show_envvar: bool = True,
     help_values: Callable[[], dict[str, Any]] | None = None,
+    argument: bool = False,
 ) -> dict[str, Any]:
     """Field metadata for the generated click option, where the field alone does not say it.
 
@@ -56,6 +57,9 @@ def cli(
         help_values: Values for the ``{name}`` fields of the docstring, for a help text that
             quotes what is declared elsewhere (a default that depends on another option, the
             names of shipped files).
+        argument: The field is a positional argument, not an option (with ``multiple``:
+            any number of them, ``[NAME]...``). click shows no help text for an argument:
+            the command's docstring names it.
     """
     return {
         "cli": {
@@ -68,6 +72,7 @@ def cli(
             "option": option,
             "show_envvar": show_envvar,
             "help_values": help_values,
+            "argument": argument,
         }
     }
 
@@ -121,9 +126,11 @@ def _click_type(annotation: Any) -> Any:
 
 
 def option_for(f: Field, annotation: Any, doc: str) -> Callable[[F], F]:
-    """The click option of one dataclass field."""
+    """The click option (or positional argument) of one dataclass field."""
     extra = f.metadata.get("cli", {})
     click_type = extra.get("type") or _click_type(annotation)
+    if extra.get("argument"):
+        return _argument_for(f, click_type, extra)
     if extra.get("help_values"):
         doc = doc.format(**extra["help_values"]())
     kwargs: dict[str, Any] = {"help": doc}
@@ -150,6 +157,17 @@ def option_for(f: Field, annotation: Any, doc: str) -> Callable[[F], F]:
     if extra.get("multiple"):
         kwargs.update(multiple=True, show_default=False)
     return click.option(*decls, f.name, **kwargs)
+
+
+def _argument_for(f: Field, click_type: Any, extra: dict[str, Any]) -> Callable[[F], F]:
+    kwargs: dict[str, Any] = {"type": click_type, "required": f.default is MISSING}
+    if extra.get("multiple"):
+        kwargs["nargs"] = -1
+    elif f.default is not MISSING:
+        kwargs["default"] = f.default
+    if extra.get("metavar"):
+        kwargs["metavar"] = extra["metavar"]
+    return click.argument(f.name, **kwargs)
 
 
 class FiniteFloat(click.ParamType):

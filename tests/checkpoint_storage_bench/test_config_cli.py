@@ -118,3 +118,27 @@ def test_commands_that_print_a_state_take_output_text_or_json() -> None:
     # --json names a file to write on every CLI: here it is no option at all.
     assert run(show, ["--json"]).exit_code == 2
     assert run(show, ["-o", "yaml"]).exit_code == 2
+
+
+def test_a_field_may_be_a_positional_argument_given_any_number_of_times() -> None:
+    @dataclass(kw_only=True)
+    class Build:
+        names: tuple[str, ...] = field(
+            default=(),
+            metadata=cli(argument=True, multiple=True, click_type=str, metavar="NAME..."),
+        )
+        """Only these."""
+
+        force: bool = field(default=False, metadata=cli(flag="--force"))
+        """Go ahead anyway."""
+
+    @click.command()
+    @config_options(Build)
+    def build(**settings: object) -> None:
+        click.echo(repr(Build(**settings).names))  # type: ignore[arg-type]
+
+    run = CliRunner().invoke
+    assert run(build, []).output == "()\n"
+    assert run(build, ["a", "--force", "b"]).output == "('a', 'b')\n"
+    usage = run(build, ["--help"]).output
+    assert "Usage: build [OPTIONS] NAME..." in usage and "--names" not in usage
