@@ -12,7 +12,8 @@
 - ``localcluster/go/``: the Go sources of the binaries ``scripts/controlplane.sh build``
   compiles (pinned wrapper modules and our CSI driver, ``csi-hostpath-lite``).
 
-``python -m localcluster build | start | stop | status`` (:mod:`localcluster.cli`). The
+``python -m localcluster build | start | stop | status`` (:mod:`localcluster.cli`, its
+settings in :mod:`localcluster.config`, its exit codes in :mod:`localcluster.errors`). The
 test tiers (tests/kube, tests/node, tests/agent_node) start it from their fixtures, the
 sandbox's ``--on-node`` mode runs Polyaxon's agent on the node (docs/agent-on-node.md).
 """

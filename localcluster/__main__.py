@@ -1,5 +1,6 @@
-import sys
+"""``python -m localcluster``."""
 
 from localcluster.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    main()

@@ -2,157 +2,146 @@
 
 Without ``--node`` each command acts on the control plane alone (what
 ``scripts/controlplane.sh start|stop`` runs); with it, on the control plane and a node
-(root; docs/node.md). Exit codes: 0 done (``status``: every recorded process runs),
-1 the cluster failed (did not start, left something behind, is not running),
-2 bad usage, 3 what the command needs is missing here (the build script, the binary cache).
+(root; docs/node.md). Each command's options are generated from its settings dataclass
+(:mod:`localcluster.config`); failures leave as :mod:`localcluster.errors`, which click maps
+to their exit codes (:data:`localcluster.errors.EXIT_CODES`, also the ``--help`` epilog).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
+import click
+
+from checkpoint_storage_bench.config_cli import config_options
+from checkpoint_storage_bench.errors import exit_codes_help
 from localcluster import state
+from localcluster.config import BuildConfig, ClusterConfig, StatusConfig
 from localcluster.controlplane import PIDS_FILE, ControlPlane, ControlPlaneError, stop_recorded
+from localcluster.errors import EXIT_CODES, EXIT_FAILED, EXIT_SETUP, ClusterFailed, SetupMissing
 from localcluster.node import Node, sweep
 
-EXIT_FAILED = 1
-EXIT_SETUP = 3
+__all__ = ["EXIT_FAILED", "EXIT_SETUP", "main"]
+
+EPILOG = exit_codes_help(EXIT_CODES)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m localcluster",
-        description="A real Kubernetes control plane on loopback, and optionally one node.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+class LocalClusterGroup(click.Group):
+    """Maps the failures of the modules a command drives to their exit, in one place: a
+    missing build script or binary cache exits 3, a process that did not start (or a sweep
+    refused while another node runs) exits 1."""
 
-    def command(name: str, help: str, *, bin_dir: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
-        p.add_argument(
-            "--node", action="store_true", help="the control plane and a node (root; docs/node.md)"
-        )
-        if bin_dir:
-            p.add_argument(
-                "--bin-dir",
-                type=Path,
-                help="the built binaries (default: `scripts/controlplane.sh bin-dir`)",
-            )
-        if name != "build":
-            p.add_argument(
-                "--state-dir",
-                type=Path,
-                help="default: $TMPDIR/csb-controlplane-UID, with --node $TMPDIR/csb-node-UID",
-            )
-        return p
-
-    build = command("build", "build the missing or stale binaries (scripts/controlplane.sh)")
-    build.add_argument("names", nargs="*", help="only these binaries (default: all)")
-    command("start", "start and leave running")
-    command("stop", "stop what `start` started and sweep what a node left (also after a crash)")
-    command("status", "the recorded processes, running or gone, and the server", bin_dir=False)
-    return parser
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except state.SetupError as exc:
+            raise SetupMissing(str(exc)) from exc
+        except ControlPlaneError as exc:
+            raise ClusterFailed(str(exc)) from exc
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command != "build" and args.state_dir is None:
-        args.state_dir = state.default_state_dir(args.node)
-    try:
-        return {"build": _build, "start": _start, "stop": _stop, "status": _status}[args.command](
-            args
-        )
-    except state.SetupError as exc:
-        print(f"localcluster: {exc}", file=sys.stderr)
-        return EXIT_SETUP
+@click.group(
+    cls=LocalClusterGroup,
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+def main() -> None:
+    """A real Kubernetes control plane on loopback, and optionally one node."""
 
 
-def _build(args: argparse.Namespace) -> int:
+@main.command(epilog=EPILOG)
+@config_options(BuildConfig)
+def build(**settings: Any) -> None:
+    """Build the missing or stale binaries. All of them, or only the NAMEs given
+    (scripts/controlplane.sh build)."""
+    cfg = BuildConfig(**settings)
     if not state.BUILD_SCRIPT.is_file():
         raise state.SetupError(f"no {state.BUILD_SCRIPT} (a source checkout has it)")
-    if args.node and args.names:
-        print("localcluster: build --node builds every binary; name none", file=sys.stderr)
-        return 2
-    names = ["--node"] if args.node else args.names
     env = dict(os.environ)
-    if args.bin_dir is not None:
-        env["CONTROLPLANE_BIN_DIR"] = str(args.bin_dir)
+    if cfg.bin_dir is not None:
+        env["CONTROLPLANE_BIN_DIR"] = str(cfg.bin_dir)
+    names = ["--node"] if cfg.node else list(cfg.names)
     argv = ["bash", str(state.BUILD_SCRIPT), "build", *names]
-    return subprocess.run(argv, env=env, check=False).returncode
+    click.get_current_context().exit(subprocess.run(argv, env=env, check=False).returncode)
 
 
-def _start(args: argparse.Namespace) -> int:
-    bin_dir = args.bin_dir or state.default_bin_dir()
-    if args.node:
-        return _start_node(bin_dir, args.state_dir)
-    return _start_plane(bin_dir, args.state_dir)
+@main.command(epilog=EPILOG)
+@config_options(ClusterConfig)
+def start(**settings: Any) -> None:
+    """Start and leave running."""
+    cfg = ClusterConfig(**settings)
+    bin_dir = cfg.bin_dir or state.default_bin_dir()
+    if cfg.node:
+        _start_node(bin_dir, cfg.state)
+    else:
+        _start_plane(bin_dir, cfg.state)
 
 
-def _start_plane(bin_dir: Path, state_dir: Path) -> int:
+def _start_plane(bin_dir: Path, state_dir: Path) -> None:
     if (state_dir / PIDS_FILE).exists():
         left = stop_recorded(state_dir)
         if left:
-            print(f"stopped a previous start's processes: {', '.join(left)}", file=sys.stderr)
+            click.echo(f"stopped a previous start's processes: {', '.join(left)}", err=True)
     shutil.rmtree(state_dir, ignore_errors=True)
     plane = ControlPlane(bin_dir, state_dir)
-    try:
-        plane.start()
-    except ControlPlaneError as exc:
-        print(f"controlplane: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    plane.start()
     for proc in plane.procs:
         proc.popen = None  # detach: `stop` finds them through the pid file
-    print(f"started in {plane.timings['total']} s: {plane.timings}")
-    print(f"server: {plane.server}")
-    print(f"export KUBECONFIG={plane.admin_kubeconfig}")
-    print(f"logs: {plane.logs}; stop with scripts/controlplane.sh stop")
-    return 0
+    click.echo(f"started in {plane.timings['total']} s: {plane.timings}")
+    click.echo(f"server: {plane.server}")
+    click.echo(f"export KUBECONFIG={plane.admin_kubeconfig}")
+    click.echo(f"logs: {plane.logs}; stop with scripts/controlplane.sh stop")
 
 
-def _start_node(bin_dir: Path, state_dir: Path) -> int:
+def _start_node(bin_dir: Path, state_dir: Path) -> None:
     node = Node(bin_dir, state_dir)
-    try:
-        node.start()
-    except ControlPlaneError as exc:
-        print(f"node: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    node.start()
     for proc in [*node.procs, *(node.plane.procs if node.plane else [])]:
         proc.popen = None  # detach: `stop` finds them through the pid files
-    print(f"started in {node.timings['total']} s: {node.timings}")
-    print(f"export KUBECONFIG={node.plane.admin_kubeconfig if node.plane else ''}")
-    return 0
+    click.echo(f"started in {node.timings['total']} s: {node.timings}")
+    click.echo(f"export KUBECONFIG={node.plane.admin_kubeconfig if node.plane else ''}")
 
 
-def _stop(args: argparse.Namespace) -> int:
-    if not args.node:
-        stopped = stop_recorded(args.state_dir)
-        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
-        return 0
-    report = sweep(args.state_dir, args.bin_dir)
-    report["plane"] = stop_recorded(args.state_dir)
-    print(json.dumps(report))
-    left = {k: v for k, v in report["left"].items() if v}
-    return EXIT_FAILED if left else 0
+@main.command(epilog=EPILOG)
+@config_options(ClusterConfig)
+def stop(**settings: Any) -> None:
+    """Stop what `start` started. With --node, also sweep what a node left (after a crash
+    too)."""
+    cfg = ClusterConfig(**settings)
+    if not cfg.node:
+        stopped = stop_recorded(cfg.state)
+        click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        return
+    report = sweep(cfg.state, cfg.bin_dir)
+    report["plane"] = stop_recorded(cfg.state)
+    click.echo(json.dumps(report))
+    if any(report["left"].values()):
+        click.get_current_context().exit(EXIT_FAILED)
 
 
-def _status(args: argparse.Namespace) -> int:
-    procs = state.recorded(args.state_dir)
+@main.command(epilog=EPILOG)
+@config_options(StatusConfig)
+def status(**settings: Any) -> None:
+    """Show the recorded processes and the server. Exit 1 unless every recorded process
+    runs."""
+    state_dir = StatusConfig(**settings).state
+    procs = state.recorded(state_dir)
     if not procs:
-        print(f"not started (no pid file in {args.state_dir})")
-        return EXIT_FAILED
+        click.echo(f"not started (no pid file in {state_dir})")
+        click.get_current_context().exit(EXIT_FAILED)
     for proc in procs:
-        print(
-            f"{proc.part:<12} {proc.name:<24} {proc.pid:>8} {'running' if proc.running else 'gone'}"
-        )
-    server = state.server(args.state_dir)
+        running = "running" if proc.running else "gone"
+        click.echo(f"{proc.part:<12} {proc.name:<24} {proc.pid:>8} {running}")
+    server = state.server(state_dir)
     if server:
-        print(f"server: {server}")
-    kubeconfig = state.admin_kubeconfig(args.state_dir)
+        click.echo(f"server: {server}")
+    kubeconfig = state.admin_kubeconfig(state_dir)
     if kubeconfig.exists():
-        print(f"export KUBECONFIG={kubeconfig}")
-    return 0 if all(p.running for p in procs) else EXIT_FAILED
+        click.echo(f"export KUBECONFIG={kubeconfig}")
+    if not all(p.running for p in procs):
+        click.get_current_context().exit(EXIT_FAILED)

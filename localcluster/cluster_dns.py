@@ -9,20 +9,26 @@ Service without a pod that has an address (nothing is forwarded: the node
 reaches no outside resolver anyway). UDP only, one question per query. The kubelet points the
 pods at it when the node is started with ``cluster_dns=True`` (``clusterDNS`` in its config).
 
-``python -m localcluster.cluster_dns --kubeconfig K --listen ADDRESS[:PORT]``.
+``python -m localcluster.cluster_dns --kubeconfig K --listen ADDRESS[:PORT]`` (its options:
+:class:`localcluster.config.DnsConfig`).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import socket
 import struct
-import sys
+from typing import Any
+
+import click
 
 from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.config_cli import config_options
+from checkpoint_storage_bench.errors import exit_codes_help
 from checkpoint_storage_bench.retry import Backoff
+from localcluster.config import DnsConfig
+from localcluster.errors import EXIT_FAILED, EXIT_USAGE, ClusterFailed
 
 DOMAIN = "cluster.local"
 TTL = 5
@@ -176,19 +182,26 @@ def answers(address: str, port: int = 53, timeout: float = 0.5) -> bool:
             return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m localcluster.cluster_dns")
-    parser.add_argument("--kubeconfig", required=True)
-    parser.add_argument("--listen", required=True, help="ADDRESS[:PORT] (port 53 by default)")
-    args = parser.parse_args(argv)
+@click.command(
+    epilog=exit_codes_help(
+        {
+            EXIT_FAILED: "the address cannot be served (taken, not this machine's)",
+            EXIT_USAGE: "bad usage",
+        }
+    ),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@config_options(DnsConfig)
+def main(**settings: Any) -> None:
+    """Answer the node's pods' DNS queries for Services from the API server, until stopped."""
+    cfg = DnsConfig(**settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    host, _, port = args.listen.partition(":")
-    if port and not port.isdigit():
-        print(f"cluster_dns: bad --listen {args.listen!r}", file=sys.stderr)
-        return 2
-    serve(Resolver.from_kubeconfig(args.kubeconfig), host, int(port or 53))
-    return 0
+    resolver = Resolver.from_kubeconfig(str(cfg.kubeconfig))
+    try:
+        serve(resolver, cfg.host, cfg.port)
+    except OSError as exc:
+        raise ClusterFailed(f"cannot serve DNS on {cfg.host}:{cfg.port}: {exc}") from exc
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

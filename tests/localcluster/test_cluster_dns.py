@@ -7,6 +7,9 @@ import socket
 import struct
 import threading
 
+import pytest
+from click.testing import CliRunner, Result
+
 from localcluster import cluster_dns as dns
 
 NAME = "job-master-0.ml-team.svc.cluster.local"
@@ -111,3 +114,34 @@ def test_the_resolver_reads_a_services_address_or_its_pods_by_selector() -> None
     assert resolver.lookup("web.ml-team.svc.cluster.local") == ["10.96.0.9"]
     assert resolver.lookup("nope.ml-team.svc.cluster.local") is None
     assert resolver.lookup("example.org") is None
+
+
+def _run_cli(*args: str) -> Result:
+    return CliRunner().invoke(dns.main, list(args), prog_name="python -m localcluster.cluster_dns")
+
+
+def test_the_command_line_takes_a_kubeconfig_and_an_address_to_listen_on() -> None:
+    done = _run_cli("--help")
+    assert done.exit_code == 0
+    assert "--kubeconfig PATH" in done.stdout and "--listen ADDRESS[:PORT]" in done.stdout
+    assert _run_cli("--listen", "127.0.0.1").exit_code == 2  # --kubeconfig is required
+    assert _run_cli("--kubeconfig", "k", "--listen", "1.2.3.4", "--port", "53").exit_code == 2
+
+
+def test_a_listen_address_whose_port_is_no_number_is_a_usage_error() -> None:
+    done = _run_cli("--kubeconfig", "k", "--listen", "127.0.0.1:dns")
+    assert done.exit_code == 2
+    assert done.stderr == (
+        "localcluster: error: bad --listen '127.0.0.1:dns': the port is not a number\n"
+    )
+
+
+def test_an_address_taken_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dns.Resolver, "from_kubeconfig", classmethod(lambda cls, path: Table()))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        done = _run_cli("--kubeconfig", "k", "--listen", f"127.0.0.1:{port}")
+    assert done.exit_code == 1
+    assert done.stderr.startswith(f"localcluster: error: cannot serve DNS on 127.0.0.1:{port}: ")
+    assert done.stderr.count("\n") == 1
