@@ -20,9 +20,8 @@ from sandbox.commands import stop
 from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
 from sandbox.on_node import NodeRuntime, server_settings
 from sandbox.server import Sandbox, free_port
+from tests.agent_node.runs import OWNER, PROJECT
 from tests.node.conftest import skip_tier_unless_ready, started_node
-
-PROJECT = "agent-node"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -47,7 +46,7 @@ def sandbox_on_node(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Ite
         port=free_port(NODE_BRIDGE_ADDRESS),
     )
     try:
-        NodeRuntime(node.state_dir).start(sb, "default", PROJECT)
+        NodeRuntime(node.state_dir).start(sb, OWNER, PROJECT)
         yield sb
     finally:
         stopped = stop(sb)

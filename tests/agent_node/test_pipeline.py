@@ -33,8 +33,7 @@ from sandbox.pipeline import (
     stop_run,
 )
 from sandbox.server import Sandbox
-from tests.agent_node.conftest import PROJECT
-from tests.agent_node.test_polyaxon_agent import OWNER, RUN_CREATED, pods_of, polyaxon
+from tests.agent_node.runs import OWNER, PROJECT, pods_of, polyaxon_run
 from tests.browser import chromium, readme_on_page, render, runs_table
 from tests.kube.cluster import CLAIM, NAMESPACE, wait_for
 
@@ -77,12 +76,7 @@ def submit(
     # demo's and the calibration's, and a second run of every stage would cost CI minutes.
     place = dict(NODE_DEMO_OVERRIDES, image=image, profiles=json.dumps(profiles), repeats="1")
     params = commands.demo_params(sb, PIPELINE, extra, workload, place=place)
-    args = ["run", "-p", f"{OWNER}/{PROJECT}", "-f", str(PIPELINE), "--queue", "agent/queue"]
-    for key, value in params.items():
-        args += ["-P", f"{key}={value}"]
-    done = polyaxon(sb, *args)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return RUN_CREATED.search(done.stdout).group(1), params
+    return polyaxon_run(sb, PIPELINE, params), params
 
 
 def run_to_end(sb: Sandbox, node: Node, uuid: str, timeout: float = PIPELINE_S) -> list[Any]:

@@ -4,10 +4,6 @@ sidecar containers run in the pod, and the server shows the run's phases, logs a
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,56 +13,21 @@ from kubernetes.client.exceptions import ApiException
 
 from localcluster.node import Node
 from operator_standin import crd
-from sandbox.pipeline import get_run, log_lines, run_client
+from sandbox.pipeline import log_lines
 from sandbox.server import Sandbox
-from tests.agent_node.conftest import PROJECT
+from tests.agent_node.runs import (
+    OWNER,
+    PROJECT,
+    pods_of,
+    polyaxon,
+    polyaxon_run,
+    status,
+    statuses,
+    wait_done,
+)
 from tests.kube.cluster import NAMESPACE, wait_for
 
-HERE = Path(__file__).parent
-OWNER = "default"
-# The CLI wraps its output at the terminal width (80 without one): the uuid may follow a
-# line break.
-RUN_CREATED = re.compile(r"A new run was created:\s+\S+@([0-9a-f]{32})")
-
-
-def polyaxon(sb: Sandbox, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The ``polyaxon`` CLI of the venv, as a user runs it against this server."""
-    cli = Path(sys.executable).with_name("polyaxon")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
-    sb.paths.cli_home.mkdir(parents=True, exist_ok=True)
-    env.update(HOME=str(sb.paths.cli_home), POLYAXON_HOST=sb.url, COLUMNS="200")
-    return subprocess.run(
-        [str(cli), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def run(sb: Sandbox, polyaxonfile: str) -> str:
-    done = polyaxon(
-        sb, "run", "-p", f"{OWNER}/{PROJECT}", "-f", str(HERE / "polyaxonfiles" / polyaxonfile),
-        "--queue", "agent/queue",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    match = RUN_CREATED.search(done.stdout)
-    assert match, done.stdout
-    return match.group(1)
-
-
-def status(sb: Sandbox, uuid: str) -> str:
-    return get_run(sb.client, OWNER, PROJECT, uuid).status
-
-
-def statuses(sb: Sandbox, uuid: str) -> list[str]:
-    _, conditions = run_client(sb.client, OWNER, PROJECT, uuid).get_statuses()
-    return [c.type for c in conditions or []]
-
-
-def wait_done(sb: Sandbox, uuid: str, timeout: float = 300) -> str:
-    return wait_for(
-        f"run {uuid} done",
-        lambda: (s := status(sb, uuid)) in ("succeeded", "failed", "stopped") and s,
-        timeout=timeout,
-        interval=1.0,
-    )
+POLYAXONFILES = Path(__file__).parent / "polyaxonfiles"
 
 
 def custom_object(node: Node, uuid: str) -> dict[str, Any] | None:
@@ -80,17 +41,11 @@ def custom_object(node: Node, uuid: str) -> dict[str, Any] | None:
         raise
 
 
-def pods_of(node: Node, uuid: str) -> list[Any]:
-    return node.cluster.core.list_namespaced_pod(
-        NAMESPACE, label_selector=f"app.kubernetes.io/instance={uuid}"
-    ).items
-
-
 def test_a_job_runs_through_polyaxons_agent_with_logs_and_outputs(
     node: Node, sandbox_on_node: Sandbox
 ) -> None:
     sb = sandbox_on_node
-    uuid = run(sb, "hello.yaml")
+    uuid = polyaxon_run(sb, POLYAXONFILES / "hello.yaml")
 
     assert wait_done(sb, uuid) == "succeeded", (statuses(sb, uuid), sb.paths.state)
     # The operator's phases reached the server, between the server's own and the end.
@@ -113,7 +68,7 @@ def test_a_job_runs_through_polyaxons_agent_with_logs_and_outputs(
 
 def test_a_failing_job_fails_the_run_with_its_log(node: Node, sandbox_on_node: Sandbox) -> None:
     sb = sandbox_on_node
-    uuid = run(sb, "fails.yaml")
+    uuid = polyaxon_run(sb, POLYAXONFILES / "fails.yaml")
     assert wait_done(sb, uuid) == "failed", statuses(sb, uuid)
     lines = wait_for("the run's logs", lambda: log_lines(sb.client, OWNER, PROJECT, uuid))
     assert "about to fail" in lines
@@ -121,7 +76,7 @@ def test_a_failing_job_fails_the_run_with_its_log(node: Node, sandbox_on_node: S
 
 def test_stopping_a_run_stops_its_pod(node: Node, sandbox_on_node: Sandbox) -> None:
     sb = sandbox_on_node
-    uuid = run(sb, "sleeps.yaml")
+    uuid = polyaxon_run(sb, POLYAXONFILES / "sleeps.yaml")
     wait_for("running", lambda: status(sb, uuid) == "running", timeout=180, interval=1.0)
     done = polyaxon(sb, "ops", "stop", "-p", f"{OWNER}/{PROJECT}", "-uid", uuid, "-y")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -31,14 +31,7 @@ from localcluster.node import Node
 from sandbox.on_node import NODE_RESOURCES, import_image, project_image
 from sandbox.pipeline import get_run, run_client
 from sandbox.server import Sandbox
-from tests.agent_node.conftest import PROJECT
-from tests.agent_node.test_polyaxon_agent import (
-    OWNER,
-    RUN_CREATED,
-    pods_of,
-    polyaxon,
-    wait_done,
-)
+from tests.agent_node.runs import OWNER, PROJECT, pods_of, polyaxon_run, wait_done
 from tests.kube.cluster import CLASSES_FILE, NAMESPACE, wait_for
 from tests.kube.conftest import _binaries
 from tests.node.conftest import platform_namespace, started_node
@@ -119,15 +112,7 @@ def submit(
         "keep": str(KEEP),
         "resources": json.dumps(NODE_RESOURCES),
     }
-    args = [arg for k, v in params.items() for arg in ("-P", f"{k}={v}")]
-    done = polyaxon(
-        sb, "run", "-p", f"{OWNER}/{PROJECT}", "-f", str(COMPONENT), *args,
-        "--queue", "agent/queue",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    match = RUN_CREATED.search(done.stdout)
-    assert match, done.stdout
-    return match.group(1)
+    return polyaxon_run(sb, COMPONENT, params)
 
 
 def diagnosis(node: Node, uuid: str) -> str:
