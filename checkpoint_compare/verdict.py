@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -49,11 +49,12 @@ from checkpoint_compare.grouping import (
     run_time,
 )
 from checkpoint_compare.intervals import Shift, run_level_shift
-from checkpoint_compare.recommendation import Budget, Recommendation, recommend
+from checkpoint_compare.recommendation import Recommendation, recommend
 from checkpoint_compare.records import RunKind, RunRecord
 from checkpoint_compare.switches import check_switches
-from checkpoint_compare.table import NONE_MEETS, WorkloadBudget, WorkloadRow
+from checkpoint_compare.table import NONE_MEETS, Budget, WorkloadRow
 from checkpoint_compare.workloads import workload_row
+from checkpoint_storage_bench.config_cli import flag
 from checkpoint_storage_bench.contract import (
     PROFILE_FIGURES,
     RECOMMENDED_PROFILE_OUTPUT,
@@ -223,8 +224,8 @@ class Verdict:
         drift: The baseline's drift, when the pipeline returned to it at the end.
         recommendation: The profile to use given the budget and cadence, and why.
         notes: About the whole comparison (checks that could not be made, resumed runs).
-        budget: The checkpoint budget and cadence asked.
-        workload_budget: The data workloads' budget asked.
+        budget: The budget (and cadence) the workload's verdict tested: what was asked of
+            it (``row.budget_fields``).
     """
 
     row: WorkloadRow
@@ -240,7 +241,6 @@ class Verdict:
     recommendation: Recommendation | None = None
     notes: list[str] = field(default_factory=list)
     budget: Budget = field(default_factory=Budget)
-    workload_budget: WorkloadBudget = field(default_factory=WorkloadBudget)
 
     @property
     def workload(self) -> str:
@@ -324,15 +324,7 @@ def _cheapest(c: Candidate) -> tuple[bool, float, float]:
 
 def budget_words(v: Verdict) -> str | None:
     """The budget asked, in words; None when none was."""
-    if v.row.training:
-        b = v.budget
-        limits = []
-        if b.max_pause_s is not None:
-            limits.append(f"pause ≤ {b.max_pause_s:g} s per checkpoint")
-        if b.max_pause_share is not None:
-            limits.append(f"≤ {b.max_pause_share:.1%} of the run paused")
-        return ", ".join(limits) or None
-    return v.row.budget_words(v.workload_budget)
+    return v.row.budget_words(v.budget)
 
 
 def interval(shift: Shift, digits: int = 3, say_why: bool = True, unit: str = "s") -> str:
@@ -540,7 +532,6 @@ def build_verdict(
     baseline: str | None = None,
     failed_runs: list[RunRecord] | None = None,
     budget: Budget | None = None,
-    workload_budget: WorkloadBudget | None = None,
     hook_runs: list[RunRecord] | None = None,
     allow_resumed: bool = False,
 ) -> Verdict:
@@ -553,8 +544,8 @@ def build_verdict(
         thresholds: Noise floors.
         baseline: The baseline profile; default the first profile run.
         failed_runs: Failed runs to mention.
-        budget: The checkpoint budget and cadence for the recommendation.
-        workload_budget: A data workload's budget.
+        budget: The budget and cadence for the recommendation; the fields this workload
+            does not test are left out, and a note names them.
         hook_runs: Every hook run seen: their ledgers show switches of the claim.
         allow_resumed: Rank resumed runs against uninterrupted ones anyway.
 
@@ -566,8 +557,12 @@ def build_verdict(
         BadInput: No run of a profile recorded the headline, or no baseline can be picked.
     """
     t = thresholds
-    budget, workload_budget = budget or Budget(), workload_budget or WorkloadBudget()
+    budget = budget or Budget()
     notes = check_comparable(row, groups, allow_resumed)
+    if untested := row.untested(budget):
+        flags = ", ".join(flag(name) for name in untested)
+        notes.append(f"{flags}: not a budget of the {row.name} workload, not tested")
+        budget = replace(budget, **dict.fromkeys(untested))
     notes += check_switches(groups, hook_runs or [])
     figures = {g.profile: profile_figures(g, t.warmup) for g in groups} if row.training else {}
     baseline = pick_baseline(groups, baseline, "training" if row.training else row.name)
@@ -622,7 +617,6 @@ def build_verdict(
         drift=drift,
         notes=notes,
         budget=budget,
-        workload_budget=workload_budget,
     )
     best = verdict.best
     assert best is not None  # at least two profiles
@@ -646,7 +640,6 @@ def judge_runs(
     thresholds: Thresholds,
     baseline: str | None = None,
     budget: Budget | None = None,
-    workload_budget: WorkloadBudget | None = None,
     expected: tuple[str, ...] = (),
     allow_resumed: bool = False,
 ) -> tuple[Verdict, list[RunRecord]]:
@@ -675,7 +668,6 @@ def judge_runs(
         baseline=baseline,
         failed_runs=failed,
         budget=budget,
-        workload_budget=workload_budget,
         hook_runs=[r for r in records if r.kind is RunKind.HOOK],
         allow_resumed=allow_resumed,
     )
