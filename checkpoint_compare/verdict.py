@@ -62,6 +62,7 @@ from checkpoint_storage_bench.contract import (
     WORKLOAD_INPUT,
     headline_outputs,
     output_key,
+    profile_headline_figures,
     profile_output,
 )
 
@@ -691,12 +692,14 @@ def _profile_key(profile: str, figure: str) -> str:
 
 def op_outputs(verdict: Verdict) -> dict[str, Any]:
     """The scalars logged as outputs of the compare op (columns of the comparison view),
-    the same names for every workload; a training row adds its whole run and costs."""
+    named from the row's headline for every workload; a training row adds its whole run and
+    costs."""
     best = verdict.best
     assert best is not None
     row, rec = verdict.row, verdict.recommendation
     stem, unit = row.stem, row.unit
     named = headline_outputs(stem, unit)
+    figure = profile_headline_figures(stem, unit)
     shift = best.profile.shift
     out: dict[str, Any] = {
         WORKLOAD_INPUT: row.name,
@@ -739,8 +742,7 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
         }
     for p in verdict.profiles:
         f = p.figures
-        median = f"{stem}_{unit}_median" if row.training else row.headline
-        out[_profile_key(p.profile, median)] = p.median
+        out[_profile_key(p.profile, figure["median"])] = p.median
         out[_profile_key(p.profile, "runs")] = len(p.runs)
         out[_profile_key(p.profile, "run_cost_usd")] = p.cost.run_total if p.cost.known else None
         if row.au_metric is not None:
@@ -749,7 +751,7 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
             out[_profile_key(p.profile, "warmup_pause_s_median")] = f.warmup_median
             out[_profile_key(p.profile, "runtime_s")] = f.runtime_s
     for c in verdict.candidates:
-        if row.training and (s := c.profile.shift) is not None:
-            out[_profile_key(c.name, f"{stem}_diff_ci_low_{unit}")] = s.low
-            out[_profile_key(c.name, f"{stem}_diff_ci_high_{unit}")] = s.high
+        if (s := c.profile.shift) is not None:
+            out[_profile_key(c.name, figure["diff_low"])] = s.low
+            out[_profile_key(c.name, figure["diff_high"])] = s.high
     return {k: _round(v) if isinstance(v, float) else v for k, v in out.items() if v is not None}

@@ -345,6 +345,22 @@ def headline_outputs(stem: str, unit: str) -> dict[str, str]:
     }
 
 
+def profile_headline_figures(stem: str, unit: str) -> dict[str, str]:
+    """The compare op's outputs per profile about a workload's headline figure, each after
+    the profile's output key (the checkpoint's ``pause`` and ``s`` give the names in
+    :data:`PROFILE_FIGURES`): the profile's median, and a candidate's interval against the
+    baseline.
+
+    >>> profile_headline_figures("epoch_time", "s")["median"]
+    'epoch_time_s_median'
+    """
+    return {
+        "median": f"{stem}_{unit}_median",
+        "diff_low": f"{stem}_diff_ci_low_{unit}",
+        "diff_high": f"{stem}_diff_ci_high_{unit}",
+    }
+
+
 # ---------------------------------------------------------------- storage-profile hook
 
 SWITCH_SCHEMA = "storage-profile-switch/1"
