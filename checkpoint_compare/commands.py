@@ -37,7 +37,6 @@ def judge(config: CompareConfig, loaded: Loaded | None = None) -> tuple[Verdict,
         config.thresholds,
         baseline=config.selection.baseline,
         budget=config.budget,
-        workload_budget=config.workload_budget,
         expected=config.selection.expected,
         allow_resumed=config.selection.allow_resumed,
     )

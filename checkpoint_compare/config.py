@@ -3,9 +3,9 @@ field, and the command line generated from them (:mod:`checkpoint_storage_bench.
 
 The sections are :class:`Sources` (where the runs come from), :class:`Prices`,
 :class:`Selection` (which runs and profiles), :class:`~checkpoint_compare.comparison.Thresholds`
-(what makes a difference count), :class:`~checkpoint_compare.recommendation.Budget` (the
-checkpoint budget and cadence), :class:`~checkpoint_compare.table.WorkloadBudget` (a data
-workload's) and :class:`Reports`. Nothing after the CLI parses arguments.
+(what makes a difference count), :class:`~checkpoint_compare.table.Budget` (every
+workload's budget, and the checkpoint cadence: each workload tests its own) and
+:class:`Reports`. Nothing after the CLI parses arguments.
 
 >>> from checkpoint_compare.config import from_options
 >>> config = from_options({"summaries": (("gp3", Path("a.json")), ("io2", Path("b.json")))})
@@ -24,8 +24,7 @@ import click
 
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING
-from checkpoint_compare.recommendation import Budget
-from checkpoint_compare.table import WorkloadBudget
+from checkpoint_compare.table import Budget
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.tracking import in_polyaxon_run
 
@@ -162,7 +161,6 @@ class CompareConfig:
     selection: Selection = Selection()
     thresholds: Thresholds = Thresholds()
     budget: Budget = Budget()
-    workload_budget: WorkloadBudget = WorkloadBudget()
     reports: Reports = Reports()
 
 

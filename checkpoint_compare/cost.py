@@ -22,7 +22,8 @@ from checkpoint_storage_bench.units import parse_quantity
 DEFAULT_PRICING = Path(__file__).resolve().parents[1] / "connections" / "pricing.yaml"
 
 
-def _check_price(value: Any, what: str) -> None:
+def check_amount(value: Any, what: str) -> None:
+    """A price, size or budget: a finite number >= 0 (ValueError naming ``what`` if not)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{what} must be a number >= 0, got {value!r}")
     if not math.isfinite(value) or value < 0:
@@ -61,7 +62,7 @@ class VolumeType:
             "throughput_included_mibps",
             "throughput_mibps_month",
         ):
-            _check_price(getattr(self, key), f"volume type {self.name}: {key}")
+            check_amount(getattr(self, key), f"volume type {self.name}: {key}")
 
     def monthly(self, size_gib: float, iops: float, throughput_mibps: float) -> float:
         """USD per month for a volume of this type with these provisioned figures."""
@@ -84,8 +85,8 @@ class ProfilePrice:
     def __post_init__(self) -> None:
         if not isinstance(self.type, str):
             raise ValueError(f"type must be a volume type name, got {self.type!r}")
-        _check_price(self.iops, "iops")
-        _check_price(self.throughput, "throughput")
+        check_amount(self.iops, "iops")
+        check_amount(self.throughput, "throughput")
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class Pricing:
 
     def __post_init__(self) -> None:
         for key in ("hours_per_month", "volume_size_gib", "gpu_hourly_usd"):
-            _check_price(getattr(self, key), key)
+            check_amount(getattr(self, key), key)
         if self.hours_per_month == 0:
             raise ValueError("hours_per_month must be > 0")
         for name, price in self.profiles.items():

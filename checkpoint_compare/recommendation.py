@@ -35,40 +35,10 @@ from checkpoint_compare.cost import Pricing, ProfileCost
 from checkpoint_compare.figures import ProfileFigures
 from checkpoint_compare.formatting import seconds, usd
 from checkpoint_compare.intervals import median_upper_bound
-from checkpoint_compare.table import NONE_MEETS, WorkloadBudget, WorkloadRow
-from checkpoint_storage_bench.config_cli import FiniteFloat, cli
+from checkpoint_compare.table import NONE_MEETS, Budget, WorkloadRow
 
 if TYPE_CHECKING:
     from checkpoint_compare.verdict import Verdict
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What the team can accept and how often it checkpoints (one section of the verdict's
-    settings: each field is an option of ``python -m checkpoint_compare``)."""
-
-    max_pause_s: float | None = field(default=None, metadata=cli(click_type=FiniteFloat()))
-    """Pause budget: the longest acceptable (median) pause per checkpoint, seconds."""
-    max_pause_share: float | None = field(default=None, metadata=cli(click_type=FiniteFloat(0, 1)))
-    """Pause budget: the largest acceptable share of the runtime spent paused (0-1)."""
-    checkpoints_per_month: float | None = field(
-        default=None, metadata=cli(click_type=FiniteFloat())
-    )
-    """The team's checkpoint cadence, for the net cost (GPU time paused + storage)."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_pause_s", "max_pause_share", "checkpoints_per_month"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.max_pause_share is not None and self.max_pause_share > 1:
-            raise ValueError(
-                f"max_pause_share is a share of the runtime (0-1): {self.max_pause_share}"
-            )
-
-    @property
-    def has_limit(self) -> bool:
-        return self.max_pause_s is not None or self.max_pause_share is not None
 
 
 @dataclass
@@ -159,6 +129,7 @@ def _fit(
     figures: ProfileFigures,
     cost: ProfileCost,
     budget: Budget,
+    has_limit: bool,
     pricing: Pricing,
     comparisons: dict[str, Comparison],
     confidence: float,
@@ -171,9 +142,9 @@ def _fit(
         gpu = budget.checkpoints_per_month * pause * pricing.gpu_hourly_usd / 3600
     meets, why = None, ""
     if figures.loss_problem:
-        meets = False if budget.has_limit else None
+        meets = False if has_limit else None
         why = f"not recommended: {figures.loss_problem}"
-    elif budget.has_limit:
+    elif has_limit:
         if high is None:
             meets, why = False, too_few
         else:
@@ -238,7 +209,7 @@ class _RunFigure:
     au: float | None
 
 
-def every_run_meets(row: WorkloadRow, budget: WorkloadBudget, p: Any) -> bool | None:
+def every_run_meets(row: WorkloadRow, budget: Budget, p: Any) -> bool | None:
     """A data workload's budget is met when every run meets it, each on its own median (the
     run is the unit: the epochs of a quick run must not carry a run that starved the GPUs);
     None when no budget was asked or a run has no figure to judge. ``p``: a profile's
@@ -262,16 +233,17 @@ def recommend(verdict: Verdict, pricing: Pricing) -> Recommendation:
     never recommended, whatever its pauses and price: nothing shows it trained the model.
     """
     row, budget, confidence = verdict.row, verdict.budget, verdict.thresholds.confidence
+    has_limit = row.budget_words(budget) is not None
     comparisons = {c.name: c.comparison for c in verdict.candidates if c.comparison}
     fits = []
     for p in verdict.profiles:
         if p.figures is not None:
-            fit = _fit(p.figures, p.cost, budget, pricing, comparisons, confidence)
+            fit = _fit(p.figures, p.cost, budget, has_limit, pricing, comparisons, confidence)
             fit.eligible = not p.figures.loss_problem
         else:
             fit = ProfileFit(
                 profile=p.profile, pause_high_s=None, share_high=None,
-                meets=every_run_meets(row, verdict.workload_budget, p),
+                meets=every_run_meets(row, budget, p),
                 why=row.budget_figure(p), gpu_month=None,
                 storage_month=p.cost.storage_month if p.cost.known else None,
             )  # fmt: skip
@@ -283,18 +255,17 @@ def recommend(verdict: Verdict, pricing: Pricing) -> Recommendation:
     if not any(f.eligible for f in fits):
         rec.reason = "no profile can be recommended: " + "; ".join(unusable)
         return rec
-    if why := row.unjudgeable(verdict.profiles, verdict.workload_budget):
+    if why := row.unjudgeable(verdict.profiles, budget):
         rec.reason = why
         return rec
-    if row.training:
-        kept = None if verdict.verdict == NO_DIFFERENCE else verdict.verdict
-        rec.profile, rec.reason = choose(
-            fits, has_limit=budget.has_limit, level=f" with {confidence:.0%} confidence",
-            cadence=budget.checkpoints_per_month, verdict_profile=kept,
-        )  # fmt: skip
-    else:
-        has_limit = row.budget_words(verdict.workload_budget) is not None
-        rec.profile, rec.reason = choose(fits, has_limit=has_limit)
+    # A training row's verdict weighs the whole run's cost; a data row's says only which
+    # profile is faster, so the cheapest that is rules.
+    kept = verdict.verdict if row.training and verdict.verdict != NO_DIFFERENCE else None
+    rec.profile, rec.reason = choose(
+        fits, has_limit=has_limit,
+        level=f" with {confidence:.0%} confidence" if row.budget_confidence else "",
+        cadence=budget.checkpoints_per_month, verdict_profile=kept,
+    )  # fmt: skip
     if unusable:
         rec.reason += f" ({'; '.join(unusable)}: not recommended)"
     return rec

@@ -316,7 +316,7 @@ def _samples_plot(verdict: Verdict) -> Callable[[Figure], None]:
                 [100 * (p.au or 0.0) for p in profiles],
                 color=[colours[p.profile] for p in profiles],
             )
-            if (floor := verdict.workload_budget.min_au) is not None:
+            if (floor := verdict.budget.min_au) is not None:
                 bars.axhline(100 * floor, color="black", linestyle="--", label="budget")
                 bars.legend()
             bars.set_ylim(0, 100)

@@ -188,7 +188,7 @@ def document(verdict: Verdict) -> dict[str, Any]:
         else {
             "profile": rec.profile,
             "reason": rec.reason,
-            "budget": asdict(verdict.budget) | asdict(verdict.workload_budget),
+            "budget": asdict(verdict.budget),
             "confidence": rec.confidence,
             "profiles": [asdict(f) | {"monthly_usd": f.monthly} for f in rec.fits],
         },

@@ -345,7 +345,7 @@ def recommendation_lines(verdict: Verdict) -> list[str]:
         return []
     lines = [f"RECOMMENDED: {rec.profile} — {rec.reason}"]
     if words := budget_words(verdict):
-        confidence = f" ({rec.confidence:.0%} confidence)" if verdict.row.training else ""
+        confidence = f" ({rec.confidence:.0%} confidence)" if verdict.row.budget_confidence else ""
         lines.append(f"  budget: {words}{confidence}")
         for fit in rec.fits:
             if fit.meets is not None:

@@ -11,9 +11,10 @@ this module holds only the table, so every part can read it without a cycle.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from checkpoint_compare.cost import check_amount
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import (
     CHECKPOINT_METRICS,
@@ -21,11 +22,13 @@ from checkpoint_storage_bench.contract import (
     DATA_COMPARABLE_INPUTS,
     DATA_FORMAT_BOUND_INPUTS,
     DATA_REQUIRED_INPUTS,
+    DROP_CACHE_INPUT,
     MATERIALIZE_TOTAL_S,
     REQUIRED_INPUTS,
     SCAN_AU,
     SCAN_CACHE_KEPT_OUT,
     SCAN_EPOCH_S,
+    WORKLOAD_BUDGETS,
     WORKLOADS,
     WORKSPACE_SAVE_P99_MS,
 )
@@ -43,14 +46,35 @@ NONE_MEETS = "none"
 
 
 @dataclass(frozen=True)
-class WorkloadBudget:
-    """What the user needs of a data workload (one section of the verdict's settings: each
-    field is an option of ``python -m checkpoint_compare``)."""
+class Budget:
+    """What the team can accept, and how often it checkpoints (one section of the verdict's
+    settings: each field is an option of ``python -m checkpoint_compare``). Each workload
+    tests its own fields (``contract.WORKLOAD_BUDGETS``); the others answer nothing for it.
+    """
 
+    max_pause_s: float | None = field(default=None, metadata=cli(click_type=FiniteFloat()))
+    """Checkpoint budget: the longest acceptable (median) pause per checkpoint, seconds."""
+    max_pause_share: float | None = field(default=None, metadata=cli(click_type=FiniteFloat(0, 1)))
+    """Checkpoint budget: the largest acceptable share of the runtime spent paused (0-1)."""
+    checkpoints_per_month: float | None = field(
+        default=None, metadata=cli(click_type=FiniteFloat())
+    )
+    """The team's checkpoint cadence, for the net cost (GPU time paused + storage)."""
     min_au: float | None = field(default=None, metadata=cli(click_type=FiniteFloat(0, 1)))
-    """Data workload scan: the lowest acceptable accelerator utilization (0-1; MLPerf: 0.9)."""
+    """Scan budget: the lowest acceptable accelerator utilization (0-1; MLPerf: 0.9)."""
     max_p99_ms: float | None = field(default=None, metadata=cli(click_type=FiniteFloat()))
-    """Data workload workspace: the highest acceptable p99 save latency, ms."""
+    """Workspace budget: the highest acceptable p99 save latency, ms."""
+
+    def __post_init__(self) -> None:
+        for name in self.given():
+            check_amount(getattr(self, name), name)
+        for name in ("max_pause_share", "min_au"):
+            if (value := getattr(self, name)) is not None and value > 1:
+                raise ValueError(f"{name} is a share (0-1): {value}")
+
+    def given(self) -> list[str]:
+        """The fields given, in declaration order."""
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
 
 
 @dataclass(frozen=True)
@@ -88,9 +112,15 @@ class WorkloadRow:
             reported per profile and read by the budget test; None when it has none.
         floor: The practical floor of the headline's difference, given the thresholds and
             the baseline's median: below it a difference never counts.
+        budget_fields: The :class:`Budget` fields the workload's verdict reads (its budget,
+            and the checkpoint cadence for a training row): the others answer nothing.
+        budget_confidence: The budget is tested on an upper confidence bound of each run's
+            figure (the checkpoint pause), so its words carry the confidence; otherwise on
+            each run's median.
 
-    The checkpoint row's budget (``--max-pause-s``, ``--max-pause-share``) is tested with
-    an upper confidence bound of the pause (:mod:`checkpoint_compare.recommendation`).
+    The checkpoint row's budget (``--max-pause-s``, ``--max-pause-share``) is tested on the
+    pause's figures per run (:mod:`checkpoint_compare.recommendation`), its ``budget`` test
+    unused.
     """
 
     name: str
@@ -101,9 +131,9 @@ class WorkloadRow:
     comparable: tuple[str, ...]
     required: tuple[str, ...] = ()
     format_bound: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    budget: Callable[[Judged, WorkloadBudget], bool | None] = lambda p, b: None
-    budget_words: Callable[[WorkloadBudget], str | None] = lambda b: None
-    unjudgeable: Callable[[list[Judged], WorkloadBudget], str | None] = lambda ps, b: None
+    budget: Callable[[Judged, Budget], bool | None] = lambda p, b: None
+    budget_words: Callable[[Budget], str | None] = lambda b: None
+    unjudgeable: Callable[[list[Judged], Budget], str | None] = lambda ps, b: None
     budget_figure: Callable[[Judged], str] = lambda p: ""
     refusals: Callable[[list[tuple[str, Any]]], list[str]] = lambda runs: []
     title: str = ""
@@ -111,11 +141,17 @@ class WorkloadRow:
     training: bool = False
     au_metric: str | None = None
     floor: Callable[[Any, float], float] = lambda t, base: t.runtime_floor * base
+    budget_fields: tuple[str, ...] = ()
+    budget_confidence: bool = False
 
     @property
     def words(self) -> str:
         """The headline in a reason: ``pause``, ``epoch time``."""
         return self.stem.replace("_", " ")
+
+    def untested(self, budget: Budget) -> list[str]:
+        """The fields of ``budget`` given that this workload's verdict does not read."""
+        return [name for name in budget.given() if name not in self.budget_fields]
 
 
 def _cache_not_kept_out(runs: list[tuple[str, Any]]) -> list[str]:
@@ -123,7 +159,7 @@ def _cache_not_kept_out(runs: list[tuple[str, Any]]) -> list[str]:
     cached = [
         label
         for label, r in runs
-        if r.outputs.get(SCAN_CACHE_KEPT_OUT) is False or r.inputs.get("drop_cache") is False
+        if r.outputs.get(SCAN_CACHE_KEPT_OUT) is False or r.inputs.get(DROP_CACHE_INPUT) is False
     ]
     if not cached:
         return []
@@ -133,13 +169,22 @@ def _cache_not_kept_out(runs: list[tuple[str, Any]]) -> list[str]:
     ]
 
 
-def _au_budget(p: Judged, b: WorkloadBudget) -> bool | None:
+def _pause_budget_words(b: Budget) -> str | None:
+    limits = []
+    if b.max_pause_s is not None:
+        limits.append(f"pause ≤ {b.max_pause_s:g} s per checkpoint")
+    if b.max_pause_share is not None:
+        limits.append(f"≤ {b.max_pause_share:.1%} of the run paused")
+    return ", ".join(limits) or None
+
+
+def _au_budget(p: Judged, b: Budget) -> bool | None:
     if b.min_au is None or p.au is None:
         return None
     return p.au >= b.min_au
 
 
-def _no_au(profiles: list[Judged], b: WorkloadBudget) -> str | None:
+def _no_au(profiles: list[Judged], b: Budget) -> str | None:
     if b.min_au is None or any(p.au is not None for p in profiles):
         return None
     return (
@@ -148,7 +193,7 @@ def _no_au(profiles: list[Judged], b: WorkloadBudget) -> str | None:
     )
 
 
-def _p99_budget(p: Judged, b: WorkloadBudget) -> bool | None:
+def _p99_budget(p: Judged, b: Budget) -> bool | None:
     return None if b.max_p99_ms is None else p.median <= b.max_p99_ms
 
 
@@ -163,10 +208,13 @@ ROWS: dict[str, WorkloadRow] = {
             sample_metric=CHECKPOINT_METRICS["pause_s"],
             comparable=COMPARABLE_INPUTS,
             required=REQUIRED_INPUTS,
+            budget_words=_pause_budget_words,
             title="checkpoints of a training run",
             stem="pause",
             training=True,
             floor=lambda t, base: t.practical_floor_s,
+            budget_fields=(*WORKLOAD_BUDGETS[WORKLOADS[0]], "checkpoints_per_month"),
+            budget_confidence=True,
         ),
         WorkloadRow(
             name="scan",
@@ -189,6 +237,7 @@ ROWS: dict[str, WorkloadRow] = {
             title="reading the dataset as training does",
             stem="epoch_time",
             au_metric=SCAN_AU,
+            budget_fields=WORKLOAD_BUDGETS["scan"],
         ),
         WorkloadRow(
             name="materialize",
@@ -201,6 +250,7 @@ ROWS: dict[str, WorkloadRow] = {
             required=DATA_REQUIRED_INPUTS["materialize"],
             title="building the preprocessed cache",
             stem="total_time",
+            budget_fields=WORKLOAD_BUDGETS["materialize"],
         ),
         WorkloadRow(
             name="workspace",
@@ -217,6 +267,7 @@ ROWS: dict[str, WorkloadRow] = {
             ),
             title="a notebook workspace's saves",
             stem="p99_save",
+            budget_fields=WORKLOAD_BUDGETS["workspace"],
         ),
     )
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -49,11 +49,12 @@ from checkpoint_compare.grouping import (
     run_time,
 )
 from checkpoint_compare.intervals import Shift, run_level_shift
-from checkpoint_compare.recommendation import Budget, Recommendation, recommend
+from checkpoint_compare.recommendation import Recommendation, recommend
 from checkpoint_compare.records import RunKind, RunRecord
 from checkpoint_compare.switches import check_switches
-from checkpoint_compare.table import NONE_MEETS, WorkloadBudget, WorkloadRow
+from checkpoint_compare.table import NONE_MEETS, Budget, WorkloadRow
 from checkpoint_compare.workloads import workload_row
+from checkpoint_storage_bench.config_cli import flag
 from checkpoint_storage_bench.contract import (
     PROFILE_FIGURES,
     RECOMMENDED_PROFILE_OUTPUT,
@@ -61,6 +62,7 @@ from checkpoint_storage_bench.contract import (
     WORKLOAD_INPUT,
     headline_outputs,
     output_key,
+    profile_headline_figures,
     profile_output,
 )
 
@@ -223,8 +225,8 @@ class Verdict:
         drift: The baseline's drift, when the pipeline returned to it at the end.
         recommendation: The profile to use given the budget and cadence, and why.
         notes: About the whole comparison (checks that could not be made, resumed runs).
-        budget: The checkpoint budget and cadence asked.
-        workload_budget: The data workloads' budget asked.
+        budget: The budget (and cadence) the workload's verdict tested: what was asked of
+            it (``row.budget_fields``).
     """
 
     row: WorkloadRow
@@ -240,7 +242,6 @@ class Verdict:
     recommendation: Recommendation | None = None
     notes: list[str] = field(default_factory=list)
     budget: Budget = field(default_factory=Budget)
-    workload_budget: WorkloadBudget = field(default_factory=WorkloadBudget)
 
     @property
     def workload(self) -> str:
@@ -324,15 +325,7 @@ def _cheapest(c: Candidate) -> tuple[bool, float, float]:
 
 def budget_words(v: Verdict) -> str | None:
     """The budget asked, in words; None when none was."""
-    if v.row.training:
-        b = v.budget
-        limits = []
-        if b.max_pause_s is not None:
-            limits.append(f"pause ≤ {b.max_pause_s:g} s per checkpoint")
-        if b.max_pause_share is not None:
-            limits.append(f"≤ {b.max_pause_share:.1%} of the run paused")
-        return ", ".join(limits) or None
-    return v.row.budget_words(v.workload_budget)
+    return v.row.budget_words(v.budget)
 
 
 def interval(shift: Shift, digits: int = 3, say_why: bool = True, unit: str = "s") -> str:
@@ -540,7 +533,6 @@ def build_verdict(
     baseline: str | None = None,
     failed_runs: list[RunRecord] | None = None,
     budget: Budget | None = None,
-    workload_budget: WorkloadBudget | None = None,
     hook_runs: list[RunRecord] | None = None,
     allow_resumed: bool = False,
 ) -> Verdict:
@@ -553,8 +545,8 @@ def build_verdict(
         thresholds: Noise floors.
         baseline: The baseline profile; default the first profile run.
         failed_runs: Failed runs to mention.
-        budget: The checkpoint budget and cadence for the recommendation.
-        workload_budget: A data workload's budget.
+        budget: The budget and cadence for the recommendation; the fields this workload
+            does not test are left out, and a note names them.
         hook_runs: Every hook run seen: their ledgers show switches of the claim.
         allow_resumed: Rank resumed runs against uninterrupted ones anyway.
 
@@ -566,8 +558,12 @@ def build_verdict(
         BadInput: No run of a profile recorded the headline, or no baseline can be picked.
     """
     t = thresholds
-    budget, workload_budget = budget or Budget(), workload_budget or WorkloadBudget()
+    budget = budget or Budget()
     notes = check_comparable(row, groups, allow_resumed)
+    if untested := row.untested(budget):
+        flags = ", ".join(flag(name) for name in untested)
+        notes.append(f"{flags}: not a budget of the {row.name} workload, not tested")
+        budget = replace(budget, **dict.fromkeys(untested))
     notes += check_switches(groups, hook_runs or [])
     figures = {g.profile: profile_figures(g, t.warmup) for g in groups} if row.training else {}
     baseline = pick_baseline(groups, baseline, "training" if row.training else row.name)
@@ -622,7 +618,6 @@ def build_verdict(
         drift=drift,
         notes=notes,
         budget=budget,
-        workload_budget=workload_budget,
     )
     best = verdict.best
     assert best is not None  # at least two profiles
@@ -646,7 +641,6 @@ def judge_runs(
     thresholds: Thresholds,
     baseline: str | None = None,
     budget: Budget | None = None,
-    workload_budget: WorkloadBudget | None = None,
     expected: tuple[str, ...] = (),
     allow_resumed: bool = False,
 ) -> tuple[Verdict, list[RunRecord]]:
@@ -675,7 +669,6 @@ def judge_runs(
         baseline=baseline,
         failed_runs=failed,
         budget=budget,
-        workload_budget=workload_budget,
         hook_runs=[r for r in records if r.kind is RunKind.HOOK],
         allow_resumed=allow_resumed,
     )
@@ -699,12 +692,14 @@ def _profile_key(profile: str, figure: str) -> str:
 
 def op_outputs(verdict: Verdict) -> dict[str, Any]:
     """The scalars logged as outputs of the compare op (columns of the comparison view),
-    the same names for every workload; a training row adds its whole run and costs."""
+    named from the row's headline for every workload; a training row adds its whole run and
+    costs."""
     best = verdict.best
     assert best is not None
     row, rec = verdict.row, verdict.recommendation
     stem, unit = row.stem, row.unit
     named = headline_outputs(stem, unit)
+    figure = profile_headline_figures(stem, unit)
     shift = best.profile.shift
     out: dict[str, Any] = {
         WORKLOAD_INPUT: row.name,
@@ -747,8 +742,7 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
         }
     for p in verdict.profiles:
         f = p.figures
-        median = f"{stem}_{unit}_median" if row.training else row.headline
-        out[_profile_key(p.profile, median)] = p.median
+        out[_profile_key(p.profile, figure["median"])] = p.median
         out[_profile_key(p.profile, "runs")] = len(p.runs)
         out[_profile_key(p.profile, "run_cost_usd")] = p.cost.run_total if p.cost.known else None
         if row.au_metric is not None:
@@ -757,7 +751,7 @@ def op_outputs(verdict: Verdict) -> dict[str, Any]:
             out[_profile_key(p.profile, "warmup_pause_s_median")] = f.warmup_median
             out[_profile_key(p.profile, "runtime_s")] = f.runtime_s
     for c in verdict.candidates:
-        if row.training and (s := c.profile.shift) is not None:
-            out[_profile_key(c.name, f"{stem}_diff_ci_low_{unit}")] = s.low
-            out[_profile_key(c.name, f"{stem}_diff_ci_high_{unit}")] = s.high
+        if (s := c.profile.shift) is not None:
+            out[_profile_key(c.name, figure["diff_low"])] = s.low
+            out[_profile_key(c.name, figure["diff_high"])] = s.high
     return {k: _round(v) if isinstance(v, float) else v for k, v in out.items() if v is not None}

@@ -345,6 +345,22 @@ def headline_outputs(stem: str, unit: str) -> dict[str, str]:
     }
 
 
+def profile_headline_figures(stem: str, unit: str) -> dict[str, str]:
+    """The compare op's outputs per profile about a workload's headline figure, each after
+    the profile's output key (the checkpoint's ``pause`` and ``s`` give the names in
+    :data:`PROFILE_FIGURES`): the profile's median, and a candidate's interval against the
+    baseline.
+
+    >>> profile_headline_figures("epoch_time", "s")["median"]
+    'epoch_time_s_median'
+    """
+    return {
+        "median": f"{stem}_{unit}_median",
+        "diff_low": f"{stem}_diff_ci_low_{unit}",
+        "diff_high": f"{stem}_diff_ci_high_{unit}",
+    }
+
+
 # ---------------------------------------------------------------- storage-profile hook
 
 SWITCH_SCHEMA = "storage-profile-switch/1"
@@ -680,13 +696,17 @@ DATA_WORKLOAD_METRICS = {
 WORKLOAD_INPUT = "workload"
 """The run input (and summary key) naming the workload, one of :data:`WORKLOADS`."""
 
+DROP_CACHE_INPUT = "drop_cache"
+"""The scan's input saying whether the page cache was dropped before each epoch: a scan that
+kept it measured memory, not the volume."""
+
 _DATASET_INPUTS = (
     "dataset_format", "codec", "dataset_size", "record_size", "shard_size", "row_group_size",
 )  # fmt: skip
 DATA_COMPARABLE_INPUTS = {
     "scan": (
         WORKLOAD_INPUT, "seed", *_DATASET_INPUTS, "loader", "epochs", "num_workers",
-        "batch_size", "prefetch_factor", "shuffle_buffer", "compute_ms", "drop_cache",
+        "batch_size", "prefetch_factor", "shuffle_buffer", "compute_ms", DROP_CACHE_INPUT,
     ),
     "materialize": (WORKLOAD_INPUT, "seed", *_DATASET_INPUTS, "output_shard_size"),
     "workspace": (WORKLOAD_INPUT, "seed", "files", "file_size", "rounds"),
@@ -708,6 +728,15 @@ DATA_REQUIRED_INPUTS = {
     "workspace": ("files",),
 }
 """Without these a data run's comparison cannot be vouched for, so each run records them."""
+
+WORKLOAD_BUDGETS = {
+    "checkpoint": ("max_pause_s", "max_pause_share"),
+    "scan": ("min_au",),
+    "materialize": (),
+    "workspace": ("max_p99_ms",),
+}
+"""The budget each workload's verdict tests, as the verdict's options (``--max-pause-s``, ...)
+and the plan's: a budget of another workload is not tested, so it answers nothing."""
 
 DATA_SUMMARY_CONFIG = "config"
 DATA_SUMMARY_OUTPUTS = "outputs"

@@ -24,12 +24,13 @@ from typing import Any, Literal, get_args
 
 import click
 
-from checkpoint_storage_bench.config_cli import Output, cli
+from checkpoint_storage_bench.config_cli import Output, cli, flag
 from checkpoint_storage_bench.contract import (
     MIN_BUDGET_CHECKPOINTS,
     VERDICT_CONFIDENCE,
     VERDICT_RUNS_PER_BLOCK,
     VERDICT_WARMUP,
+    WORKLOAD_BUDGETS,
     output_key,
     output_key_clashes,
 )
@@ -42,15 +43,6 @@ Workload = Literal["checkpoint", "scan", "materialize", "workspace"]
 SETTLE_MODES: tuple[str, ...] = get_args(Settle)
 INFEASIBLE_ACTIONS: tuple[str, ...] = get_args(OnInfeasible)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
-
-WORKLOAD_BUDGETS: dict[str, tuple[str, ...]] = {
-    "checkpoint": ("max_pause_s", "max_pause_share"),
-    "scan": ("min_au",),
-    "materialize": (),
-    "workspace": ("max_p99_ms",),
-}
-"""The budget options the verdict tests for each workload (its table's budget test): a
-budget of another workload is not tested, so it answers nothing."""
 
 
 @dataclass(frozen=True)
@@ -635,7 +627,7 @@ def answerability(
     foreign = [n for n, v in budgets.items() if v is not None and n not in own]
     if foreign:
         notes.append(
-            f"{_and([_flag(n) for n in foreign])}: not a budget of the {workload} workload, its "
+            f"{_and([flag(n) for n in foreign])}: not a budget of the {workload} workload, its "
             "verdict does not test it"
         )
     budget: bool | None = None
@@ -654,15 +646,11 @@ def answerability(
     unasked = ""
     if not asked:
         unasked = (
-            f"no budget of the {workload} workload was given ({_or([_flag(n) for n in own])})"
+            f"no budget of the {workload} workload was given ({_or([flag(n) for n in own])})"
             if own
             else f"the {workload} workload has no budget to answer instead"
         )
     return Answerability(differences, budget, tuple(limits), tuple(notes), unasked)
-
-
-def _flag(name: str) -> str:
-    return f"--{name.replace('_', '-')}"
 
 
 def _and(names: list[str]) -> str:

@@ -111,3 +111,33 @@ def test_every_workload_gets_one_document_with_the_same_fields(
     )
     assert checkpoint["workload"] == "checkpoint" and scan["workload"] == "scan"
     assert checkpoint["outputs"]["workload"] == "checkpoint"
+
+
+def test_a_budget_of_another_workload_is_named_and_not_tested(
+    runs_root: Path, pricing_file
+) -> None:
+    write_training_run(BASE, [1.0] * 6, runtime_s=50.0)
+    write_training_run(FAST, [0.5] * 6, runtime_s=47.0)
+    asked = ("--max-pause-s", "0.8", "--min-au", "0.9", "--max-p99-ms", "5")
+    code, output, report = run_cli(runs_root, pricing_file(), *asked)
+    assert code == 0, output
+    assert (
+        "--min-au, --max-p99-ms: not a budget of the checkpoint workload, not tested"
+        in (report["notes"])
+    )
+    budget = report["recommendation"]["budget"]
+    assert budget["min_au"] is None and budget["max_p99_ms"] is None
+    assert budget["max_pause_s"] == 0.8  # its own budget is tested
+    assert report["recommendation"]["profile"] == FAST
+
+
+def test_a_scan_verdict_does_not_take_a_pause_budget_or_a_cadence_for_its_own() -> None:
+    from tests.checkpoint_compare.workload_runs import judge, slow_and_fast
+
+    plain = judge(slow_and_fast())
+    asked = judge(slow_and_fast(), max_pause_s=0.1, checkpoints_per_month=1000.0)
+    note = "--max-pause-s, --checkpoints-per-month: not a budget of the scan workload, not tested"
+    assert note in asked.notes and note not in plain.notes
+    assert asked.budget.max_pause_s is None and asked.budget.checkpoints_per_month is None
+    assert asked.recommendation.reason == plain.recommendation.reason
+    assert not any(s.startswith("Budget:") for s in asked.sentences)

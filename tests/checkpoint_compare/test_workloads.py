@@ -29,6 +29,7 @@ from checkpoint_storage_bench.contract import (
     LedgerEntry,
     format_ledger,
     headline_outputs,
+    profile_headline_figures,
 )
 from tests.checkpoint_compare.workload_runs import (
     BASE,
@@ -473,12 +474,20 @@ def test_outputs_carry_the_verdict_and_none_when_nothing_fits() -> None:
     assert out["verdict"] == FAST and "does not keep the GPUs fed" in out["verdict_reason"]
     assert out["recommendation_reason"].startswith("no profile meets the budget")
     assert out["checkpoint_throughput_scan_au"] == pytest.approx(0.97)
-    assert out["epoch_time_delta_s"] < 0 and out["checkpoint_baseline_scan_epoch_s"] > 0
+    assert out["epoch_time_delta_s"] < 0 and out["checkpoint_baseline_epoch_time_s_median"] > 0
+    low, high = (out[f"checkpoint_throughput_epoch_time_diff_ci_{e}_s"] for e in ("low", "high"))
+    assert low <= out["epoch_time_delta_s"] <= high < 0  # the candidate's interval, as a pause's
     assert op_outputs(judge(slow_and_fast()))["recommended_profile"] == FAST
     # Every name is the contract's: the fixed ones, the headline's, the profiles' figures.
     named = set(VERDICT_OUTPUTS) | set(headline_outputs("epoch_time", "s").values())
+    per_profile = (
+        "runs",
+        "run_cost_usd",
+        "scan_au",
+        *profile_headline_figures("epoch_time", "s").values(),
+    )
     named |= {f"{p}_{f}" for p in ("checkpoint_baseline", "checkpoint_throughput")
-              for f in ("runs", "run_cost_usd", "scan_epoch_s", "scan_au")}  # fmt: skip
+              for f in per_profile}  # fmt: skip
     assert set(out) <= named, sorted(set(out) - named)
 
 

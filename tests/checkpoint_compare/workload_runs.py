@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from checkpoint_compare.comparison import Thresholds
 from checkpoint_compare.cost import DEFAULT_PRICING, load_pricing
 from checkpoint_compare.records import RunRecord
-from checkpoint_compare.table import WorkloadBudget
+from checkpoint_compare.table import Budget
 from checkpoint_compare.verdict import Verdict, judge_runs
 
 BASE, FAST = "checkpoint-baseline", "checkpoint-throughput"
@@ -39,7 +39,7 @@ def judge(records: list[RunRecord], baseline: str | None = None, **budget) -> Ve
     pricing = load_pricing(DEFAULT_PRICING, None, None)
     verdict, _ = judge_runs(
         records, pricing, Thresholds(warmup=1), baseline=baseline,
-        workload_budget=WorkloadBudget(**budget),
+        budget=Budget(**budget),
     )  # fmt: skip
     return verdict
 

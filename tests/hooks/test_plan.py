@@ -12,8 +12,7 @@ from typing import get_args
 import pytest
 
 from checkpoint_compare.intervals import RUNS_PER_BLOCK, median_upper_bound
-from checkpoint_compare.recommendation import Budget
-from checkpoint_compare.table import ROWS, WorkloadBudget
+from checkpoint_compare.table import ROWS, Budget
 from checkpoint_storage_bench.contract import (
     LEDGER_ANNOTATION,
     MIN_BUDGET_CHECKPOINTS,
@@ -454,13 +453,13 @@ def test_the_budget_bound_needs_the_contracts_number_of_checkpoints() -> None:
 
 def test_the_plans_workloads_and_budgets_are_the_verdicts() -> None:
     assert get_args(config.Workload) == WORKLOADS and tuple(config.WORKLOAD_BUDGETS) == WORKLOADS
-    verdict_budgets = {f.name for f in fields(Budget)} | {f.name for f in fields(WorkloadBudget)}
+    verdict_budgets = {f.name for f in fields(Budget)}
     planned = {n for names in config.WORKLOAD_BUDGETS.values() for n in names}
     assert planned == verdict_budgets - {"checkpoints_per_month"}  # a cadence, not a budget
     for workload, names in config.WORKLOAD_BUDGETS.items():
         for name in names:  # each row of the verdict's table words the budget it tests
-            if workload != "checkpoint":
-                assert ROWS[workload].budget_words(WorkloadBudget(**{name: 0.5})) is not None
+            assert ROWS[workload].budget_words(Budget(**{name: 0.5})) is not None
+            assert ROWS[workload].untested(Budget(**{name: 0.5})) == []
 
 
 def test_more_repeats_in_one_block_buy_a_steadier_estimate_not_a_narrower_interval(
