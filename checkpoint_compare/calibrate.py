@@ -17,7 +17,8 @@ it (``python -m trainer``, ``python -m data_workloads``), profile by profile in 
 pipeline's order: the first profile's repeats back to back, then the second's, optionally
 the return to the first. Without the return, one round of runs serves one A/A and one A/B
 comparison: A×R, A'×R, B×R, where A/A is A against A' and A/B is A' against B (each pair as
-the pipeline would run it, and a third fewer runs). ``--noise writer|cpu`` starts a
+the pipeline would run it, and a third fewer runs); ``--comparisons aa`` (``ab``) makes one
+kind only, a round A then A' (A then B). ``--noise writer|cpu`` starts a
 neighbour (a writer on the same volume, outside the throttled cgroup, or a busy CPU)
 during a random half of the runs, drawn from ``--seed``.
 
@@ -63,6 +64,8 @@ COPY_OF_A = "checkpoint-baseline-copy"
 CLASSES_FILE = Path(__file__).resolve().parent.parent / "connections" / "vac-ebs-gp3.yaml"
 NO_DIFFERENCE = "no measurable difference"
 """The verdict's word when it keeps no profile."""
+COMPARISON_KINDS = ("both", "aa", "ab")
+"""Which comparisons a round makes: A/A and A/B, or one kind only."""
 GOAL_FALSE_CLAIMS = 0.05
 GOAL_DETECTION = 0.95
 
@@ -127,10 +130,18 @@ class Comparison:
 
 
 def plan(
-    pairs: int, repeats: int, return_to_first: bool, seed: int, noisy: bool, cycles: int = 1
+    pairs: int,
+    repeats: int,
+    return_to_first: bool,
+    seed: int,
+    noisy: bool,
+    cycles: int = 1,
+    comparisons: str = "both",
 ) -> tuple[list[PlannedRun], list[Comparison]]:
     """The runs, in the order they run, and the comparisons they make: ``pairs`` A/A and
-    ``pairs`` A/B. Which runs have a neighbour is drawn here (half of them on average,
+    ``pairs`` A/B, or with ``comparisons`` ``aa`` (``ab``) ``pairs`` of that kind only, a
+    round then A and A' (A and B): showing a false-claim rate of at most 5 % takes about
+    75 A/A comparisons, and a B block each would spend a third of the runs. Which runs have a neighbour is drawn here (half of them on average,
     from ``seed``), so a plan is the same every time. ``cycles`` above 1 runs each
     comparison's two profiles that many times over, as a pipeline given the profiles
     ``[A, B, A, B]`` does (each pass a block of its own), so no run serves two comparisons.
@@ -144,9 +155,13 @@ def plan(
     """
     if pairs < 1 or repeats < 1 or cycles < 1:
         raise ValueError("pairs, repeats and cycles must be at least 1")
+    if comparisons not in COMPARISON_KINDS:
+        raise ValueError(f"comparisons must be one of {', '.join(COMPARISON_KINDS)}, "
+                         f"not {comparisons!r}")  # fmt: skip
+    aa, ab = comparisons in ("both", "aa"), comparisons in ("both", "ab")
     rng = random.Random(seed)
     runs: list[PlannedRun] = []
-    comparisons: list[Comparison] = []
+    made: list[Comparison] = []
 
     def block(round_: int, vac: str, label: str) -> list[int]:
         out = []
@@ -163,28 +178,32 @@ def plan(
             other += block(round_, vac, label)
         if return_to_first:
             first += block(round_, CLASS_A, "a")
-        comparisons.append(
-            Comparison(len(comparisons), round_, kind, {CLASS_A: first, name: other})
-        )
+        made.append(Comparison(len(made), round_, kind, {CLASS_A: first, name: other}))
+
+    def returning(round_: int, kind: str, vac: str, name: str, label: str) -> None:
+        a = block(round_, CLASS_A, "a")
+        other = block(round_, vac, label)
+        a_back = block(round_, CLASS_A, "a")
+        made.append(Comparison(len(made), round_, kind, {CLASS_A: a + a_back, name: other}))
 
     for r in range(pairs):
-        if cycles > 1:
-            alternating(r, "aa", CLASS_A, COPY_OF_A, "a2")
-            alternating(r, "ab", CLASS_B, CLASS_B, "b")
-        elif return_to_first:
-            a, a2, a_back = block(r, CLASS_A, "a"), block(r, CLASS_A, "a2"), block(r, CLASS_A, "a")
-            comparisons.append(Comparison(len(comparisons), r, "aa",
-                                          {CLASS_A: a + a_back, COPY_OF_A: a2}))  # fmt: skip
-            c, b, c_back = block(r, CLASS_A, "a"), block(r, CLASS_B, "b"), block(r, CLASS_A, "a")
-            comparisons.append(Comparison(len(comparisons), r, "ab",
-                                          {CLASS_A: c + c_back, CLASS_B: b}))  # fmt: skip
-        else:
+        if cycles > 1 or return_to_first:
+            design = alternating if cycles > 1 else returning
+            if aa:
+                design(r, "aa", CLASS_A, COPY_OF_A, "a2")
+            if ab:
+                design(r, "ab", CLASS_B, CLASS_B, "b")
+        elif aa and ab:
             a, a2, b = block(r, CLASS_A, "a"), block(r, CLASS_A, "a2"), block(r, CLASS_B, "b")
-            comparisons.append(Comparison(len(comparisons), r, "aa", {CLASS_A: a, COPY_OF_A: a2}))
-            comparisons.append(Comparison(len(comparisons), r, "ab", {CLASS_A: a2, CLASS_B: b}))
+            made.append(Comparison(len(made), r, "aa", {CLASS_A: a, COPY_OF_A: a2}))
+            made.append(Comparison(len(made), r, "ab", {CLASS_A: a2, CLASS_B: b}))
+        else:
+            name, vac, label = (COPY_OF_A, CLASS_A, "a2") if aa else (CLASS_B, CLASS_B, "b")
+            a, other = block(r, CLASS_A, "a"), block(r, vac, label)
+            made.append(Comparison(len(made), r, "aa" if aa else "ab", {CLASS_A: a, name: other}))
     for run in runs:
         run.noise = noisy and rng.random() < 0.5
-    return runs, comparisons
+    return runs, made
 
 
 # --------------------------------------------------------------------------- statistics
@@ -281,6 +300,9 @@ class Settings:
     cycles: int = 1
     """Run the two profiles this many times over, as the pipeline given the profiles
     [A, B, A, B] for 2 (each pass a block of its own)."""
+    comparisons: Literal["both", "aa", "ab"] = "both"
+    """Which comparisons to make: both (a round A, A', B serves one of each), or aa (ab)
+    only, a round A then A' (A then B)."""
     confidence: float | None = None
     """The verdict's confidence (0.95; with --rescore, the kept runs' own)."""
     noise: Literal["none", "writer", "cpu"] = "none"
@@ -304,7 +326,7 @@ class Command:
     )
     """Workload to calibrate (repeat; default checkpoint)."""
     pairs: int = 10
-    """A/A and A/B comparisons each."""
+    """A/A and A/B comparisons each (of the one kind with --comparisons aa or ab)."""
     out: Path | None = None
     """New or empty directory for the runs and the manifest."""
     rescore: Path | None = field(default=None, metadata=cli(metavar="DIR"))
@@ -653,7 +675,8 @@ def calibrate(
         "workloads": {},
     }
     for workload in workloads:
-        runs, comps = plan(pairs, s.repeats, s.return_to_first, s.seed, s.noise != "none", s.cycles)
+        runs, comps = plan(pairs, s.repeats, s.return_to_first, s.seed, s.noise != "none",
+                           s.cycles, s.comparisons)  # fmt: skip
         if not where.emulates:
             comps = [c for c in comps if c.kind == "aa"]
             used = {i for c in comps for ids in c.profiles.values() for i in ids}
@@ -786,6 +809,9 @@ def table(manifest: dict[str, Any]) -> str:
     s = manifest["settings"]
     cycles = s.get("cycles", 1)  # a manifest from before the option ran the profiles once
     cycled = f", the profiles {cycles} times over (A B A B …)" if cycles > 1 else ""
+    kinds = s.get("comparisons", "both")  # a manifest from before the option made both
+    if kinds != "both":
+        cycled += ", A/A comparisons only" if kinds == "aa" else ", A/B comparisons only"
     lines = [
         f"calibration {manifest.get('started_at', '?')} – {manifest.get('finished_at', '?')}, "
         f"{manifest['machine']['host']} ({manifest['machine']['cpus']} CPUs, load "
@@ -844,6 +870,9 @@ def _run(command: Command, s: Settings) -> None:
         raise CalibrationError("--pairs and --repeats must be at least 1", 2)
     if s.cycles < 1:
         raise CalibrationError(f"--cycles must be at least 1, not {s.cycles}", 2)
+    if s.comparisons == "ab" and command.volume != "loop":
+        raise CalibrationError("--comparisons ab needs the emulated classes (--volume loop): "
+                               "a plain directory has one class, A/A only", 2)  # fmt: skip
     s = replace_settings(s, confidence=0.95 if s.confidence is None else s.confidence)
     if not 0 < s.confidence < 1:  # type: ignore[operator]
         raise CalibrationError(f"--confidence must be in (0, 1), got {s.confidence}", 2)

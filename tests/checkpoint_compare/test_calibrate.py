@@ -77,6 +77,36 @@ def test_plan_with_cycles_alternates_the_profiles_each_pass_a_block_of_its_own()
     assert plan(2, 2, True, 3, True, 1) == plan(2, 2, True, 3, True)
 
 
+def test_plan_of_one_kind_runs_only_that_kind_a_round_its_two_profiles():
+    # A/A only: a round is A then A' (no B block spent on an A/B that is not wanted).
+    runs, comps = plan(2, 2, False, 0, False, comparisons="aa")
+    assert [r.label for r in runs] == ["a", "a", "a2", "a2"] * 2
+    assert [r.vac for r in runs] == [CLASS_A] * 8
+    assert [(c.kind, c.round, c.profiles) for c in comps] == [
+        ("aa", 0, {CLASS_A: [0, 1], COPY_OF_A: [2, 3]}),
+        ("aa", 1, {CLASS_A: [4, 5], COPY_OF_A: [6, 7]}),
+    ]
+    # A/B only: A then B.
+    runs, (ab,) = plan(1, 2, False, 0, False, comparisons="ab")
+    assert [r.vac for r in runs] == [CLASS_A] * 2 + [CLASS_B] * 2
+    assert ab.kind == "ab" and ab.profiles == {CLASS_A: [0, 1], CLASS_B: [2, 3]}
+    # With the return and with profiles that alternate, each comparison as in both kinds.
+    runs, (aa,) = plan(1, 1, True, 0, False, comparisons="aa")
+    assert [r.label for r in runs] == ["a", "a2", "a"]
+    assert aa.profiles == {CLASS_A: [0, 2], COPY_OF_A: [1]}
+    runs, (aa,) = plan(1, 2, False, 0, False, 2, comparisons="aa")
+    assert [r.label for r in runs] == ["a", "a", "a2", "a2"] * 2
+    assert aa.profiles == {CLASS_A: [0, 1, 4, 5], COPY_OF_A: [2, 3, 6, 7]}
+    assert [c.profiles for c in plan(1, 2, False, 0, False, 2, comparisons="ab")[1]] == [
+        p for c in plan(1, 2, False, 0, False, 2)[1] if c.kind == "ab"
+        for p in [{k: [i - 8 for i in v] for k, v in c.profiles.items()}]
+    ]  # fmt: skip
+    # Both kinds is the plan as it was.
+    assert plan(2, 2, True, 3, True, 2, comparisons="both") == plan(2, 2, True, 3, True, 2)
+    with pytest.raises(ValueError, match="comparisons"):
+        plan(1, 2, False, 0, False, comparisons="ba")
+
+
 def test_the_neighbour_is_drawn_from_the_seed_for_about_half_of_the_runs():
     first = [r.noise for r in plan(50, 2, False, 7, True)[0]]
     again = [r.noise for r in plan(50, 2, False, 7, True)[0]]
@@ -164,6 +194,8 @@ def test_the_table_counts_false_claims_detections_wrong_ways_and_what_was_not_ju
     cycled = _manifest([("aa", no)])
     cycled["settings"] |= {"cycles": 2, "return_to_first": True}
     assert "repeats 2 + return to first, the profiles 2 times over (A B A B …)" in table(cycled)
+    cycled["settings"]["comparisons"] = "aa"
+    assert "(A B A B …), A/A comparisons only, noise writer" in table(cycled)
 
 
 def test_the_table_says_how_often_the_whole_verdict_kept_a_profile():
@@ -199,6 +231,8 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
      (["--rescore", "{tmp}/full"], "cannot read"),
      (["--rescore", "{tmp}/full", "--out", "{tmp}/new"], "do not go together"),
      (["--volume", "{tmp}/missing", "--out", "{tmp}/new"], "not a directory"),
+     (["--comparisons", "ab", "--volume", "{tmp}", "--out", "{tmp}/new"],
+      "--comparisons ab needs the emulated classes"),
      ([], "--out DIR is needed")],
 )  # fmt: skip
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, message):
@@ -217,8 +251,9 @@ def test_a_small_a_a_calibration_on_a_directory_is_scored_and_rescored(tmp_path)
     plain.mkdir()
     out = tmp_path / "cal"
     done = _cli("--workload", "workspace", "--pairs", "1", "--files", "8", "--rounds", "3",
-                "--volume", str(plain), "--out", str(out))  # fmt: skip
+                "--volume", str(plain), "--comparisons", "aa", "--out", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert "A/A comparisons only" in done.stdout
     assert "workspace:" in done.stdout and "A/A false claims (goal ≤ 5%):" in done.stdout
     assert "A/B detected" not in done.stdout  # no second class on a plain directory
     manifest = json.loads((out / "manifest.json").read_text())
