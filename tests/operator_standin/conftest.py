@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
+from localcluster.client import AdminClient
 from localcluster.controlplane import ControlPlane, ControlPlaneError
-from tests.kube.cluster import NAMESPACE, wait_for
+from operator_standin import crd
+from tests.kube.cluster import NAMESPACE
 from tests.kube.conftest import STATE_ROOT, _binaries, _missing
+from tests.operator_standin.objects import RecordingSink
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -54,15 +57,19 @@ def plane() -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def api(plane: ControlPlane) -> client.ApiClient:
-    api = config.new_client_from_config(str(plane.admin_kubeconfig))
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": NAMESPACE}})
-    wait_for(
-        "the default ServiceAccount in ml-team",
-        lambda: (
-            core.list_namespaced_service_account(
-                NAMESPACE, field_selector="metadata.name=default"
-            ).items
-        ),
-    )
-    return api
+    """The admin's client, with ``ml-team`` and its default ServiceAccount."""
+    admin = AdminClient(plane)
+    admin.core.create_namespace({"metadata": {"name": NAMESPACE}})
+    admin.wait_for_default_service_account(NAMESPACE)
+    return admin.api
+
+
+@pytest.fixture(scope="module")
+def crds(api: client.ApiClient) -> list[str]:
+    """Polyaxon's CRDs, as the stand-in installs them."""
+    return crd.install(api)
+
+
+@pytest.fixture
+def sink() -> RecordingSink:
+    return RecordingSink()

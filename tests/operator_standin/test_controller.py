@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import tempfile
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from operator_standin import crd
 from operator_standin.controller import (
     FINALIZERS,
     Controller,
@@ -23,82 +18,15 @@ from operator_standin.controller import (
     log_condition,
 )
 from tests.kube.cluster import NAMESPACE, wait_for
-
-COMPONENT = """
-kind: component
-name: hello
-run:
-  kind: job
-  container:
-    image: localhost/csb-debian-base:bookworm
-    command: [python3, -c, "print('hello')"]
-"""
-
-
-def polyaxon_object(component: str = COMPONENT, **plugins: bool) -> dict[str, Any]:
-    """A ``polyaxon.com/v1`` Job as Polyaxon's agent makes it: its converter, an agent config
-    with the namespace and a host-path artifacts store."""
-    from kubernetes.client import ApiClient
-    from polyaxon import settings
-    from polyaxon._schemas.agent import AgentConfig
-    from polyaxon.k8s import Executor
-    from polyaxon.polyaxonfile import check_polyaxonfile
-
-    previous = settings.AGENT_CONFIG
-    settings.AGENT_CONFIG = AgentConfig.read(
-        {
-            "namespace": NAMESPACE,
-            "artifactsStore": {
-                "name": "artifacts-store",
-                "kind": "host_path",
-                "schema": {"hostPath": "/tmp/plx-store", "mountPath": "/plx-store"},
-            },
-            "connections": [],
-        }
-    )
-    settings.AGENT_CONFIG.set_artifacts_store_name()
-    spec = yaml.safe_load(component)
-    if plugins:
-        spec["plugins"] = plugins
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "component.yaml"
-            path.write_text(yaml.safe_dump(spec))
-            op = check_polyaxonfile(polyaxonfile=str(path), is_cli=False, verbose=False)
-        obj = Executor.make_and_convert(
-            owner_name="acme",
-            project_name="demo",
-            run_uuid=uuid.uuid4().hex,
-            run_name="hello",
-            content=op.to_json(),
-            default_auth=False,
-        )
-    finally:
-        settings.AGENT_CONFIG = previous
-    return ApiClient().sanitize_for_serialization(obj)
-
-
-class RecordingSink:
-    """Stands for the Polyaxon API's status endpoint: what would have been posted."""
-
-    def __init__(self) -> None:
-        self.posts: list[tuple[str, str, str, str, str]] = []
-
-    def report(self, owner: str, project: str, uuid: str, condition: dict[str, Any]) -> None:
-        self.posts.append((owner, project, uuid, condition["type"], condition.get("reason", "")))
-
-    def types(self, run_uuid: str) -> list[str]:
-        return [p[3] for p in self.posts if p[2] == run_uuid]
-
-
-@pytest.fixture(scope="module")
-def crds(api: client.ApiClient) -> list[str]:
-    return crd.install(api)
-
-
-@pytest.fixture
-def sink() -> RecordingSink:
-    return RecordingSink()
+from tests.operator_standin.objects import (
+    COMPONENT,
+    RecordingSink,
+    create,
+    delete,
+    polyaxon_object,
+    read,
+    run_uuid_of,
+)
 
 
 @pytest.fixture
@@ -106,28 +34,6 @@ def controller(api: client.ApiClient, crds: list[str], sink: RecordingSink) -> I
     ctl = Controller(Reconciler(api, NAMESPACE, sink), resync=0.5).start()
     yield ctl
     ctl.stop()
-
-
-def custom(api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api)
-
-
-def create(api: client.ApiClient, obj: dict[str, Any]) -> str:
-    custom(api).create_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.JOB_PLURAL, obj
-    )
-    return obj["metadata"]["name"]
-
-
-def read(api: client.ApiClient, name: str) -> dict[str, Any] | None:
-    try:
-        return custom(api).get_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, NAMESPACE, crd.JOB_PLURAL, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 def conditions(api: client.ApiClient, name: str) -> list[str]:
@@ -225,10 +131,7 @@ def test_the_batch_job_takes_the_objects_template_and_termination() -> None:
     names = [c["name"] for c in template["spec"]["containers"]]
     assert names == ["polyaxon-main", "polyaxon-sidecar"]
     labels = template["metadata"]["labels"]
-    assert (
-        labels["app.kubernetes.io/instance"]
-        == obj["metadata"]["labels"]["app.kubernetes.io/instance"]
-    )
+    assert labels["app.kubernetes.io/instance"] == run_uuid_of(obj)
 
 
 FINAL_UNLESS_5 = """
@@ -264,9 +167,7 @@ def test_the_crds_accept_what_polyaxons_agent_creates(api: client.ApiClient, crd
     stored = read(api, name)
     assert stored["batchJobSpec"]["template"] == obj["batchJobSpec"]["template"]
     assert stored["syncStatuses"] is True and stored["collectLogs"] is True
-    custom(api).delete_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.JOB_PLURAL, name
-    )
+    delete(api, name)
 
 
 @pytest.mark.kube
@@ -274,7 +175,7 @@ def test_a_run_goes_starting_running_succeeded_and_is_cleaned_up(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = polyaxon_object()
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
+    run_uuid = run_uuid_of(obj)
     name = create(api, obj)
 
     job = wait_for("the batch Job", lambda: batch_job(api, name))
@@ -302,7 +203,7 @@ def test_a_failed_container_fails_the_run(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = polyaxon_object()
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
+    run_uuid = run_uuid_of(obj)
     name = create(api, obj)
     pod = wait_for("the pod", lambda: the_pod(api, name))
     kubelet_reports(api, pod, "Failed", exit_code=3)
@@ -316,16 +217,14 @@ def test_deleting_the_object_stops_the_run(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = polyaxon_object()
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
+    run_uuid = run_uuid_of(obj)
     name = create(api, obj)
     pod = wait_for("the pod", lambda: the_pod(api, name))
     kubelet_reports(api, pod, "Running")
     wait_for("Running", lambda: "Running" in conditions(api, name))
 
     # What the agent's stop does (executor.stop): delete the custom object.
-    custom(api).delete_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.JOB_PLURAL, name
-    )
+    delete(api, name)
     wait_for("the object gone", lambda: read(api, name) is None, timeout=30)
     wait_for("the Job gone", lambda: batch_job(api, name) is None, timeout=30)
     assert sink.types(run_uuid)[-1] == "Stopped"
@@ -336,7 +235,7 @@ def test_an_unschedulable_pod_is_a_warning(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = polyaxon_object()
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
+    run_uuid = run_uuid_of(obj)
     name = create(api, obj)
     pod = wait_for("the pod", lambda: the_pod(api, name))
     client.CoreV1Api(api).patch_namespaced_pod_status(
@@ -359,9 +258,7 @@ def test_an_unschedulable_pod_is_a_warning(
     last = read(api, name)["status"]["conditions"][-1]
     assert (last["reason"], last["message"]) == ("Unschedulable", "0/1 nodes are available")
     assert sink.types(run_uuid)[-1] == "Warning"
-    custom(api).delete_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.JOB_PLURAL, name
-    )
+    delete(api, name)
     wait_for("the object gone", lambda: read(api, name) is None, timeout=30)
 
 
@@ -370,7 +267,7 @@ def test_a_pod_template_the_api_refuses_fails_the_run(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = polyaxon_object()
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
+    run_uuid = run_uuid_of(obj)
     obj["batchJobSpec"]["template"]["spec"]["containers"][0]["name"] = "Not_A_DNS_Label"
     name = create(api, obj)
     wait_for("the object deleted", lambda: read(api, name) is None, timeout=30)
@@ -397,7 +294,7 @@ def test_a_final_exit_code_fails_the_run_without_another_pod(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = polyaxon_object(COMPONENT + FINAL_UNLESS_5)
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
+    run_uuid = run_uuid_of(obj)
     name = create(api, obj)
     job = wait_for("the batch Job", lambda: batch_job(api, name))
     assert job.spec.pod_failure_policy.rules[0].action == "FailJob"  # the API server took it

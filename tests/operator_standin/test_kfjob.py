@@ -23,9 +23,16 @@ from operator_standin.controller import (
     pytorchjob_manifest,
 )
 from tests.kube.cluster import NAMESPACE, wait_for
-from tests.operator_standin.test_controller import RecordingSink, crds, polyaxon_object
-
-__all__ = ["crds"]  # the fixture, used here too
+from tests.operator_standin.objects import (
+    PYTORCHJOBS,
+    RecordingSink,
+    create,
+    custom,
+    delete,
+    polyaxon_object,
+    read,
+    run_uuid_of,
+)
 
 COMPONENT = """
 kind: component
@@ -148,11 +155,6 @@ def pytorchjob_crd(api: client.ApiClient) -> None:
 
 
 @pytest.fixture
-def sink() -> RecordingSink:
-    return RecordingSink()
-
-
-@pytest.fixture
 def controller(
     api: client.ApiClient, crds: list[str], pytorchjob_crd: None, sink: RecordingSink
 ) -> Iterator[Controller]:
@@ -161,27 +163,13 @@ def controller(
     ctl.stop()
 
 
-def custom(api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api)
-
-
-def read(api: client.ApiClient, plural: str, name: str) -> dict[str, Any] | None:
-    group, version = ("kubeflow.org", "v1") if plural == "pytorchjobs" else (crd.GROUP, crd.VERSION)
-    try:
-        return custom(api).get_namespaced_custom_object(group, version, NAMESPACE, plural, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
 def operator_reports(api: client.ApiClient, name: str, *kinds: str) -> None:
     """What the training operator would write to the PyTorchJob's status."""
     custom(api).patch_namespaced_custom_object_status(
         "kubeflow.org",
         "v1",
         NAMESPACE,
-        "pytorchjobs",
+        PYTORCHJOBS,
         name,
         {"status": {"conditions": [condition(k) for k in kinds]}},
     )
@@ -190,15 +178,10 @@ def operator_reports(api: client.ApiClient, name: str, *kinds: str) -> None:
 @pytest.mark.kube
 def test_the_kfjob_crd_accepts_what_polyaxons_agent_creates(api: client.ApiClient, crds) -> None:
     obj = kfjob()
-    custom(api).create_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.KFJOB_PLURAL, obj
-    )
-    name = obj["metadata"]["name"]
-    stored = read(api, crd.KFJOB_PLURAL, name)
+    name = create(api, obj, crd.KFJOB_PLURAL)
+    stored = read(api, name, crd.KFJOB_PLURAL)
     assert stored["pytorchJobSpec"] == obj["pytorchJobSpec"]
-    custom(api).delete_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.KFJOB_PLURAL, name
-    )
+    delete(api, name, crd.KFJOB_PLURAL)
 
 
 @pytest.mark.kube
@@ -206,18 +189,15 @@ def test_a_kfjob_runs_as_a_pytorchjob_and_reports_its_phases(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = kfjob()
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
-    name = obj["metadata"]["name"]
-    custom(api).create_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.KFJOB_PLURAL, obj
-    )
-    job = wait_for("the PyTorchJob", lambda: read(api, "pytorchjobs", name))
+    run_uuid = run_uuid_of(obj)
+    name = create(api, obj, crd.KFJOB_PLURAL)
+    job = wait_for("the PyTorchJob", lambda: read(api, name, PYTORCHJOBS))
     assert job["metadata"]["ownerReferences"][0]["kind"] == "KfJob"
     wait_for("Starting", lambda: sink.types(run_uuid) == ["Starting"])
     operator_reports(api, name, "Created", "Running")
     wait_for("Running", lambda: sink.types(run_uuid) == ["Starting", "Running"])
     operator_reports(api, name, "Created", "Running", "Succeeded")
-    wait_for("the object deleted", lambda: read(api, crd.KFJOB_PLURAL, name) is None, timeout=30)
+    wait_for("the object deleted", lambda: read(api, name, crd.KFJOB_PLURAL) is None, timeout=30)
     assert sink.types(run_uuid) == ["Starting", "Running", "Succeeded"]
 
 
@@ -226,18 +206,13 @@ def test_deleting_the_kfjob_stops_the_pytorchjob(
     api: client.ApiClient, controller: Controller, sink: RecordingSink
 ) -> None:
     obj = kfjob()
-    run_uuid = obj["metadata"]["labels"]["app.kubernetes.io/instance"]
-    name = obj["metadata"]["name"]
-    custom(api).create_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.KFJOB_PLURAL, obj
-    )
-    wait_for("the PyTorchJob", lambda: read(api, "pytorchjobs", name))
+    run_uuid = run_uuid_of(obj)
+    name = create(api, obj, crd.KFJOB_PLURAL)
+    wait_for("the PyTorchJob", lambda: read(api, name, PYTORCHJOBS))
     operator_reports(api, name, "Created", "Running")
     wait_for("Running", lambda: "Running" in sink.types(run_uuid))
     # The agent's stop: delete the custom object.
-    custom(api).delete_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, NAMESPACE, crd.KFJOB_PLURAL, name
-    )
-    wait_for("the object gone", lambda: read(api, crd.KFJOB_PLURAL, name) is None, timeout=30)
-    wait_for("the PyTorchJob gone", lambda: read(api, "pytorchjobs", name) is None, timeout=30)
+    delete(api, name, crd.KFJOB_PLURAL)
+    wait_for("the object gone", lambda: read(api, name, crd.KFJOB_PLURAL) is None, timeout=30)
+    wait_for("the PyTorchJob gone", lambda: read(api, name, PYTORCHJOBS) is None, timeout=30)
     assert sink.types(run_uuid)[-1] == "Stopped"
