@@ -568,8 +568,9 @@ def test_single_process_resume_refuses_shards_of_several_ranks(tmp_path):
     step_dir = tmp_path / "step-00000002"
     step_dir.mkdir()
     manifest = {
-        "schema": store.MANIFEST_SCHEMA, "step": 2, "format": "raw", "layout": "sharded",
-        "world_size": 2, "parallel": "ddp", "files": [{"name": "x", "rank": 0}],
+        "schema": store.MANIFEST_SCHEMA, "step": 2, "run_id": None, "format": "raw",
+        "checksum": "crc32", "layout": "sharded", "shard_layout": "striped", "world_size": 2,
+        "parallel": "ddp", "files": [{"name": "x", "rank": 0}],
     }  # fmt: skip
     (step_dir / store.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(WorldSizeError, match="written by 2 rank"):
@@ -580,7 +581,12 @@ def test_verify_shard_catches_damage(tmp_path):
     data = memoryview(bytearray(os.urandom(3 * 4096)))
     written = write_file(LocalFS(), tmp_path / "shard", data, direct=False, chunk_bytes=4096)
     os.close(written.fd)
-    entry = {"name": "shard", "bytes": written.nbytes, "chunk_bytes": 4096, "crc32": written.crc32}
+    entry = {
+        "name": "shard",
+        "bytes": written.nbytes,
+        "chunk_bytes": 4096,
+        "crc32": written.checksums,
+    }
     assert bytes(store.verify_file(LocalFS(), tmp_path, entry, "crc32", AlignedBuffer())) == bytes(
         data
     )
@@ -843,19 +849,22 @@ def _in_two_thread_ranks(body) -> dict[int, Any]:
     return outcome
 
 
-@pytest.mark.parametrize("fmt", ["raw", "torch", "safetensors"])
-def test_two_ranks_resume_the_newest_checkpoint_every_rank_verifies_in_every_format(tmp_path, fmt):
-    def model_and_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        model = torch.nn.Linear(32, 32)
-        with torch.no_grad():
-            model.weight.copy_(torch.arange(32 * 32, dtype=torch.float32).reshape(32, 32))
-            model.bias.zero_()
-        return model, torch.optim.AdamW(model.parameters())
+def _two_ranks_model_and_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(32, 32)
+    with torch.no_grad():
+        model.weight.copy_(torch.arange(32 * 32, dtype=torch.float32).reshape(32, 32))
+        model.bias.zero_()
+    return model, torch.optim.AdamW(model.parameters())
+
+
+def _two_ranks_save_steps_2_and_4(directory: Path, fmt: str) -> dict[int, Any]:
+    """Two thread-ranks save steps 2 and 4 (two streams each); returns each rank's bias at
+    step 2."""
 
     def save(ranks: distributed.Ranks) -> torch.Tensor:
-        model, opt = model_and_opt()
+        model, opt = _two_ranks_model_and_opt()
         ckpt = checkpointer.Checkpointer(
-            tmp_path, make_format(fmt), LocalFS(), durable=True, keep=5, ranks=ranks,
+            directory, make_format(fmt), LocalFS(), durable=True, keep=5, ranks=ranks,
             options=WriteOptions(io_streams=2),
         )  # fmt: skip
         for step in (2, 4):
@@ -871,25 +880,57 @@ def test_two_ranks_resume_the_newest_checkpoint_every_rank_verifies_in_every_for
 
     saved = _in_two_thread_ranks(save)
     assert all(isinstance(v, torch.Tensor) for v in saved.values()), saved
+    return saved
+
+
+def _two_ranks_resume(directory: Path, fmt: str, told: list[str]) -> dict[int, Any]:
+    """Two thread-ranks resume from ``directory``; returns each rank's restored step and
+    bias."""
+
+    def resume(ranks: distributed.Ranks) -> Any:
+        model, opt = _two_ranks_model_and_opt()
+        restored = sharded.restore(
+            directory, make_format(fmt), LocalFS(), model, opt, ranks, told.append,
+            check_config=lambda saved, name: None,
+        )  # fmt: skip
+        return restored, model.bias.detach().clone()
+
+    return _in_two_thread_ranks(resume)
+
+
+@pytest.mark.parametrize("fmt", ["raw", "torch", "safetensors"])
+def test_two_ranks_resume_the_newest_checkpoint_every_rank_verifies_in_every_format(tmp_path, fmt):
+    saved = _two_ranks_save_steps_2_and_4(tmp_path, fmt)
     # Rank 1's part of step 4 is damaged: every rank skips step 4 and resumes step 2.
     step4 = tmp_path / store.final_name(4)
     manifest = store.read_manifest(step4)
     flip_byte(step4 / max((e for e in manifest["files"] if e["rank"] == 1),
                           key=lambda e: e["bytes"])["name"])  # fmt: skip
     told: list[str] = []
-
-    def resume(ranks: distributed.Ranks) -> Any:
-        model, opt = model_and_opt()
-        restored = sharded.restore(
-            tmp_path, make_format(fmt), LocalFS(), model, opt, ranks, told.append,
-            check_config=lambda saved, name: None,
-        )  # fmt: skip
-        return restored, model.bias.detach().clone()
-
-    resumed = _in_two_thread_ranks(resume)
+    resumed = _two_ranks_resume(tmp_path, fmt, told)
     for rank in (0, 1):
         restored, bias = resumed[rank]
         assert restored.step == 2, resumed
         assert torch.equal(bias, saved[rank])
     assert any("skipping" in line and "step-00000004" in line for line in told), told
     assert sum("continuing from step-00000002 (step 2), 2 shards verified" in t for t in told) == 2
+
+
+def test_a_sharded_manifest_without_its_shard_layout_is_incomplete(tmp_path):
+    """Every sharded manifest says how a rank's files hold its part: one without is
+    skipped on every rank, never read as one striped file per rank."""
+    saved = _two_ranks_save_steps_2_and_4(tmp_path, "raw")
+    path = tmp_path / store.final_name(4) / store.MANIFEST
+    manifest = json.loads(path.read_text())
+    del manifest["shard_layout"]
+    path.write_text(json.dumps(manifest))
+    told: list[str] = []
+    resumed = _two_ranks_resume(tmp_path, "raw", told)
+    for rank in (0, 1):
+        restored, bias = resumed[rank]
+        assert restored.step == 2, resumed
+        assert torch.equal(bias, saved[rank])
+    assert any(
+        "skipping" in line and "step-00000004: MANIFEST.json has no field 'shard_layout'" in line
+        for line in told
+    ), told

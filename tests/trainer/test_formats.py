@@ -425,6 +425,20 @@ def test_a_manifest_without_its_checksum_field_is_incomplete(tmp_path):
         store.read_verified(LocalFS(), path, AlignedBuffer())
 
 
+@pytest.mark.parametrize("field", ["layout", "run_id"])
+def test_a_manifest_without_a_field_every_writer_writes_is_incomplete(tmp_path, field):
+    """No field has a default: one without ``layout`` is never read as a striped image,
+    one without ``run_id`` never as a checkpoint of no run."""
+    path, _ = save_one(tmp_path, "raw", rich_state())
+    manifest = json.loads((path / store.MANIFEST).read_text())
+    del manifest[field]
+    (path / store.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointCorruptError, match=f"has no field '{field}'"):
+        store.read_verified(LocalFS(), path, AlignedBuffer())
+    assert store.checkpoint_run(store.CheckpointRef(7, path)) == (False, None)
+    assert field in store.REQUIRED_FIELDS
+
+
 @pytest.mark.parametrize("fmt", ["dcp", "safetensors"])
 @pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])

@@ -48,8 +48,14 @@ def _break(manifest: dict, how: str) -> dict:
         manifest["checksum"] = ["crc32"]
     elif how == "checksum_unknown":
         manifest["checksum"] = "md5"
+    elif how == "no_layout":
+        del manifest["layout"]
     elif how == "layout_list":
         manifest["layout"] = ["striped"]
+    elif how == "no_run_id":
+        del manifest["run_id"]
+    elif how == "run_id_number":
+        manifest["run_id"] = 7
     elif how == "not_a_dict":
         return [manifest]  # type: ignore[return-value]
     return manifest
@@ -61,7 +67,7 @@ def _break(manifest: dict, how: str) -> dict:
         "no_format", "format_null", "name_null", "name_escapes", "crc32_null", "crc32_short",
         "bytes_str", "files_str", "entry_list", "step_str", "no_checksum", "checksum_list",
         "checksum_unknown",
-        "layout_list", "not_a_dict",
+        "no_layout", "layout_list", "no_run_id", "run_id_number", "not_a_dict",
     ],
 )  # fmt: skip
 def test_a_manifest_with_wrong_field_types_is_skipped(tmp_path, how):
@@ -139,8 +145,9 @@ def sharded_checkpoint(directory: Path, step: int, **changes) -> Path:
         "rank": 0,
     }
     manifest = {
-        "schema": store.MANIFEST_SCHEMA, "step": step, "format": "raw", "layout": "sharded",
-        "world_size": 1, "parallel": "ddp", "checksum": "crc32", "files": [entry],
+        "schema": store.MANIFEST_SCHEMA, "step": step, "run_id": None, "format": "raw",
+        "layout": "sharded", "shard_layout": "striped", "world_size": 1, "parallel": "ddp",
+        "checksum": "crc32", "files": [entry],
     }  # fmt: skip
     for key, value in changes.items():
         if key in entry:

@@ -133,7 +133,9 @@ def test_cleanup_removes_only_what_this_runs_predecessors_left(tmp_path):
         store.tmp_name(5, store.Owner(RUN_A, "pod-2", os.getppid())): "left",  # alive here
         store.tmp_name(6, store.Owner(RUN_B, "pod-2", dead_pid())): "left",  # another run
         store.tmp_name(7, store.Owner(store.LOCAL_RUN, "pod-2", dead_pid())): "left",
-        ".step-00000008.tmp-1234": "left",  # an older trainer's pid-only name
+        # no owner this trainer writes (run, host and pid): nothing says whose it is
+        ".step-00000008.tmp-1234": "left",
+        ".step-00000009.old-someone": "left",
     }
     for name in leftovers:
         (tmp_path / name).mkdir()

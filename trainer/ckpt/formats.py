@@ -851,7 +851,7 @@ def load_verified(
 ) -> Any:
     """The state of a checkpoint ``store.read_verified`` returned (``data`` None: files a
     library loads from ``path``)."""
-    layout = manifest.get("layout", LAYOUT_STRIPED)
+    layout = manifest["layout"]
     if layout != fmt.layout:
         raise CheckpointCorruptError(
             f"{path.name}: layout {layout!r} is not what format {fmt.name!r} writes"

@@ -144,11 +144,6 @@ class WrittenFile:
     name: str = ""
     checksum: str = checksums.DEFAULT
 
-    @property
-    def crc32(self) -> list[int]:
-        """The checksums under their pre-``checksum``-field name (CRC32 values)."""
-        return self.checksums
-
 
 class _DirectRefused(Exception):
     """O_DIRECT was accepted at open() but refused at a transfer (EINVAL)."""

@@ -232,6 +232,8 @@ def _entries(
     files = manifest.get("files")
     if manifest.get("layout") != store.LAYOUT_SHARDED or not isinstance(files, list):
         raise CheckpointCorruptError(f"{name}: {store.MANIFEST} is not a sharded manifest")
+    if "shard_layout" not in manifest:
+        raise CheckpointCorruptError(f"{name}: {store.MANIFEST} has no field 'shard_layout'")
     by_rank: list[list[dict[str, Any]]] = [[] for _ in range(world_size)]
     for entry in files:
         rank = entry.get("rank") if isinstance(entry, dict) else None
@@ -255,13 +257,12 @@ def _load_shards(
     """Verify and load the shards this rank needs; returns them and its own.
 
     A rank's files are one striped image (raw, torch: one file, or one per stream) or
-    files a library wrote (safetensors), as one process's are; older sharded manifests
-    without ``shard_layout`` have one file per rank.
+    files a library wrote (safetensors), as one process's are (``shard_layout``).
     """
     by_rank = _entries(manifest, path.name, ranks.world_size)
     wanted = range(ranks.world_size) if manifest["parallel"] == "ddp" else [ranks.rank]
     algorithm = store.checksum_algorithm(path, manifest)
-    layout = manifest.get("shard_layout", store.LAYOUT_STRIPED)
+    layout = manifest["shard_layout"]
     if layout != fmt.layout:
         raise CheckpointCorruptError(
             f"{path.name}: shard layout {layout!r} is not what format {fmt.name!r} writes"

@@ -33,20 +33,20 @@ MANIFEST_SCHEMA = "checkpoint-manifest/1"
 # The step zero-padded to 8 digits, longer past 99,999,999 (CHECKPOINT_DIR_PATTERN).
 _STEP = r"(\d{8}|[1-9]\d{8,})"
 _FINAL = re.compile(rf"^step-{_STEP}$")
-# In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint. Names of
-# trainers before owners were recorded carry only a pid.
-_HIDDEN = re.compile(
-    rf"^\.step-{_STEP}\.(?:tmp|old)-"
-    r"(?:(?P<run>[0-9a-f]{32}|local)-(?P<host>[A-Za-z0-9-]+)-)?(?P<pid>\d+)$"
-)
+# In-progress (.tmp) and replaced (.old) copies; neither is ever a checkpoint.
+_HIDDEN = re.compile(rf"^\.step-{_STEP}\.(?:tmp|old)-(?P<owner>.*)$")
+# The owner part of a hidden name this trainer writes (Owner.token); another is no owner's.
+_OWNER = re.compile(r"^(?P<run>[0-9a-f]{32}|local)-(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)$")
 LOCAL_RUN = "local"
 LAYOUT_STRIPED = "striped"
-"""One byte image striped over the files (chunk k in file k mod N); a manifest without
-``layout`` is one."""
+"""One byte image striped over the files (chunk k in file k mod N)."""
 LAYOUT_FILES = "files"
 """Independent files a library wrote; each is checksummed on its own."""
 LAYOUT_SHARDED = "sharded"
 """One file per rank, each its rank's shard (:mod:`trainer.ckpt.sharded`)."""
+REQUIRED_FIELDS = ("step", "run_id", "format", "checksum", "layout")
+"""What every manifest holds besides ``schema`` and ``files`` (``run_id`` null outside
+Polyaxon); a sharded one adds ``shard_layout``, ``world_size`` and ``parallel``."""
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """A checkpoint's manifest, its fields checked for type (the bytes are not read).
 
     Raises:
-        CheckpointCorruptError: Missing, unreadable, or not a manifest of this schema with
-            fields of the right types: such a checkpoint is skipped, never a crash.
+        CheckpointCorruptError: Missing, unreadable, not a manifest of this schema, without
+            a field every writer writes (:data:`REQUIRED_FIELDS`: it is incomplete), or with
+            fields of the wrong types: such a checkpoint is skipped, never a crash.
     """
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -178,11 +179,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
     files = manifest.get("files")
     if not (isinstance(files, list) and files and all(isinstance(f, dict) for f in files)):
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} lacks a file entry")
-    for key, kind in (("step", int), ("format", str)):
-        if not _is(manifest.get(key), kind):
+    for key in REQUIRED_FIELDS:
+        if key not in manifest:
+            raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has no field {key!r}")
+    for key, kind in (("step", int), ("format", str), ("layout", str)):
+        if not _is(manifest[key], kind):
             raise CheckpointCorruptError(
-                f"{path.name}: {MANIFEST} field {key!r} is {manifest.get(key)!r}, not a {kind.__name__}"
+                f"{path.name}: {MANIFEST} field {key!r} is {manifest[key]!r}, not a {kind.__name__}"
             )
+    if not (manifest["run_id"] is None or isinstance(manifest["run_id"], str)):
+        raise CheckpointCorruptError(
+            f"{path.name}: {MANIFEST} field 'run_id' is {manifest['run_id']!r}, not a run uuid"
+        )
     # Written by several ranks (trainer.ckpt.sharded); absent in a single process's.
     for key, kind in (("world_size", int), ("parallel", str)):
         if key in manifest and not _is(manifest[key], kind):
@@ -277,7 +285,7 @@ def read_verified(
     """
     manifest = read_manifest(path)
     algorithm = checksum_algorithm(path, manifest)
-    layout = manifest.get("layout", LAYOUT_STRIPED)
+    layout = manifest["layout"]
     if layout not in (LAYOUT_STRIPED, LAYOUT_FILES):
         raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has an unknown layout {layout!r}")
     # read_manifest checked that "files" is a non-empty list of objects.
@@ -406,8 +414,8 @@ def remove_stale_tmp(
     pid is gone, or that had the pid we have now (a restarted container starts its pids
     over); on another pod, any (a retried run gets a new pod, and only one pod of a run
     writes at a time). Outside Polyaxon (run ``local``) only this host's dead pids count:
-    another host's cannot be told. Leftovers of other runs, and the pid-only names of older
-    trainers, are left alone.
+    another host's cannot be told. Leftovers of other runs, and hidden names without an
+    owner this trainer writes, are left alone.
 
     Returns:
         The removed entries and the leftovers left alone.
@@ -418,7 +426,11 @@ def remove_stale_tmp(
         match = _HIDDEN.match(entry.name)
         if not match:
             continue
-        run, host, pid = match.group("run"), match.group("host"), int(match.group("pid"))
+        owner = _OWNER.match(match.group("owner"))
+        if owner is None:
+            left.append(entry)  # no owner to judge it by: never ours to delete
+            continue
+        run, host, pid = owner.group("run"), owner.group("host"), int(owner.group("pid"))
         same_host = host == me.host
         if run != me.run or (run == LOCAL_RUN and not same_host):
             ours = False
@@ -436,13 +448,12 @@ def remove_stale_tmp(
 
 def checkpoint_run(ref: CheckpointRef) -> tuple[bool, str | None]:
     """Whether a checkpoint's manifest is readable, and the run that wrote it (None when it
-    was written outside Polyaxon, or by a trainer that did not record it)."""
+    was written outside Polyaxon)."""
     try:
         manifest = read_manifest(ref.path)
     except CheckpointCorruptError:
         return False, None
-    run = manifest.get("run_id")
-    return True, run if isinstance(run, str) else None
+    return True, manifest["run_id"]
 
 
 def _alive(pid: int) -> bool:
