@@ -68,7 +68,7 @@ def check_resume_mode(cfg: TrainConfig, existing: list[store.CheckpointRef]) -> 
     for ref in existing:
         readable, run = store.checkpoint_run(ref)
         if readable and (me is None or run != me):
-            whose = f"run {run}" if run else "a run outside Polyaxon (or an older trainer)"
+            whose = f"run {run}" if run else "a run outside Polyaxon"
             mine = f"this run is {me}" if me else "this process is not a Polyaxon run"
             raise CheckpointDirError(
                 f"{cfg.checkpoint_dir} holds checkpoints of another run ({ref.path.name}: "
