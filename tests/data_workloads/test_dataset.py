@@ -78,7 +78,7 @@ def test_a_damaged_record_fails_its_crc32(codec: str) -> None:
         payload = payload[:100] + bytes([payload[100] ^ 1]) + payload[101:]
     with pytest.raises(ValueError, match="CRC32"):
         ds.decode(header, bytearray(payload))
-    with pytest.raises(ValueError, match="lacks 'crc32'"):  # written by an older version
+    with pytest.raises(ValueError, match="lacks 'crc32'"):  # a header without its checksum
         ds.decode(b'{"label": 1, "shape": [3, 36, 36], "codec": "none"}', bytearray(payload))
     with pytest.raises(ValueError, match="payload of 10 bytes"):
         ds.decode(header, bytearray(10) if codec == "none" else zlib.compress(bytes(10)))
