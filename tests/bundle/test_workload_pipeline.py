@@ -78,3 +78,22 @@ def test_a_scan_run_gives_the_verdict_several_epochs_by_default() -> None:
     data = [pod for path, pod in dag.jobs().items() if path.rsplit("/", 1)[1].startswith("data")]
     assert data and all(f"--epochs={io.value}" in pod.argv for pod in data)
     assert all("--codec=none" in pod.argv for pod in data)
+
+
+def test_the_workspace_the_pipeline_saves_is_the_calibrated_one_unless_asked_otherwise() -> None:
+    """The workspace's files, their size and the rounds reach every data op, by default the
+    workspace the calibration measured (docs/compare.md: 40 x 1 MiB, 5 rounds; notebooks of
+    16 KiB never reach a class's limits, so their saves cannot tell the classes apart)."""
+    defaults = {i.name: i.value for i in check(PROFILES_PIPELINE).component.inputs}
+    assert (defaults["files"], defaults["file_size"], defaults["rounds"]) == (40, "1MiB", 5)
+    for given, expected in (
+        ({}, ["--files=40", "--file-size=1MiB", "--rounds=5"]),
+        ({"files": 7, "file_size": "64KiB", "rounds": 3}, ["--files=7", "--file-size=64KiB", "--rounds=3"]),
+    ):  # fmt: skip
+        dag = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "workspace", **given})
+        data = [
+            pod for path, pod in dag.jobs().items() if path.rsplit("/", 1)[1].startswith("data")
+        ]
+        assert data and all(set(expected) <= set(pod.argv) for pod in data), data[0].argv
+    scan = load_dag(PROFILES_PIPELINE, {**SMALL_THREE, "workload": "scan"}).jobs()
+    assert not any("--files=40" in pod.argv for pod in scan.values())  # a workspace's only
