@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from checkpoint_compare.cost import check_amount
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
 from checkpoint_storage_bench.contract import (
+    CADENCE_INPUT,
     CHECKPOINT_METRICS,
     COMPARABLE_INPUTS,
     DATA_COMPARABLE_INPUTS,
@@ -213,7 +214,7 @@ ROWS: dict[str, WorkloadRow] = {
             stem="pause",
             training=True,
             floor=lambda t, base: t.practical_floor_s,
-            budget_fields=(*WORKLOAD_BUDGETS[WORKLOADS[0]], "checkpoints_per_month"),
+            budget_fields=(*WORKLOAD_BUDGETS[WORKLOADS[0]], CADENCE_INPUT),
             budget_confidence=True,
         ),
         WorkloadRow(

@@ -737,6 +737,9 @@ WORKLOAD_BUDGETS = {
 }
 """The budget each workload's verdict tests, as the verdict's options (``--max-pause-s``, ...)
 and the plan's: a budget of another workload is not tested, so it answers nothing."""
+CADENCE_INPUT = "checkpoints_per_month"
+"""The checkpoint cadence the verdict prices a training profile's month with (GPU time paused
++ storage): an input of the checkpoint workload's verdict, not a budget."""
 
 DATA_SUMMARY_CONFIG = "config"
 DATA_SUMMARY_OUTPUTS = "outputs"
