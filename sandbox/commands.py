@@ -23,7 +23,14 @@ from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import ConfigError, ServerUnavailableError
 from sandbox.local import LocalRuntime
 from sandbox.on_node import NodeRuntime, node_state_dir
-from sandbox.pipeline import comparison, follow, get_run, runs_table_url, submit
+from sandbox.pipeline import (
+    comparison,
+    follow,
+    get_run,
+    runs_table_url,
+    submit,
+    table_columns,
+)
 from sandbox.runtime import Echo, Runtime
 from sandbox.server import RUNS_STOP_WAIT, Sandbox
 
@@ -348,6 +355,7 @@ def run_demo(
         print_comparison(sb, project, uuid, ops, echo=echo)
     finally:
         echo("")
-        echo(f"runs table: {runs_table_url(sb.url, DEFAULT_OWNER, project, uuid)}")
+        url = runs_table_url(sb.url, DEFAULT_OWNER, project, uuid, table_columns(workload))
+        echo(f"runs table: {url}")
         echo(f"the server keeps running; stop it with: {stop_hint(sb)}")
     return uuid

@@ -16,7 +16,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from checkpoint_storage_bench.contract import STAGES
+from checkpoint_storage_bench.contract import (
+    MATERIALIZE_TOTAL_S,
+    MATERIALIZE_WRITE_MBPS,
+    SCAN_AU,
+    SCAN_EPOCH_S,
+    SCAN_MBPS,
+    STAGES,
+    WORKSPACE_SAVE_P99_MS,
+    workspace_output,
+)
 from sandbox.components import quiet_sdk_errors, sdk_call
 from sandbox.errors import (
     ConfigError,
@@ -344,6 +353,22 @@ TABLE_COLUMNS = (
     "out.fio_seqwrite_1m_bw_mbps",
     "out.recommended_profile",
 )
+
+# A data workload's figures replace the training's: its headline and what explains it.
+DATA_TABLE_FIGURES = {
+    "scan": (SCAN_EPOCH_S, SCAN_AU, SCAN_MBPS),
+    "materialize": (MATERIALIZE_TOTAL_S, MATERIALIZE_WRITE_MBPS),
+    "workspace": (WORKSPACE_SAVE_P99_MS, workspace_output("reopen", "p99")),
+}
+
+
+def table_columns(workload: str) -> tuple[str, ...]:
+    """The runs-table columns for ``workload``: the training's, or a data workload's figures
+    beside the profile, the fio bandwidth and the recommendation."""
+    if workload not in DATA_TABLE_FIGURES:
+        return TABLE_COLUMNS
+    figures = tuple(f"out.{name}" for name in DATA_TABLE_FIGURES[workload])
+    return (*TABLE_COLUMNS[:2], *figures, *TABLE_COLUMNS[-2:])
 
 
 def runs_table_url(

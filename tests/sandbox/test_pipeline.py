@@ -42,6 +42,20 @@ def test_runs_table_url_selects_columns_and_pipeline():
     assert search["query"] == "controller:abc, kind:job, name:train"
 
 
+def test_a_data_workloads_runs_table_shows_its_own_figures_not_the_trainings():
+    from checkpoint_storage_bench.contract import DATA_WORKLOAD_OUTPUTS
+    from sandbox.pipeline import TABLE_COLUMNS, table_columns
+
+    assert table_columns("checkpoint") == TABLE_COLUMNS
+    for workload, outputs in DATA_WORKLOAD_OUTPUTS.items():
+        columns = table_columns(workload)
+        figures = [c.removeprefix("out.") for c in columns if c.startswith("out.")]
+        assert not any(f.startswith("ckpt_") for f in figures), columns
+        # Every figure one the workload logs, beside the fio bandwidth and the recommendation.
+        assert set(figures) - set(outputs) == {"fio_seqwrite_1m_bw_mbps", "recommended_profile"}
+        assert columns[:2] == ("name", "in.storage_profile")
+
+
 def test_follow_stops_a_pipeline_that_outlives_its_timeout(monkeypatch):
     from polyaxon.schemas import V1Run
 
