@@ -281,3 +281,124 @@ def test_a_switch_reaches_a_pod_that_has_the_volume_published(ready: Node) -> No
         lambda: volume_devices() == {"loop_devices": [], "backing_files": []},
         90,
     )
+
+
+GIB = 2**30
+GROWN = "220Gi"  # the shipped claim asks for 200Gi
+# The pod prints the size of its file system (statvfs: what df reports), then waits for the
+# test's /data/go and prints it again.
+SIZE = "python3 -c 'import os; s = os.statvfs(\"/data\"); print(s.f_blocks * s.f_frsize)'"
+RESIZE_SCRIPT = (
+    f"set -e; echo size0 $({SIZE}); echo waiting; "
+    f"while [ ! -e /data/go ]; do sleep 0.2; done; echo size1 $({SIZE})"
+)
+
+
+def online_growth_here() -> bool:
+    """Whether this machine lets a mounted ext4 grow: the kernel asks for CAP_SYS_RESOURCE,
+    which the driver (root, like this test) has only where the machine grants it."""
+    status = Path("/proc/self/status").read_text()
+    eff = next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
+    return bool(int(eff, 16) & (1 << 24))  # CAP_SYS_RESOURCE
+
+
+def finished_log(node: Node, name: str, timeout: float = 120) -> str:
+    """Wait for the pod to succeed; its log."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+
+    def finished() -> str | None:
+        phase = node.cluster.request("GET", path)["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(f"pod {name} finished", finished, timeout, interval=0.5)
+    log = pod_log(node, name)
+    assert phase == "Succeeded", log
+    return log
+
+
+def release(node: Node, pod: dict) -> None:
+    """Create /data/go in the pod's volume (mounted in the node's mount namespace only)."""
+    pv = node.cluster.claim()["spec"]["volumeName"]
+    target = (
+        node.state_dir / "kubelet" / "pods" / pod["metadata"]["uid"] / "volumes"
+    ) / f"kubernetes.io~csi/{pv}/mount"
+    holder = [p for p in node.procs if p.name == "holder"][0].pid
+    subprocess.run(
+        ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", "touch", str(target / "go")],
+        check=True,
+        timeout=30,
+    )
+
+
+def capacities(node: Node) -> tuple[str, str]:
+    """The PV's capacity and the claim's status capacity."""
+    claim = node.cluster.claim()
+    pv = node.cluster.pv(claim["spec"]["volumeName"])
+    return pv["spec"]["capacity"]["storage"], claim["status"]["capacity"]["storage"]
+
+
+def test_a_resized_claim_gives_its_pod_the_larger_file_system(ready: Node) -> None:
+    """The claim grows from 200Gi to 220Gi while a pod has it mounted: the backing file, the
+    loop device and ext4 grow (NodeExpandVolume), and the PV and the claim say the new size
+    only when the file system has it. Where a mounted ext4 cannot grow (no CAP_SYS_RESOURCE)
+    the driver expands offline: the claim keeps its size while the pod runs, and the next
+    pod gets the larger file system."""
+    node, cluster = ready, ready.cluster
+    cluster.apply(cluster.shipped_claim())
+    first = "resize-first"
+    cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", fio_pod(first, RESIZE_SCRIPT))
+    wait_for("the first pod's size", lambda: "waiting" in pod_log(node, first), 240, 1)
+    pod = cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{first}")
+    assert capacities(node) == ("200Gi", "200Gi")
+
+    t0 = time.monotonic()
+    cluster.patch_claim({"spec": {"resources": {"requests": {"storage": GROWN}}}})
+    if online_growth_here():
+        wait_for("the claim says 220Gi", lambda: capacities(node) == (GROWN, GROWN), 120)
+        grown_s = time.monotonic() - t0
+        release(node, pod)
+        out = parse(finished_log(node, first))
+        before, after = int(out["size0"][0]), int(out["size1"][0])
+        how = "online, in the running pod"
+    else:
+        driver_log = node.state_dir / "logs" / "csi-hostpath-lite.log"
+        wait_for(
+            "the driver refusing to grow the volume in use, or the claim saying 220Gi",
+            lambda: (
+                "is in use (staged on" in driver_log.read_text() or capacities(node)[1] == GROWN
+            ),
+            60,
+        )
+        # The claim does not say a size its pod does not have.
+        assert capacities(node) == ("200Gi", "200Gi")
+        release(node, pod)
+        out = parse(finished_log(node, first))
+        assert out["size1"] == out["size0"], out
+        before = int(out["size0"][0])
+        delete_pod(node, first)
+        wait_for("the volume unstaged", lambda: not volume_devices()["loop_devices"], 90)
+        wait_for("the PV says 220Gi", lambda: capacities(node)[0] == GROWN, 120)
+        pod, log = node.run_pod(fio_pod("resize-next", f"echo size1 $({SIZE})"), timeout=240)
+        assert pod["status"]["phase"] == "Succeeded", log
+        after = int(parse(log)["size1"][0])
+        wait_for("the claim says 220Gi", lambda: capacities(node) == (GROWN, GROWN), 120)
+        grown_s = time.monotonic() - t0
+        how = "offline, for the next pod"
+    print(
+        f"\nclaim 200Gi -> {GROWN} {how}: {before / GIB:.2f} -> {after / GIB:.2f} GiB in {grown_s:.1f} s"
+    )
+    # ext4's own metadata for the new block groups (bitmaps, inode tables) is not free space.
+    assert 19.9 * GIB <= after - before <= 20 * GIB, (before, after)
+    claim = cluster.claim()
+    handle = cluster.pv(claim["spec"]["volumeName"])["spec"]["csi"]["volumeHandle"]
+    image = VOLUME_BACKING_DIR / f"csb-{VOLUME_PREFIX}{handle}.img"
+    assert image.stat().st_size == 220 * GIB
+
+    for name in ("resize-first", "resize-next"):
+        delete_pod(node, name)
+    cluster.delete_claim()
+    wait_for(
+        "the volume removed",
+        lambda: volume_devices() == {"loop_devices": [], "backing_files": []},
+        90,
+    )

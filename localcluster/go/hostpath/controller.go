@@ -102,7 +102,7 @@ func (d *driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 		}},
 	}, {
 		Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
-			Type: csi.PluginCapability_VolumeExpansion_ONLINE,
+			Type: d.expansionType(),
 		}},
 	}}
 	if d.cfg.enableTopology {
@@ -113,6 +113,13 @@ func (d *driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 		})
 	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (d *driver) expansionType() csi.PluginCapability_VolumeExpansion_Type {
+	if d.onlineExpansion {
+		return csi.PluginCapability_VolumeExpansion_ONLINE
+	}
+	return csi.PluginCapability_VolumeExpansion_OFFLINE
 }
 
 func (d *driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
@@ -260,19 +267,37 @@ func (d *driver) ControllerExpandVolume(_ context.Context, req *csi.ControllerEx
 	if req.GetCapacityRange() == nil {
 		return nil, status.Error(codes.InvalidArgument, "Capacity range missing in request")
 	}
+	if !d.onlineExpansion {
+		// No NodeStageVolume between the in-use check and the new size (node lock first).
+		d.nodeMu.Lock()
+		defer d.nodeMu.Unlock()
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	v, ok := d.volumes[req.GetVolumeId()]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "volume %s not found", req.GetVolumeId())
 	}
-	if n := req.GetCapacityRange().GetRequiredBytes(); n > v.Capacity {
+	n := req.GetCapacityRange().GetRequiredBytes()
+	if n > v.Capacity && !d.onlineExpansion && v.Path != "" {
+		// Offline expansion (the CSI spec's answer for a volume in use): the resizer retries,
+		// and once no pod has the volume staged the size is recorded; the next
+		// NodeStageVolume grows the file system before it mounts it.
+		if dev, ok := loopDevices()[v.Path]; ok {
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"volume %s is in use (staged on /dev/%s): without CAP_SYS_RESOURCE ext4 grows only while unmounted", v.ID, dev.name)
+		}
+	}
+	if n > v.Capacity {
 		v.Capacity = n
 		if err := d.save(); err != nil {
 			return nil, status.Errorf(codes.Internal, "failed to save state: %v", err)
 		}
 	}
-	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.Capacity, NodeExpansionRequired: false}, nil
+	log.Printf("ControllerExpandVolume %s: capacity=%d", v.ID, v.Capacity)
+	// The backing file, the loop device and ext4 grow on the node (NodeExpandVolume), where
+	// the device and its mount are.
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.Capacity, NodeExpansionRequired: true}, nil
 }
 
 func (d *driver) ControllerModifyVolume(_ context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {

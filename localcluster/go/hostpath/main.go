@@ -14,7 +14,10 @@
 //     an iops/throughput that is not a positive number; otherwise records the parameters and,
 //     with the node service on, applies them to every pod that has the volume published
 //     before it answers.
-//   - ControllerExpandVolume: records the new size.
+//   - ControllerExpandVolume: records the new size (never smaller) and asks for node
+//     expansion. A mounted ext4 grows only for a process with CAP_SYS_RESOURCE; without it
+//     the driver advertises OFFLINE expansion and refuses a staged volume
+//     (FailedPrecondition), and NodeStageVolume grows the unmounted ext4 to the device.
 //   - ValidateVolumeCapabilities, ControllerExpandVolume: InvalidArgument without a volume id
 //     (or capabilities, or a capacity range); NotFound for an unknown volume.
 //
@@ -26,8 +29,12 @@
 //     the data outlives the pod).
 //   - NodePublishVolume / NodeUnpublishVolume: a bind mount of the staging path into the
 //     pod's target path, and its removal.
+//   - NodeExpandVolume: grows the backing file to the size asked for (never shrinks), tells
+//     the loop device (LOOP_SET_CAPACITY, as `losetup -c`) and grows the mounted ext4 online
+//     (resize2fs); InvalidArgument without a volume id or path, NotFound for an unknown
+//     volume or a path that is not its mount.
 //   - NodeGetInfo (node id, topology with -enable-topology), NodeGetCapabilities
-//     (STAGE_UNSTAGE_VOLUME).
+//     (STAGE_UNSTAGE_VOLUME, EXPAND_VOLUME).
 //   - Self-registration with the kubelet (registration.go): the pluginregistration/v1
 //     Registration service on <kubelet-dir>/plugins_registry/<driver>-reg.sock.
 //   - The block throttle (throttle.go): the volume's iops and throughput become the kernel's
@@ -50,6 +57,7 @@ import (
 	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 )
 
@@ -97,6 +105,9 @@ type driver struct {
 
 	nodeMu    sync.Mutex // one node operation at a time
 	throttler *throttler // nil without the node service
+	// ext4 grows while mounted only for a process with CAP_SYS_RESOURCE; without it a
+	// volume grows while it is not staged, and NodeStageVolume grows its ext4 unmounted.
+	onlineExpansion bool
 }
 
 // backingFile is where a volume keeps its blocks; "" when the driver keeps no files.
@@ -160,7 +171,7 @@ func main() {
 	if err := os.MkdirAll(cfg.stateDir, 0o750); err != nil {
 		log.Fatal(err)
 	}
-	d := &driver{cfg: cfg}
+	d := &driver{cfg: cfg, onlineExpansion: !cfg.nodeService || hasCapability(unix.CAP_SYS_RESOURCE)}
 	if err := d.load(); err != nil {
 		log.Fatal(err)
 	}
@@ -201,8 +212,8 @@ func main() {
 		}
 		srv.Stop()
 	}()
-	log.Printf("%s %s listening on %s (modify=%v accepted=%v topology=%v node=%v)",
-		cfg.driverName, version, u.Path, cfg.enableModify, cfg.acceptedParams, cfg.enableTopology, cfg.nodeService)
+	log.Printf("%s %s listening on %s (modify=%v accepted=%v topology=%v node=%v online-expansion=%v)",
+		cfg.driverName, version, u.Path, cfg.enableModify, cfg.acceptedParams, cfg.enableTopology, cfg.nodeService, d.onlineExpansion)
 	if err := srv.Serve(lis); err != nil {
 		log.Fatal(err)
 	}

@@ -230,6 +230,55 @@ func mkfs(dev string, size int64) error {
 	return nil
 }
 
+// extFSBytes is the size of the ext2/3/4 file system on dev, from its superblock.
+func extFSBytes(dev string) (int64, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sb := make([]byte, 1024)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return 0, err
+	}
+	blocks := uint64(binary.LittleEndian.Uint32(sb[4:]))
+	if binary.LittleEndian.Uint32(sb[0x60:])&0x80 != 0 { // INCOMPAT_64BIT
+		blocks |= uint64(binary.LittleEndian.Uint32(sb[0x150:])) << 32
+	}
+	return int64(blocks) << (10 + binary.LittleEndian.Uint32(sb[24:])), nil
+}
+
+// growUnmounted grows the unmounted ext4 on dev to the device's size, where the device is
+// larger (a volume expanded while it was not staged): resize2fs needs no privilege beyond
+// the device then, and wants a freshly checked file system.
+func growUnmounted(dev loopDevice) error {
+	devSize, err := deviceBytes(dev)
+	if err != nil {
+		return err
+	}
+	fsSize, err := extFSBytes(dev.path())
+	if err != nil {
+		return fmt.Errorf("reading the superblock of %s: %w", dev.path(), err)
+	}
+	// resize2fs leaves out a last block group too small to be worth its metadata.
+	if devSize-fsSize < 1<<20 {
+		return nil
+	}
+	t0 := time.Now()
+	// e2fsck -p: 0 clean, 1 errors corrected; anything else needs a person.
+	out, err := exec.Command("e2fsck", "-f", "-p", dev.path()).CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
+		return fmt.Errorf("e2fsck -f -p %s: %v: %s", dev.path(), err, strings.TrimSpace(string(out)))
+	}
+	out, err = exec.Command("resize2fs", dev.path()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("resize2fs %s: %v: %s", dev.path(), err, strings.TrimSpace(string(out)))
+	}
+	log.Printf("resize2fs %s (unmounted): %d MiB -> %d MiB in %.2f s", dev.path(), fsSize>>20, devSize>>20, time.Since(t0).Seconds())
+	return nil
+}
+
 func (d *driver) lookup(id string) (volume, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -241,11 +290,16 @@ func (d *driver) lookup(id string) (volume, bool) {
 }
 
 func (d *driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return &csi.NodeGetCapabilitiesResponse{Capabilities: []*csi.NodeServiceCapability{{
-		Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{
-			Type: csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
-		}},
-	}}}, nil
+	var caps []*csi.NodeServiceCapability
+	for _, c := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{
+			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},
+		})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
 func (d *driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
@@ -277,12 +331,12 @@ func (d *driver) NodeStageVolume(_ context.Context, req *csi.NodeStageVolumeRequ
 	if err := checkMountCapability(req.GetVolumeCapability()); err != nil {
 		return nil, err
 	}
+	d.nodeMu.Lock()
+	defer d.nodeMu.Unlock()
 	v, ok := d.lookup(id)
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
 	}
-	d.nodeMu.Lock()
-	defer d.nodeMu.Unlock()
 	file := d.backingFile(id)
 	dev, held, err := attach(file, v.Capacity)
 	if err != nil {
@@ -307,6 +361,8 @@ func (d *driver) NodeStageVolume(_ context.Context, req *csi.NodeStageVolumeRequ
 		if err := mkfs(dev.path(), v.Capacity); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
+	} else if err := growUnmounted(dev); err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
 	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
@@ -426,4 +482,114 @@ func (d *driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVo
 		log.Printf("NodeUnpublishVolume %s: clearing limits: %v", id, err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// deviceBytes is the size the kernel gives the loop device now.
+func deviceBytes(dev loopDevice) (int64, error) {
+	data, err := os.ReadFile(filepath.Join("/sys/block", dev.name, "size"))
+	if err != nil {
+		return 0, err
+	}
+	sectors, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s size: %w", dev.name, err)
+	}
+	return sectors * 512, nil
+}
+
+// NodeExpandVolume grows a staged volume to the size asked for (at least the one the
+// controller recorded): the backing file, then the loop device over it, then the mounted
+// ext4, online. Each step only ever grows, so a repeated call finds nothing to do.
+func (d *driver) NodeExpandVolume(_ context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "Volume ID missing in request")
+	}
+	if path == "" {
+		return nil, status.Error(codes.InvalidArgument, "Volume path missing in request")
+	}
+	if c := req.GetVolumeCapability(); c != nil {
+		if err := checkMountCapability(c); err != nil {
+			return nil, err
+		}
+	}
+	v, ok := d.lookup(id)
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	size := v.Capacity
+	if n := req.GetCapacityRange().GetRequiredBytes(); n > size {
+		size = n
+	}
+	if limit := req.GetCapacityRange().GetLimitBytes(); limit > 0 && size > limit {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s is %d bytes, above the limit of %d", id, size, limit)
+	}
+	d.nodeMu.Lock()
+	defer d.nodeMu.Unlock()
+	file := d.backingFile(id)
+	dev, staged := loopDevices()[file]
+	if !staged {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged on this node", id)
+	}
+	// The kubelet passes the pod's target path (or the staging path): either way a mount of
+	// this volume's device; anything else is not this volume.
+	m, mounted, err := mountedAt(path)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if !mounted || m.devID != dev.id() {
+		return nil, status.Errorf(codes.NotFound, "%s is not a mount of volume %s (%s)", path, id, dev.path())
+	}
+	st, err := os.Stat(file)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", id, err)
+	}
+	if st.Size() < size {
+		if err := os.Truncate(file, size); err != nil {
+			return nil, status.Errorf(codes.Internal, "growing %s to %d bytes: %v", file, size, err)
+		}
+	}
+	devFile, err := os.OpenFile(dev.path(), os.O_RDWR, 0)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	err = unix.IoctlSetInt(int(devFile.Fd()), unix.LOOP_SET_CAPACITY, 0)
+	devFile.Close()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "LOOP_SET_CAPACITY %s: %v", dev.path(), err)
+	}
+	devSize, err := deviceBytes(dev)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if devSize < size {
+		return nil, status.Errorf(codes.Internal, "%s is %d bytes after LOOP_SET_CAPACITY, not %d", dev.path(), devSize, size)
+	}
+	t0 := time.Now()
+	out, err := exec.Command("resize2fs", dev.path()).CombinedOutput()
+	if err != nil {
+		why := ""
+		if !d.onlineExpansion {
+			why = " (without CAP_SYS_RESOURCE a mounted ext4 cannot grow: expand the volume while it is not staged)"
+		}
+		return nil, status.Errorf(codes.Internal, "resize2fs %s: %v: %s%s", dev.path(), err, strings.TrimSpace(string(out)), why)
+	}
+	log.Printf("NodeExpandVolume %s: %s over %s is %d bytes; resize2fs of the ext4 at %s: %.2f s",
+		id, dev.path(), file, devSize, path, time.Since(t0).Seconds())
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: devSize}, nil
+}
+
+// hasCapability says whether this process has capability c in its effective set.
+func hasCapability(c int) bool {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			set, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err == nil && set&(1<<uint(c)) != 0
+		}
+	}
+	return false
 }
