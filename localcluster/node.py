@@ -375,14 +375,12 @@ def sweep_volumes(timeout: float = 15.0) -> list[str]:
     """Detach the volumes' loop devices and delete their backing files. Run once the node's
     processes are gone: a device whose file system is still mounted in the dying mount
     namespace is detached by the kernel when that mount goes, which this waits for."""
-    removed = loop_volume.sweep(VOLUME_PREFIX, VOLUME_BACKING_DIR, cgroups=False)
-    deadline = time.monotonic() + timeout
-    while (left := volume_devices())["loop_devices"]:
-        if time.monotonic() > deadline:
-            raise NodeError(f"loop devices of the node's volumes left: {left['loop_devices']}")
-        time.sleep(0.1)
-        removed += loop_volume.sweep(VOLUME_PREFIX, VOLUME_BACKING_DIR, cgroups=False)
-    return removed
+    try:
+        return loop_volume.sweep(
+            VOLUME_PREFIX, VOLUME_BACKING_DIR, cgroups=False, release_s=timeout
+        )
+    except loop_volume.VolumeUnavailable as exc:
+        raise NodeError(f"loop devices of the node's volumes left: {exc}") from exc
 
 
 def leftovers() -> dict[str, list[str]]:

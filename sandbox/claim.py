@@ -132,13 +132,18 @@ def remove_created(profiles: SandboxProfiles, volumes: list[ClaimVolume]) -> Non
             _speed_record(profiles, made.volume.name).unlink(missing_ok=True)
 
 
+RELEASE_S = 60.0
+"""How long ``stop`` waits for a volume a dying run still holds (a throttled write in
+flight ends first) before it says which device is left."""
+
+
 def remove_volumes(profiles: SandboxProfiles | None) -> list[str]:
     """Remove the sandbox's volumes (unmounted, detached, deleted) and its cgroup, with
     whatever still runs in it; one line per thing removed."""
     if profiles is None:
         return []
     try:
-        removed = loop_volume.sweep(profiles.cgroup_name)
+        removed = loop_volume.sweep(profiles.cgroup_name, release_s=RELEASE_S)
     except ThrottleUnavailable as exc:
         raise ConfigError(str(exc)) from exc
     for record in profiles.claim_path.parent.glob(f".{profiles.cgroup_name}-*.speed.json"):

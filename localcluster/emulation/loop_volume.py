@@ -28,6 +28,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,15 +223,24 @@ def remove(volume: LoopVolume) -> list[str]:
 
 
 def sweep(
-    prefix: str, backing_dir: Path = BACKING_DIR, cgroups: bool = True, exact: bool = False
+    prefix: str,
+    backing_dir: Path = BACKING_DIR,
+    cgroups: bool = True,
+    exact: bool = False,
+    release_s: float = 0.0,
 ) -> list[str]:
     """Remove what volumes and cgroups whose name starts with ``prefix`` left behind: their
     mounts, loop devices and backing files, and (with ``cgroups``) the cgroups
     ``checkpoint-storage-bench/<prefix>*`` with whatever still runs in them. With ``exact``
     only the name ``prefix`` itself. Returns one line per thing removed.
 
+    A device whose file system a dying process still holds is unmounted lazily and detached
+    by the kernel only when that process is gone (its backing file's RAM with it): with
+    ``release_s``, wait that long for every such device to go.
+
     Raises:
-        VolumeUnavailable: Something of ours could not be removed.
+        VolumeUnavailable: Something of ours could not be removed, or a device was still
+            held after ``release_s``.
     """
     _check_name(prefix)
     ours = f"{PREFIX}{prefix}"
@@ -238,10 +249,34 @@ def sweep(
         stem = file_name.removesuffix(".img")
         return stem == ours if exact else stem.startswith(ours) and file_name.endswith(".img")
 
+    def held() -> dict[Path, BlockDevice]:
+        return {
+            f: d for f, d in loop_devices().items() if f.parent == backing_dir and matches(f.name)
+        }
+
+    removed = _sweep_once(held(), backing_dir, matches)
+    if cgroups and not exact:
+        removed += _sweep_cgroups(prefix)  # kills what may still hold a device
+    deadline = time.monotonic() + release_s
+    while left := held():
+        if time.monotonic() >= deadline:
+            if release_s:
+                names = ", ".join(f"/dev/{d.name}" for d in left.values())
+                raise VolumeUnavailable(
+                    f"{names} still held after {release_s:g} s: the kernel detaches it when "
+                    "the process using its file system exits"
+                )
+            break
+        time.sleep(0.1)
+    return removed
+
+
+def _sweep_once(
+    devices: dict[Path, BlockDevice], backing_dir: Path, matches: Callable[[str], bool]
+) -> list[str]:
+    """One pass: unmount and detach ``devices``, delete the matching backing files."""
     removed: list[str] = []
-    for file, device in loop_devices().items():
-        if file.parent != backing_dir or not matches(file.name):
-            continue
+    for _file, device in devices.items():
         for point in _mount_points_of(device):
             try:
                 _run(["umount", str(point)])
@@ -256,8 +291,6 @@ def sweep(
             if matches(file.name) and file.is_file():
                 file.unlink(missing_ok=True)
                 removed.append(f"backing file {file}")
-    if cgroups and not exact:
-        removed += _sweep_cgroups(prefix)
     return removed
 
 

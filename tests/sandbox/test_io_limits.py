@@ -337,3 +337,29 @@ def test_the_sweep_removes_what_a_killed_run_left_and_nothing_else(tmp_path):
         run.kill()
         loop_volume.sweep(name)
         loop_volume.remove(other)
+
+
+def test_the_sweep_waits_for_a_device_a_dying_process_still_holds(tmp_path):
+    # A run killed mid-write holds its file system until its throttled I/O ends: the unmount
+    # is lazy and the kernel detaches the device (and frees its RAM) only then, so a stop
+    # that returned at once left the device attached.
+    name = _test_name()
+    point = tmp_path / "volume"
+    needs_volume(name, point, 64 * MIB)
+    holder = subprocess.Popen(["sleep", "3"], cwd=point)
+    try:
+        started = time.monotonic()
+        removed = loop_volume.sweep(name, cgroups=False, release_s=60)
+        assert time.monotonic() - started >= 1.0  # it waited for the holder
+        assert holder.poll() is not None
+        assert _leftovers(name, point) == [], removed
+        # A holder that outlives the wait: the device is named, not silently left behind.
+        needs_volume(name, point, 64 * MIB)
+        holder = subprocess.Popen(["sleep", "60"], cwd=point)
+        with pytest.raises(loop_volume.VolumeUnavailable, match=r"/dev/loop\d+ still held after"):
+            loop_volume.sweep(name, cgroups=False, release_s=0.5)
+    finally:
+        holder.kill()
+        holder.wait()
+        loop_volume.sweep(name, cgroups=False, release_s=30)
+    assert _leftovers(name, point) == []
