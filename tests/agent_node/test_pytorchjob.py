@@ -33,8 +33,8 @@ from sandbox.pipeline import get_run, run_client
 from sandbox.server import Sandbox
 from tests.agent_node.runs import OWNER, PROJECT, pods_of, polyaxon_run, wait_done
 from tests.kube.cluster import CLASSES_FILE, NAMESPACE, wait_for
-from tests.kube.conftest import _binaries
 from tests.node.conftest import platform_namespace, started_node
+from tests.tiers import binaries
 
 # The node's start, the images' import and three PyTorchJob runs in the module's fixtures.
 pytestmark = pytest.mark.timeout(1800)
@@ -56,7 +56,8 @@ def node() -> Iterator[Node]:
 
 @pytest.fixture(scope="module")
 def operator(node: Node) -> Iterator[training_operator.TrainingOperator]:
-    _binaries(training_operator.BINARY)  # one-line skip when not built; CI builds or fails
+    # A one-line skip when the operator is not built; under CI it builds or fails.
+    binaries(training_operator.BINARY, tier="agent_node tier")
     started = training_operator.start(node)
     try:
         yield started

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,40 +18,10 @@ from localcluster.controlplane import ControlPlane, ControlPlaneError, stop_reco
 from localcluster.ebs import DRIVER_BINARY, EbsChain
 from tests.kube.cluster import BASELINE, CLAIM, NAMESPACE, REPO, Cluster, wait_for
 from tests.kube.ebs_cluster import EbsCluster
+from tests.tiers import STATE_ROOT, binaries, missing, started_plane
 
-SCRIPT = REPO / "scripts" / "controlplane.sh"
-# Per-session state dirs live under here (short: the CSI socket is in them).
-STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
-BUILD_TIMEOUT = 3600
 # The EBS chain's session dirs: ebs-<pytest pid> (its own control plane and driver chain).
 EBS_PREFIX = "ebs-"
-
-
-def _script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def _go_available() -> bool:
-    return bool(os.environ.get("GO") or shutil.which("go") or Path("/usr/local/go/bin/go").exists())
-
-
-def _missing(*options: str) -> str | None:
-    """Why the tier cannot run here (one line), or None when the binaries are built.
-    ``options``: ``--node`` for the node's binaries too (tests/node)."""
-    check = _script("check", *options)
-    if check.returncode == 0:
-        return None
-    missing = check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "?"
-    if not _go_available():
-        return f"kube tier: no Go toolchain (go, GO=) to build the control plane; {missing}"
-    return f"kube tier: {missing}"
 
 
 class _TierSkipped(pytest.Item):
@@ -76,12 +45,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tier = [item for item in items if here in item.path.parents]
     if not tier or os.environ.get("CI"):
         return  # under CI the fixture builds (or fails) instead of skipping
-    reason = _missing()
+    reason = missing()
     name = "kube-tier"
     if reason is None:
         # The tier runs; the EBS chain's tests stand aside together when its driver is missing.
         ebs = [item for item in tier if "ebs" in getattr(item, "fixturenames", ())]
-        reason = _missing(DRIVER_BINARY) if ebs else None
+        reason = missing(DRIVER_BINARY) if ebs else None
         if reason is None:
             return
         tier, name = ebs, "ebs-chain"
@@ -93,29 +62,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in tier[1:]:
         items.remove(item)
     config.hook.pytest_deselected(items=tier)
-
-
-# A failed CI build, per what was asked for (the tier's binaries, one extra binary such as
-# the EBS driver), so that each is tried once per session and one failing extra binary does
-# not fail the tests that do not need it.
-_build_failure: dict[tuple[str, ...], str] = {}
-
-
-def _binaries(*options: str) -> Path:
-    """The binary directory, built; skips (or, under CI, builds or fails) otherwise."""
-    if options in _build_failure:
-        pytest.fail(_build_failure[options], pytrace=False)
-    reason = _missing(*options)
-    if reason is not None:
-        if not os.environ.get("CI"):
-            pytest.skip(reason)
-        build = _script("build", *options, timeout=BUILD_TIMEOUT)
-        if build.returncode != 0:
-            _build_failure[options] = (
-                "kube tier (CI): scripts/controlplane.sh build failed:\n" + build.stderr[-4000:]
-            )
-            pytest.fail(_build_failure[options], pytrace=False)
-    return Path(_script("bin-dir").stdout.strip())
 
 
 def _clean_stale_sessions() -> None:
@@ -135,21 +81,10 @@ def _clean_stale_sessions() -> None:
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    bin_dir = _binaries()
+    binaries()
     _clean_stale_sessions()
-    state = STATE_ROOT / str(os.getpid())
-    shutil.rmtree(state, ignore_errors=True)
-    plane = ControlPlane(bin_dir, state, die_with_parent=True)
-    try:
-        plane.start()
-    except ControlPlaneError as exc:
-        pytest.fail(f"kube tier: the control plane did not start: {exc}", pytrace=False)
-    try:
+    with started_plane(str(os.getpid())) as plane:
         yield plane
-    finally:
-        plane.stop()
-        if not os.environ.get("KUBE_TIER_KEEP_STATE"):
-            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -188,8 +123,8 @@ def ebs() -> Iterator[EbsCluster]:
 
     Its own plane: the shipped EBS classes have the names of the host-path ones.
     """
-    bin_dir = _binaries()
-    _binaries(DRIVER_BINARY)
+    bin_dir = binaries()
+    binaries(DRIVER_BINARY)
     _clean_stale_sessions()
     state = STATE_ROOT / f"{EBS_PREFIX}{os.getpid()}"
     shutil.rmtree(state, ignore_errors=True)

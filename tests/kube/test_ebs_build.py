@@ -74,7 +74,7 @@ def test_the_chain_refuses_to_start_without_the_driver(tmp_path: Path) -> None:
 def test_a_failed_ci_build_of_the_driver_fails_only_what_needs_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.kube import conftest
+    from tests import tiers
 
     builds: list[tuple[str, ...]] = []
 
@@ -85,14 +85,14 @@ def test_a_failed_ci_build_of_the_driver_fails_only_what_needs_it(
         return subprocess.CompletedProcess(args, 0, "/cache/bin\n", "")
 
     monkeypatch.setenv("CI", "1")
-    monkeypatch.setattr(conftest, "_build_failure", {})
-    monkeypatch.setattr(conftest, "_script", script)
+    monkeypatch.setattr(tiers, "_build_failure", {})
+    monkeypatch.setattr(tiers, "script", script)
     monkeypatch.setattr(
-        conftest, "_missing", lambda *options: "missing" if options == (DRIVER_BINARY,) else None
+        tiers, "missing", lambda *options, **_: "missing" if options == (DRIVER_BINARY,) else None
     )
 
     for _ in range(2):
         with pytest.raises(pytest.fail.Exception, match="go: build failed"):
-            conftest._binaries(DRIVER_BINARY)
-    assert conftest._binaries() == Path("/cache/bin")
+            tiers.binaries(DRIVER_BINARY)
+    assert tiers.binaries() == Path("/cache/bin")
     assert builds == [(DRIVER_BINARY,)]  # tried once per session

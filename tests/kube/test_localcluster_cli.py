@@ -14,7 +14,7 @@ import pytest
 
 from localcluster.controlplane import PROCESSES, ControlPlane
 from tests.kube.cluster import REPO
-from tests.kube.conftest import STATE_ROOT
+from tests.tiers import STATE_ROOT
 
 pytestmark = pytest.mark.kube
 

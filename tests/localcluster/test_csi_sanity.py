@@ -20,13 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.config import REPO_ROOT
+from tests.tiers import binaries
 
-SCRIPT = REPO_ROOT / "scripts" / "controlplane.sh"
 BINARIES = ("csi-hostpath-lite", "csi-sanity")
-# The binary cache is under HOME, which every test gets a fresh one of (tests/conftest.py):
-# the user's own, read before that, is where scripts/controlplane.sh built them.
-USER_ENV = dict(os.environ)
 MUTABLE_PARAMETERS = ("iops", "throughput")
 # What csi-sanity says when it skips a spec for a capability the driver does not advertise;
 # any other skip is a spec the run did not exercise for a reason of its own, and fails.
@@ -42,33 +38,6 @@ MUST_PASS = (
     "NodeExpandVolume should fail when volume is not found",
 )
 BACKING_PREFIX = "csb-sanity-"
-
-
-def _script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        cwd=REPO_ROOT,
-        env=USER_ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def _binaries() -> Path:
-    check = _script("check", *BINARIES)
-    if check.returncode != 0:
-        missing = check.stderr.strip().splitlines()[-1] if check.stderr.strip() else "?"
-        if not os.environ.get("CI"):
-            pytest.skip(f"csi-sanity: {missing}")
-        build = _script("build", *BINARIES, timeout=1800)
-        if build.returncode != 0:
-            pytest.fail(
-                "csi-sanity (CI): scripts/controlplane.sh build failed:\n" + build.stderr[-4000:],
-                pytrace=False,
-            )
-    return Path(_script("bin-dir").stdout.strip())
 
 
 def _machine_missing() -> str | None:
@@ -115,7 +84,7 @@ def _specs(report: Path) -> list[tuple[str, str, str]]:
 
 
 def test_our_csi_driver_passes_csi_sanity_and_leaves_nothing_behind():
-    bin_dir = _binaries()
+    bin_dir = binaries(*BINARIES, tier="csi-sanity")
     reason = _machine_missing()
     if reason is not None:
         if os.environ.get("CI"):

@@ -20,9 +20,8 @@ import pytest
 from localcluster.controlplane import stop_recorded
 from localcluster.node import Node, NodeError, sweep
 from tests.kube.cluster import CLASSES_FILE, NAMESPACE, STORAGE_CLASS_FILE, Cluster
-from tests.kube.conftest import _binaries, _missing
+from tests.tiers import STATE_ROOT, binaries, missing
 
-STATE_ROOT = Path("/tmp") / f"csb-kube-{os.getuid()}"
 TOOLS = (
     "containerd",
     "containerd-shim-runc-v2",
@@ -58,7 +57,7 @@ def skip_tier_unless_ready(items: list[pytest.Item], here: Path, tier_name: str)
         return
     reason = missing_here()
     if reason is None and not os.environ.get("CI"):
-        reason = _missing("--node")
+        reason = missing("--node", tier="node tier")
     if reason is None:
         return
     if os.environ.get("CI") and os.environ.get("CSB_NODE_TIER"):
@@ -92,9 +91,9 @@ def bin_dir() -> Path:
     reason = missing_here()
     if reason is not None:
         pytest.fail(reason, pytrace=False)
-    binaries = _binaries("--node")
+    found = binaries("--node", tier="node tier")
     clean_stale_sessions()
-    return binaries
+    return found
 
 
 def state_dir(name: str) -> Path:
@@ -115,7 +114,7 @@ def started_node(name: str, tier: str = "node", **options: Any) -> Iterator[Node
     reason = missing_here()
     if reason is not None:
         pytest.fail(reason.replace("node tier", f"{tier} tier"), pytrace=False)
-    bin_dir = _binaries("--node")
+    bin_dir = binaries("--node", tier=f"{tier} tier")
     clean_stale_sessions()
     state = state_dir(name)
     node = Node(bin_dir, state, die_with_parent=True, client_class=Cluster, **options)

@@ -14,9 +14,9 @@ from kubernetes.client.exceptions import ApiException
 from localcluster import training_operator
 from localcluster.node import Node
 from tests.kube.cluster import wait_for
-from tests.kube.conftest import _binaries
 from tests.node.conftest import started_node
 from tests.node.pods import IMAGE, NAMESPACE, prepare
+from tests.tiers import binaries
 
 PORT = 23456
 
@@ -29,7 +29,7 @@ def node(bin_dir) -> Iterator[Node]:
 @pytest.fixture(scope="module")
 def operator(node: Node) -> Iterator[training_operator.TrainingOperator]:
     # Skips with one line when the operator is not built; under CI builds it or fails.
-    _binaries(training_operator.BINARY)
+    binaries(training_operator.BINARY, tier="node tier")
     prepare(node)
     cert_dir_before = training_operator.CERT_DIR.exists()
     started = training_operator.start(node)

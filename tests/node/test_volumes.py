@@ -250,17 +250,7 @@ def test_a_switch_reaches_a_pod_that_has_the_volume_published(ready: Node) -> No
 
     cluster.patch_claim({"spec": {"volumeAttributesClassName": THROUGHPUT}})
     wait_for("the claim settled on the throughput class", lambda: cluster.settled(THROUGHPUT), 90)
-    pv = cluster.claim()["spec"]["volumeName"]
-    target = (
-        node.state_dir / "kubelet" / "pods" / pod["metadata"]["uid"] / "volumes"
-    ) / f"kubernetes.io~csi/{pv}/mount"
-    # The pod's volume is mounted in the node's mount namespace only.
-    holder = [p for p in node.procs if p.name == "holder"][0].pid
-    subprocess.run(
-        ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", "touch", str(target / "go")],
-        check=True,
-        timeout=30,
-    )
+    release(node, pod)
     deadline = time.monotonic() + 240
     while cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")["status"][
         "phase"

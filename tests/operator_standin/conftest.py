@@ -9,7 +9,6 @@ pod statuses, so that the Job controller, not the test, decides the Job's outcom
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +16,11 @@ import pytest
 from kubernetes import client
 
 from localcluster.client import AdminClient
-from localcluster.controlplane import ControlPlane, ControlPlaneError
+from localcluster.controlplane import ControlPlane
 from operator_standin import crd
 from tests.kube.cluster import NAMESPACE
-from tests.kube.conftest import STATE_ROOT, _binaries, _missing
 from tests.operator_standin.objects import RecordingSink
+from tests.tiers import missing, started_plane
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -30,7 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tier = [item for item in items if here in item.path.parents and "kube" in item.keywords]
     if not tier or os.environ.get("CI"):
         return
-    reason = _missing()
+    reason = missing(tier="operator_standin tier")
     if reason is None:
         return
     for item in tier:
@@ -39,20 +38,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    bin_dir = _binaries()
-    state = STATE_ROOT / f"op{os.getpid()}"
-    shutil.rmtree(state, ignore_errors=True)
-    plane = ControlPlane(bin_dir, state, die_with_parent=True, node=True)
-    try:
-        plane.start()
-    except ControlPlaneError as exc:
-        pytest.fail(f"operator stand-in: the control plane did not start: {exc}", pytrace=False)
-    try:
+    with started_plane(f"op{os.getpid()}", tier="operator_standin tier", node=True) as plane:
         yield plane
-    finally:
-        plane.stop()
-        if not os.environ.get("KUBE_TIER_KEEP_STATE"):
-            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
