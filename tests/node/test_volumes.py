@@ -264,13 +264,7 @@ def test_a_switch_reaches_a_pod_that_has_the_volume_published(ready: Node) -> No
     check_speed(before, 125, BASELINE)
     check_speed(after, 250, THROUGHPUT)
 
-    delete_pod(node, name)
-    cluster.delete_claim()
-    wait_for(
-        "the volume removed",
-        lambda: volume_devices() == {"loop_devices": [], "backing_files": []},
-        90,
-    )
+    remove_volume(node, name)
 
 
 GIB = 2**30
@@ -304,6 +298,18 @@ def finished_log(node: Node, name: str, timeout: float = 120) -> str:
     log = pod_log(node, name)
     assert phase == "Succeeded", log
     return log
+
+
+def remove_volume(node: Node, *pods: str) -> None:
+    """Delete the pods and the claim; wait until its loop device and backing file are gone."""
+    for name in pods:
+        delete_pod(node, name)
+    node.cluster.delete_claim()
+    wait_for(
+        "the volume removed",
+        lambda: volume_devices() == {"loop_devices": [], "backing_files": []},
+        90,
+    )
 
 
 def release(node: Node, pod: dict) -> None:
@@ -384,11 +390,4 @@ def test_a_resized_claim_gives_its_pod_the_larger_file_system(ready: Node) -> No
     image = VOLUME_BACKING_DIR / f"csb-{VOLUME_PREFIX}{handle}.img"
     assert image.stat().st_size == 220 * GIB
 
-    for name in ("resize-first", "resize-next"):
-        delete_pod(node, name)
-    cluster.delete_claim()
-    wait_for(
-        "the volume removed",
-        lambda: volume_devices() == {"loop_devices": [], "backing_files": []},
-        90,
-    )
+    remove_volume(node, "resize-first", "resize-next")
