@@ -140,11 +140,12 @@ def plan(
 ) -> tuple[list[PlannedRun], list[Comparison]]:
     """The runs, in the order they run, and the comparisons they make: ``pairs`` A/A and
     ``pairs`` A/B, or with ``comparisons`` ``aa`` (``ab``) ``pairs`` of that kind only, a
-    round then A and A' (A and B): showing a false-claim rate of at most 5 % takes about
-    75 A/A comparisons, and a B block each would spend a third of the runs. Which runs have a neighbour is drawn here (half of them on average,
-    from ``seed``), so a plan is the same every time. ``cycles`` above 1 runs each
-    comparison's two profiles that many times over, as a pipeline given the profiles
-    ``[A, B, A, B]`` does (each pass a block of its own), so no run serves two comparisons.
+    round then A and A' (A and B): showing a false-claim rate of at most 5 % takes 73 A/A
+    comparisons without a claim, and a B block each would spend a third of the runs. Which
+    runs have a neighbour is drawn here (half of them on average, from ``seed``), so a plan
+    is the same every time. ``cycles`` above 1 runs each comparison's two profiles that many
+    times over, as a pipeline given the profiles ``[A, B, A, B]`` does (each pass a block of
+    its own), so no run serves two comparisons.
 
     >>> runs, comps = plan(1, 2, False, 0, False)
     >>> [(r.vac, r.label) for r in runs][::2]

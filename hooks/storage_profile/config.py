@@ -71,8 +71,7 @@ side, or the return to the first profile (the candidate still one block, 2 runs 
 both missed it; profiles that alternate (A B A B, 2 repeats: 4 runs a side) detected it for
 the workspace and still missed it for materialize, with a 128 MiB and with a 256 MiB dataset
 (its total includes the transform's CPU, which a busy machine stretches on either class). A
-design measured to miss cannot reach
-a 95 % answer, so the plan says so before any switch."""
+design measured to miss cannot reach a 95 % answer, so the plan says so before any switch."""
 
 DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
 """``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume

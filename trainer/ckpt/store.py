@@ -252,14 +252,12 @@ def file_entry(
 
 
 def checksum_algorithm(path: Path, manifest: dict[str, Any]) -> str:
-    """The checksum algorithm a manifest names, known to this build.
+    """The checksum algorithm a manifest of :func:`read_manifest` names (it checked that the
+    field is there), known to this build.
 
     Raises:
-        CheckpointCorruptError: The manifest has no ``checksum`` field (it is incomplete),
-            or it is no name, or one this build cannot compute.
+        CheckpointCorruptError: It is no name, or one this build cannot compute.
     """
-    if "checksum" not in manifest:
-        raise CheckpointCorruptError(f"{path.name}: {MANIFEST} has no field 'checksum'")
     algorithm = manifest["checksum"]
     try:
         if not isinstance(algorithm, str):
