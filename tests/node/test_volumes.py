@@ -222,9 +222,10 @@ def test_the_class_decides_the_speed_a_pod_measures(ready: Node) -> None:
 
 def pod_log(node: Node, name: str) -> str:
     """The pod's log so far ("" while its container is not started yet)."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
     try:
         answer = node.cluster.api.call_api(
-            f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/log",
+            f"{path}/log",
             "GET",
             auth_settings=["BearerToken"],
             _preload_content=False,
@@ -232,6 +233,11 @@ def pod_log(node: Node, name: str) -> str:
         )
     except ApiException as exc:
         if exc.status == 400:  # "container ... is waiting to start"
+            return ""
+        if exc.status == 404:
+            # A pod bound to the node before the kubelet's watch delivered it: the kubelet
+            # answers 404 for a pod it does not know yet. A pod that is gone raises here.
+            node.cluster.request("GET", path)
             return ""
         raise
     return answer.data.decode(errors="replace")
