@@ -60,6 +60,15 @@ ARGS = [
 ]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def torchrun_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's agent makes a log directory under TMPDIR for every run and never removes
+    it: the test's own directory takes them."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+
+
 def torchrun_cmd(*args: str | Path, nproc: int = 2) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
