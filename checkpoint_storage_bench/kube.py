@@ -190,8 +190,8 @@ CRD = Kind(
 
 
 def established(definition: dict | None) -> bool:
-    """Whether the API server serves a CustomResourceDefinition (its ``Established``
-    condition is true): the test of a :meth:`Client.wait` after applying one."""
+    """Whether a CustomResourceDefinition's ``Established`` condition is true: the first
+    half of :meth:`Client.wait_served` (discovery names the kind a moment later)."""
     conditions = ((definition or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
@@ -350,13 +350,19 @@ class Client:
 
     # -- objects -----------------------------------------------------------------------------
 
-    def kind(self, api_version: str, kind: str) -> Kind:
-        """The declared kind, else the one the server's discovery names."""
+    def kind(self, api_version: str, kind: str, deadline: Deadline | None = None) -> Kind:
+        """The declared kind, else the one the server's discovery names; with a ``deadline``,
+        discovery is read again until it names the kind (a new CRD's kind is listed a moment
+        after the CRD is Established).
+
+        Raises:
+            NotFound: Discovery does not name the kind (by the deadline, when one is given).
+        """
         found = self._kinds.get((api_version, kind))
-        if found is None:
-            base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        while found is None:
             try:
-                listing = self.request("GET", base)
+                listing = self.request("GET", base, deadline=deadline)
             except NotFound:
                 listing = {"resources": []}
             for res in listing.get("resources", []):
@@ -365,7 +371,13 @@ class Client:
                     self._kinds[(api_version, kind)] = found
                     break
             else:
-                raise NotFound(404, f"the server has no kind {kind} in {api_version}")
+                missing = NotFound(404, f"the server has no kind {kind} in {api_version}")
+                if deadline is None:
+                    raise missing
+                try:
+                    deadline.sleep(0.2, f"waiting for discovery to name {kind} in {api_version}")
+                except DeadlineExceeded:
+                    raise missing from None
         return found
 
     def get(
@@ -663,6 +675,16 @@ class Client:
         except DeadlineExceeded as exc:
             raise DeadlineExceeded(f"{exc.format_message()}: {ref}; last: {_brief(last)}") from exc
         raise AssertionError("unreachable: the watch ends only by its deadline")
+
+    def wait_served(self, definition: dict, deadline: Deadline) -> None:
+        """Until the API server serves a CustomResourceDefinition's kind: the definition is
+        Established and discovery names the kind in every served version (before that, an
+        apply of the kind is a 404)."""
+        self.wait(CRD, definition["metadata"]["name"], established, deadline)
+        spec = definition["spec"]
+        for version in spec["versions"]:
+            if version.get("served", True):
+                self.kind(f"{spec['group']}/{version['name']}", spec["names"]["kind"], deadline)
 
 
 def _key(obj: dict) -> str:

@@ -349,9 +349,11 @@ class TrainingOperator:
 
     def _install(self, objects: kube.Client, deadline: Deadline) -> None:
         """Apply the module's CRDs and wait until the API server serves them."""
-        names = [objects.apply(body, deadline=deadline)["metadata"]["name"] for body in crds()]
-        for name in names:
-            objects.wait(kube.CRD, name, kube.established, deadline)
+        bodies = crds()
+        for body in bodies:
+            objects.apply(body, deadline=deadline)
+        for body in bodies:
+            objects.wait_served(body, deadline)
 
     def _secret_and_webhook(
         self, objects: kube.Client, data: dict[str, bytes], deadline: Deadline

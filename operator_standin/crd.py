@@ -166,10 +166,9 @@ def install(api: client.ApiClient, timeout: float = 60.0) -> list[str]:
     """
     objects = kube.Client(api, field_manager=FIELD_MANAGER)
     deadline = Deadline(timeout)
-    names = []
-    for body in definitions():
+    bodies = definitions()
+    for body in bodies:
         objects.apply(body, deadline=deadline)
-        names.append(body["metadata"]["name"])
-    for name in names:
-        objects.wait(kube.CRD, name, kube.established, deadline)
-    return names
+    for body in bodies:
+        objects.wait_served(body, deadline)
+    return [body["metadata"]["name"] for body in bodies]

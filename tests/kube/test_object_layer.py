@@ -128,15 +128,7 @@ def test_watch_lists_again_when_its_resource_version_is_gone(
     on from the new list."""
     _, expired = api.list(kube.CONFIG_MAP, SPACE)
     api.apply(WIDGETS)
-    api.wait(
-        kube.CRD,
-        WIDGETS["metadata"]["name"],
-        lambda crd: any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in ((crd or {}).get("status") or {}).get("conditions") or []
-        ),
-        Deadline(30),
-    )
+    api.wait_served(WIDGETS, Deadline(30))
     widgets = api.kind("layer.example.com/v1", "Widget")
     deadline = Deadline(30)
     while True:  # the new kind is served a moment after it is established
