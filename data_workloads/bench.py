@@ -62,6 +62,9 @@ GOAL = 0.9
 CPU_GOAL = 0.5
 """Our loader's CPU per MB at most this share of the library's."""
 PROFILE_TOP = 8
+PROFILE_MIN_SAMPLES = 50
+"""Fewer samples inside the epochs than this name nothing: a scan of a small dataset is over
+in a few of py-spy's samples, and their functions would be chance."""
 
 
 def fio_mbps(
@@ -236,6 +239,13 @@ def where_cpu_goes(collapsed: str, top: int = PROFILE_TOP) -> list[tuple[str, fl
     ...     "process 1:x;process 2:y;crc32 (dataset.py:9) 1\\nprocess 1:x;verify (d.py:2) 9")
     [('sleep (time.py)', 0.75), ('crc32 (dataset.py)', 0.25)]
     """
+    counts = _epoch_samples(collapsed)
+    total = sum(counts.values())
+    return [(name, n / total) for name, n in counts.most_common(top)] if total else []
+
+
+def _epoch_samples(collapsed: str) -> collections.Counter[str]:
+    """Samples by innermost frame, the main process's only inside ``run_epoch``."""
     counts: collections.Counter[str] = collections.Counter()
     for line in collapsed.splitlines():
         stack, _, samples = line.rpartition(" ")
@@ -248,20 +258,35 @@ def where_cpu_goes(collapsed: str, top: int = PROFILE_TOP) -> list[tuple[str, fl
         match = _FRAME.match(frames[-1])
         leaf = f"{match['function']} ({os.path.basename(match['file'])})" if match else frames[-1]
         counts[leaf] += int(samples)
-    total = sum(counts.values())
-    return [(name, n / total) for name, n in counts.most_common(top)] if total else []
+    return counts
 
 
-def profile(
-    directory: Path, out: Path, formats: list[str], settings: dict[str, Any]
-) -> dict[tuple[str, str], list[tuple[str, float]]]:
+def profile_line(fmt: str, loader: str, collapsed: str) -> str:
+    """The report's line for one profile: its top functions, or that it has too few samples
+    to name any.
+
+    >>> profile_line("files", "ours", "process 1:x;run_epoch (scan.py:5);sleep (t.py:1) 3")
+    'where ours spends its CPU on files: too few samples (3 of 50) to say; scan more data (--dataset-size, --epochs)'
+    """
+    samples = sum(_epoch_samples(collapsed).values())
+    head = f"where {loader} spends its CPU on {fmt}"
+    if samples < PROFILE_MIN_SAMPLES:
+        return (
+            f"{head}: too few samples ({samples} of {PROFILE_MIN_SAMPLES}) to say; "
+            "scan more data (--dataset-size, --epochs)"
+        )
+    shares = ", ".join(f"{name} {share:.0%}" for name, share in where_cpu_goes(collapsed))
+    return f"{head} ({samples} samples): {shares}"
+
+
+def profile(directory: Path, out: Path, formats: list[str], settings: dict[str, Any]) -> list[str]:
     """One more scan of each format and loader under ``py-spy record --subprocesses``; the
-    raw profiles are written to ``out``, their summaries returned."""
+    raw profiles are written to ``out``, the report's lines about them returned."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         raise click.ClickException("--profile needs py-spy (pip install py-spy)")
     out.mkdir(parents=True, exist_ok=True)
-    summaries = {}
+    lines = []
     for fmt in formats:
         for loader in ("ours", theirs(fmt)):
             raw = out / f"{fmt}-{loader}.txt"
@@ -275,8 +300,8 @@ def profile(
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 raise click.ClickException(f"py-spy failed: {done.stderr.strip()[-300:]}")
-            summaries[fmt, loader] = where_cpu_goes(raw.read_text())
-    return summaries
+            lines.append(profile_line(fmt, loader, raw.read_text()))
+    return lines
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -352,9 +377,8 @@ def main(
         f"our CPU per MB / the library's, worst format: {cpu:.2f} (goal <= {CPU_GOAL}): {met}"
     )
     if profile_dir is not None:
-        for (fmt, loader), top in profile(directory, profile_dir, chosen, settings).items():
-            shares = ", ".join(f"{name} {share:.0%}" for name, share in top)
-            click.echo(f"where {loader} spends its CPU on {fmt}: {shares}")
+        for line in profile(directory, profile_dir, chosen, settings):
+            click.echo(line)
 
 
 if __name__ == "__main__":
