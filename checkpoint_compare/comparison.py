@@ -33,7 +33,12 @@ from checkpoint_compare.formatting import seconds
 from checkpoint_compare.intervals import Shift, run_level_shift
 from checkpoint_compare.records import RunRecord
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
-from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
+from checkpoint_storage_bench.contract import (
+    STAGES,
+    VERDICT_CONFIDENCE,
+    VERDICT_RUNS_PER_BLOCK,
+    WORKLOADS,
+)
 
 
 class Outcome(enum.Enum):
@@ -220,6 +225,10 @@ class Comparison:
         return same_direction and abs(self.pause_delta_s) * checkpoints > self.runtime.floor
 
 
+RUNS_PER_BLOCK = VERDICT_RUNS_PER_BLOCK[WORKLOADS[0]]
+"""A training run's: the figures compared here are a checkpointing training run's."""
+
+
 def _blocks(base: ProfileFigures, cand: ProfileFigures) -> tuple[int, int] | None:
     """The candidate's and the baseline's blocks of back-to-back runs, when known."""
     if cand.blocks is None or base.blocks is None:
@@ -234,7 +243,7 @@ def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) ->
     no interval."""
     return run_level_shift(
         [[r] for r in cand.runtimes], [[r] for r in base.runtimes], t.confidence,
-        _blocks(base, cand),
+        _blocks(base, cand), RUNS_PER_BLOCK,
     )  # fmt: skip
 
 
@@ -244,7 +253,9 @@ def _restore_difference(
     x, y = cand.restores, base.restores
     if not x or not y:
         return None
-    shift = run_level_shift([[v] for v in x], [[v] for v in y], t.confidence, _blocks(base, cand))
+    shift = run_level_shift(
+        [[v] for v in x], [[v] for v in y], t.confidence, _blocks(base, cand), RUNS_PER_BLOCK
+    )
     return Difference.judge(shift, t.practical_floor_s, "restore")
 
 

@@ -37,9 +37,9 @@ changes between two blocks — the machine's load, a neighbour — moves every r
 together: more runs of one block do not replicate the block. The calibration measured it
 (docs/compare.md): 2 runs a side claimed no difference in 38 A/A comparisons, 4 runs a side
 claimed one in 2 of 6, the second block slower in all four runs. So with ``blocks`` given,
-a side counts at most :data:`RUNS_PER_BLOCK` runs per block as independent: the spread is
-still estimated from every run, but the interval is never narrower than the calibrated
-design of two runs a block gives.
+a side counts at most ``runs_per_block`` runs per block as independent (the workload's
+calibrated design, ``contract.VERDICT_RUNS_PER_BLOCK``): the spread is still estimated from
+every run, but the interval is never narrower than that design gives.
 
 >>> r = run_level_shift([[2.0, 2.1, 2.2], [2.3, 2.2, 2.4]], [[1.0, 1.1, 1.2], [1.2, 1.1, 1.3]])
 >>> round(r.estimate, 3), r.n_x, r.n_y, r.excludes_zero, r.confidence
@@ -58,9 +58,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-RUNS_PER_BLOCK = 2
-"""Runs of one block (repeats back to back) counted as independent: the calibrated design."""
 
 # Up to this many pairs the Mann–Whitney distribution is computed exactly; above it the
 # normal approximation (with continuity correction) is within a rank of the exact one.
@@ -271,6 +268,7 @@ def run_level_shift(
     runs_y: Sequence[Sequence[float]],
     confidence: float = 0.95,
     blocks: tuple[int, int] | None = None,
+    runs_per_block: int | None = None,
 ) -> Shift:
     """How much the runs ``runs_x`` are above the runs ``runs_y`` (same units as the
     samples), the run being the unit of replication: each run summarised by its median,
@@ -278,14 +276,17 @@ def run_level_shift(
     the module's docstring for why). ``n_x``/``n_y`` count runs. With fewer than two runs
     on a side, the estimate alone: one run cannot tell the profile from the run.
     ``blocks``: how many blocks of back-to-back runs each side's runs make (None: every
-    run independent); a side then counts at most ``RUNS_PER_BLOCK`` runs a block.
+    run independent); a side then counts at most ``runs_per_block`` runs a block.
 
     Raises:
         ValueError: A side without runs, a run without values or with a value that is not
-            finite, or a confidence not in (0, 1).
+            finite, a confidence not in (0, 1), or ``blocks`` without a positive
+            ``runs_per_block``.
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if blocks is not None and (runs_per_block is None or runs_per_block < 1):
+        raise ValueError(f"blocks need runs_per_block >= 1, got {runs_per_block}")
     x = _run_summaries(runs_x, "x")
     y = _run_summaries(runs_y, "y")
     n_x, n_y = len(x), len(y)
@@ -301,9 +302,18 @@ def run_level_shift(
         n_x + n_y - 2
     )
     e_x, e_y = n_x, n_y
-    if blocks is not None:
-        e_x = min(n_x, RUNS_PER_BLOCK * max(1, blocks[0]))
-        e_y = min(n_y, RUNS_PER_BLOCK * max(1, blocks[1]))
+    if blocks is not None and runs_per_block is not None:
+        e_x = min(n_x, runs_per_block * max(1, blocks[0]))
+        e_y = min(n_y, runs_per_block * max(1, blocks[1]))
+    if e_x < 2 or e_y < 2:
+        return Shift(
+            estimate, None, None, None, n_x, n_y,
+            f"{e_x} and {e_y} runs counted (at most {runs_per_block} a block: runs back to back"
+            " share their block), and one a side cannot separate the profile from"
+            " block-to-block variation: profiles that alternate (A, B, A, B) give each a"
+            " second block",
+            confidence,
+        )  # fmt: skip
     df = e_x + e_y - 2
     half = student_t_quantile(1 - (1 - confidence) / 2, df) * math.sqrt(
         pooled * (1 / e_x + 1 / e_y)

@@ -29,6 +29,7 @@ from checkpoint_storage_bench.contract import (
     SCAN_AU,
     SCAN_CACHE_KEPT_OUT,
     SCAN_EPOCH_S,
+    VERDICT_RUNS_PER_BLOCK,
     WORKLOAD_BUDGETS,
     WORKLOADS,
     WORKSPACE_SAVE_P99_MS,
@@ -118,6 +119,8 @@ class WorkloadRow:
         budget_confidence: The budget is tested on an upper confidence bound of each run's
             figure (the checkpoint pause), so its words carry the confidence; otherwise on
             each run's median.
+        runs_per_block: Runs of one block (a profile's repeats back to back) counted as
+            independent: the calibrated design (``contract.VERDICT_RUNS_PER_BLOCK``).
 
     The checkpoint row's budget (``--max-pause-s``, ``--max-pause-share``) is tested on the
     pause's figures per run (:mod:`checkpoint_compare.recommendation`), its ``budget`` test
@@ -144,6 +147,10 @@ class WorkloadRow:
     floor: Callable[[Any, float], float] = lambda t, base: t.runtime_floor * base
     budget_fields: tuple[str, ...] = ()
     budget_confidence: bool = False
+
+    @property
+    def runs_per_block(self) -> int:
+        return VERDICT_RUNS_PER_BLOCK[self.name]
 
     @property
     def words(self) -> str:

@@ -466,13 +466,16 @@ def _profile(
     )
 
 
-def _headline_shift(base: ProfileVerdict, cand: ProfileVerdict, t: Thresholds) -> Shift:
+def _headline_shift(
+    row: WorkloadRow, base: ProfileVerdict, cand: ProfileVerdict, t: Thresholds
+) -> Shift:
     """The runs' headline medians against each other: the run, not the checkpoint or the
     epoch, is what was assigned to a profile."""
     x = [s for s in cand.run_samples if s]
     y = [s for s in base.run_samples if s]
     if x and y:
-        return run_level_shift(x, y, t.confidence, (cand.blocks or 1, base.blocks or 1))
+        blocks = (cand.blocks or 1, base.blocks or 1)
+        return run_level_shift(x, y, t.confidence, blocks, row.runs_per_block)
     return Shift(
         cand.median - base.median, None, None, None, len(x), len(y),
         "no per-checkpoint pauses after warm-up (only the runs' summary outputs, or every "
@@ -480,7 +483,9 @@ def _headline_shift(base: ProfileVerdict, cand: ProfileVerdict, t: Thresholds) -
     )  # fmt: skip
 
 
-def _drift(base: ProfileVerdict, others: list[ProfileVerdict], t: Thresholds) -> Drift | None:
+def _drift(
+    row: WorkloadRow, base: ProfileVerdict, others: list[ProfileVerdict], t: Thresholds
+) -> Drift | None:
     """The baseline's runs before every other profile and after them (A…B…A): the drift of
     its headline (last − first, between runs) and, for a training run, of its runtime."""
     pairs = list(zip(base.runs, base.run_samples, strict=True))
@@ -492,7 +497,9 @@ def _drift(base: ProfileVerdict, others: list[ProfileVerdict], t: Thresholds) ->
     first, last = split
     before, after = [s for _, s in first if s], [s for _, s in last if s]
     # Before every other profile, and after them all: one block each.
-    shift = run_level_shift(after, before, t.confidence, (1, 1)) if before and after else None
+    shift = None
+    if before and after:
+        shift = run_level_shift(after, before, t.confidence, (1, 1), row.runs_per_block)
     runtime = None
     if base.figures is not None:
         by_run = {r.run.uuid: r.runtime_s for r in base.figures.per_run}
@@ -507,7 +514,7 @@ def _difference(
 ) -> tuple[Difference, list[str]]:
     """The candidate's headline difference, held to the baseline's drift: a difference no
     larger than the drift does not count, and the note says so."""
-    shift = _headline_shift(base, cand, t)
+    shift = _headline_shift(row, base, cand, t)
     diff = Difference.judge(shift, row.floor(t, base.median), row.words, row.unit)
     notes = []
     if drift is not None and drift.shift is not None:
@@ -575,7 +582,7 @@ def build_verdict(
         if p.figures is not None:
             p.figures.blocks = p.blocks
     base = profiles[0]
-    drift = _drift(base, profiles[1:], t)
+    drift = _drift(row, base, profiles[1:], t)
 
     candidates = []
     for cand in profiles[1:]:

@@ -257,10 +257,18 @@ budget (``--max-pause-s``, ``--max-pause-share``) with confidence, whatever it m
 modification plan says so before anything is switched (a test holds it equal to what the
 verdict's bound needs)."""
 
-VERDICT_RUNS_PER_BLOCK = 2
-"""Runs of one block (a profile's repeats back to back) the verdict counts as independent
-(``checkpoint_compare.intervals.RUNS_PER_BLOCK``, the calibrated design): what the plan
-says more repeats in one block buy (a test holds the two equal)."""
+VERDICT_RUNS_PER_BLOCK: dict[str, int] = {
+    "checkpoint": 2,
+    "scan": 2,
+    "materialize": 2,
+    "workspace": 1,
+}
+"""Runs of one block (a profile's repeats back to back) the verdict counts as independent, by
+workload: the calibrated designs (docs/compare.md, "Calibration"). A workspace's p99 save
+latency moves with whatever shares its block (the neighbour, the device's state), so two of
+its runs back to back claimed a difference of the same class in 7 of 150 comparisons; counted
+as one, in none. The verdict's row reads it (``checkpoint_compare.table``) and the plan says
+what more repeats in one block buy."""
 
 PLAN_ANSWERABLE_OUTPUT = "answerable"
 """The plan op's output: whether the pipeline's settings can answer every question asked of

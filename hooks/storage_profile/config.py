@@ -63,17 +63,18 @@ CALIBRATED_RUNS: dict[str, CalibratedRuns] = {
     "checkpoint": CalibratedRuns(missed=0, met=2),
     "scan": CalibratedRuns(missed=0, met=2),
     "materialize": CalibratedRuns(missed=2, met=4),
-    "workspace": CalibratedRuns(missed=2, met=4),
+    "workspace": CalibratedRuns(missed=2, met=3),
 }
 """A checkpoint's pauses and a storage-bound scan's epochs give every run several samples:
-two runs a side detected the factor of two. Materialize has one figure a run and the
-workspace a p99, both moved by a busy machine as much as by the class: with one block a
-side, or the return to the first profile (the candidate still one block, 2 runs counted),
-both missed it. Profiles that alternate (A B A B, 2 repeats: 4 runs a side) detected it
-for both with a neighbour writing or computing in half the runs; materialize (256 MiB)
-missed it on a machine whose two cores other work oversubscribed threefold, where the
-transform's CPU stretched either class's run (docs/compare.md). A design measured to miss
-cannot reach a 95 % answer, so the plan says so before any switch."""
+two runs a side detected the factor of two. Materialize has one figure a run, moved by a busy
+machine as much as by the class: with one block a side, or the return to the first profile
+(the candidate still one block, 2 runs counted), it missed it; profiles that alternate
+(A B A B, 2 repeats: 4 runs a side) detected it with a neighbour writing or computing in half
+the runs, though (256 MiB) not on a machine whose two cores other work oversubscribed
+threefold, where the transform's CPU stretched either class's run (docs/compare.md). The
+workspace's p99 counts one run a block: two passes (A B A B, 2 counted a side) missed it,
+three passes (A B A B A B) detected it. A design measured to miss cannot reach a 95 %
+answer, so the plan says so before any switch."""
 
 DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
 """``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume
@@ -549,7 +550,7 @@ def answerability(
 
     The verdict compares runs (docs/compare.md): a profile with one run has no between-run
     spread, so no difference from it counts; a profile's runs back to back are one block,
-    of which at most ``VERDICT_RUNS_PER_BLOCK`` count as independent; a pause budget is met when
+    of which at most the workload's ``VERDICT_RUNS_PER_BLOCK`` count as independent; a pause budget is met when
     every run's upper bound of its median pause is within it, which needs
     ``MIN_BUDGET_CHECKPOINTS`` measured checkpoints a run (``checkpoints`` a run, less the
     ``warmup``; None: not known, not judged).
@@ -571,20 +572,23 @@ def answerability(
     baseline = profiles[0]
     candidates = [p for p in dict.fromkeys(profiles) if p != baseline]
     paired = [c for c in candidates if min(runs[c], runs[baseline]) >= 2]
-    counted = {p: min(runs[p], VERDICT_RUNS_PER_BLOCK * blocks[p]) for p in runs}
+    per_block = VERDICT_RUNS_PER_BLOCK[workload]
+    counted = {p: min(runs[p], per_block * blocks[p]) for p in runs}
     side = {c: min(counted[c], counted[baseline]) for c in paired}
     calibrated = CALIBRATED_RUNS[workload]
     differences = tuple(c for c in paired if side[c] > calibrated.missed)
     limits: list[str] = []
     notes: list[str] = []
     level = f"{confidence:.0%}"
-    alternate = ",".join([*dict.fromkeys(profiles)] * 2)
+    # Enough passes over the profiles to count more runs a side than the calibration missed.
+    alternate = ",".join([*dict.fromkeys(profiles)] * (calibrated.missed // per_block + 1))
     missed = [c for c in paired if c not in differences]
     if missed:
         short = [p for p in (baseline, *missed) if counted[p] <= calibrated.missed]
+        counts = [f"{p} counts {counted[p]} run{'s' * (counted[p] != 1)}" for p in short]
         limits.append(
-            f"the {workload} workload: {_and([f'{p} counts {counted[p]} runs' for p in short])} "
-            f"(at most {VERDICT_RUNS_PER_BLOCK} a block of back-to-back runs), and with "
+            f"the {workload} workload: {_and(counts)} "
+            f"(at most {per_block} a block of back-to-back runs), and with "
             f"{calibrated.missed} a side the calibration detected a factor of two between "
             f"classes in fewer than {level} of comparisons (docs/compare.md), so a difference "
             f"between {_and(missed)} and the baseline {baseline} would likely be missed: more "
@@ -614,14 +618,14 @@ def answerability(
         )
     capped = [
         f"{p}: {runs[p]} runs in {blocks[p]} block{'s' if blocks[p] != 1 else ''}, counted as "
-        f"{VERDICT_RUNS_PER_BLOCK * blocks[p]}"
+        f"{per_block * blocks[p]}"
         for p in (baseline, *candidates)
-        if runs[p] > VERDICT_RUNS_PER_BLOCK * blocks[p]
+        if runs[p] > per_block * blocks[p]
     ]
     if capped:
         notes.append(
             f"repeats {repeats}: a profile's runs back to back share their block, and the "
-            f"verdict counts at most {VERDICT_RUNS_PER_BLOCK} a block as independent ({'; '.join(capped)}): "
+            f"verdict counts at most {per_block} a block as independent ({'; '.join(capped)}): "
             "more repeats buy a steadier estimate, not a narrower interval; the return to the "
             "first profile, or profiles that alternate, add blocks"
         )

@@ -132,6 +132,22 @@ def test_repeats_back_to_back_count_as_one_block_and_interleaved_runs_as_replica
     assert interleaved.profiles[1].direction == "better"
 
 
+def test_a_workspaces_runs_back_to_back_count_as_one_run() -> None:
+    """A workspace's p99 moves with whatever shares its block: its repeats back to back count
+    as one run, so one block a side has no interval; two passes (AA BB AA BB) count two."""
+    base = [[30.0, 21.0, 22.0, 21.5], [30.0, 21.5, 22.0, 21.0]]
+    fast = [[15.0, 9.0, 9.5, 9.2], [15.0, 9.3, 9.1, 9.4]]
+    one_pass = [workspace_run(p, r) for p, runs in ((BASE, base), (FAST, fast)) for r in runs]
+    shift = judge(one_pass).profiles[1].shift
+    assert shift.n_x == shift.n_y == 2 and not shift.has_interval
+    assert "1 and 1 runs counted (at most 1 a block" in shift.method
+    two_passes = [workspace_run(p, r) for _ in range(2) for p, runs in ((BASE, base), (FAST, fast)) for r in runs]  # fmt: skip
+    verdict = judge(two_passes)
+    shift = verdict.profiles[1].shift
+    assert shift.n_x == shift.n_y == 4 and "2 and 2 counted" in shift.method
+    assert verdict.profiles[1].significant and verdict.profiles[1].direction == "better"
+
+
 def test_without_min_au_no_profile_is_said_to_keep_the_gpus_fed() -> None:
     runs = [
         scan_run(BASE, [1.0, 1.0, 1.0], [0.12] * 3),
