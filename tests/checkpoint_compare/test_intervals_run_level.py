@@ -78,6 +78,19 @@ def test_one_run_on_a_side_gives_the_estimate_and_no_interval(sides):
     )
 
 
+def test_a_block_counts_its_runs_per_block_and_one_counted_a_side_has_no_interval():
+    x, y = [[2.0], [2.1], [2.2], [2.3]], [[1.0], [1.1], [1.2], [1.3]]
+    two = run_level_shift(x, y, 0.95, (2, 2), runs_per_block=2)
+    one = run_level_shift(x, y, 0.95, (2, 2), runs_per_block=1)
+    assert "(6 df)" in two.method and "(2 df; 2 and 2 counted" in one.method
+    assert one.low < two.low < two.high < one.high
+    lone = run_level_shift(x, y, 0.95, (1, 2), runs_per_block=1)
+    assert not lone.has_interval and lone.estimate == pytest.approx(1.0)
+    assert "1 and 2 runs counted (at most 1 a block" in lone.method
+    with pytest.raises(ValueError, match="blocks need runs_per_block >= 1"):
+        run_level_shift(x, y, 0.95, (2, 2))
+
+
 def test_many_checkpoints_do_not_narrow_the_interval_between_two_runs():
     # Same run medians, ten times the checkpoints: the between-run spread is the same,
     # so the interval is too (the old pooled interval shrank with the checkpoints).
