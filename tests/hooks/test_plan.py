@@ -528,8 +528,7 @@ def test_a_data_workload_short_of_its_calibrated_runs_is_refused_before_anything
     missed = config.CALIBRATED_RUNS[workload].missed
     assert f"with {missed} a side the calibration detected a factor of two" in line
     assert "in fewer than 95% of comparisons (docs/compare.md)" in line
-    passes = missed // VERDICT_RUNS_PER_BLOCK[workload] + 1
-    assert f"profiles that alternate: {','.join([PAIR] * passes)})" in line
+    assert f"profiles that alternate: {','.join([PAIR] * passes(workload))})" in line
     assert fake.calls == []  # refused before the API server was asked anything
 
 
@@ -540,14 +539,13 @@ def test_a_data_workload_with_its_calibrated_runs_answers(fake: FakeKube, tmp_pa
     for workload in ("materialize", "workspace"):
         # One pass more than the most the calibration measured to miss: 2 runs a side each.
         calibrated = config.CALIBRATED_RUNS[workload]
-        per_block = VERDICT_RUNS_PER_BLOCK[workload]
-        passes = calibrated.missed // per_block + 1
-        profiles = ",".join([PAIR] * passes)
+        profiles = ",".join([PAIR] * passes(workload))
         result = plan(profiles, "--repeats", "2", "--workload", workload, summary=out)
         assert result.exit_code == 0, result.output
         assert load(out)["answerable"] is True and load(out)["answer_limits"] == []
         # Said when the calibration did not reach a 95 % detection with that many.
-        unproven = calibrated.met is None or calibrated.met > passes * per_block
+        counted = passes(workload) * VERDICT_RUNS_PER_BLOCK[workload]
+        unproven = calibrated.met is None or calibrated.met > counted
         notes = [n for n in load(out)["answer_notes"] if n.startswith(f"the {workload} ")]
         assert len(notes) == unproven
         if unproven:
@@ -632,6 +630,11 @@ def _pipeline_plan_argv(path: Path, params: dict) -> list[str]:
 AGENT_TIER = {"repeats": 1, **{k: DEMO_PARAMS[k] for k in ("steps", "checkpoint_every")}}
 
 
+def passes(workload: str) -> int:
+    """Passes over the profiles that count more runs a side than the calibration missed."""
+    return config.CALIBRATED_RUNS[workload].missed // VERDICT_RUNS_PER_BLOCK[workload] + 1
+
+
 @pytest.mark.parametrize(
     ("path", "params", "answerable"),
     [
@@ -643,8 +646,16 @@ AGENT_TIER = {"repeats": 1, **{k: DEMO_PARAMS[k] for k in ("steps", "checkpoint_
         (PROFILES_PIPELINE, {"repeats": 1, "workload": "materialize"}, None),
         (PROFILES_PIPELINE, {"workload": "materialize"}, None),
         (PROFILES_PIPELINE, {"workload": "workspace", "max_p99_ms": 20}, False),
-        (PROFILES_PIPELINE, {"workload": "workspace", "profiles": PAIR.split(",") * 3}, True),
-        (PROFILES_PIPELINE, {"workload": "materialize", "profiles": PAIR.split(",") * 2}, True),
+        (
+            PROFILES_PIPELINE,
+            {"workload": "workspace", "profiles": PAIR.split(",") * passes("workspace")},
+            True,
+        ),
+        (
+            PROFILES_PIPELINE,
+            {"workload": "materialize", "profiles": PAIR.split(",") * passes("materialize")},
+            True,
+        ),
     ],
     ids=[
         "defaults",
