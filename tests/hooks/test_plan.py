@@ -676,7 +676,7 @@ def test_the_pipelines_plan_op_says_what_its_settings_can_answer(
     # The plan op's own command line, compiled from the pipeline and run: the defaults
     # answer, a budget-only run is a warning, settings that answer nothing stop the pipeline
     # before any switch (exit 2: every stage is upstream-failed). A driver without a window:
-    # the workspace's three passes need more than EBS's 4 modifications a day.
+    # the workspace's four passes need more than EBS's 4 modifications a day.
     cluster(fake, driver="example.csi.vendor.io", handle="v-1")
     out = tmp_path / "plan.json"
     result = run_hook(*_pipeline_plan_argv(path, params), "--summary-json", str(out))
