@@ -265,10 +265,10 @@ VERDICT_RUNS_PER_BLOCK: dict[str, int] = {
 }
 """Runs of one block (a profile's repeats back to back) the verdict counts as independent, by
 workload: the calibrated designs (docs/compare.md, "Calibration"). A workspace's p99 save
-latency moves with whatever shares its block (the neighbour, the device's state), so two of
-its runs back to back claimed a difference of the same class in 7 of 150 comparisons; counted
-as one, in none. The verdict's row reads it (``checkpoint_compare.table``) and the plan says
-what more repeats in one block buy."""
+latency moves with whatever shares its block (the neighbour, the device's state): counting two
+of its runs back to back, its A/A comparisons claimed a difference in 7 of 150 (two passes) and
+7 of 95 (three passes); counting one, in 0 and 1. The verdict's row reads it
+(``checkpoint_compare.table``) and the plan says what more repeats in one block buy."""
 
 PLAN_ANSWERABLE_OUTPUT = "answerable"
 """The plan op's output: whether the pipeline's settings can answer every question asked of
