@@ -334,6 +334,9 @@ class Command:
     """Judge the runs kept in DIR again (nothing runs)."""
     use_repeats: int | None = None
     """With --rescore: the first K runs of each block only."""
+    regroup: int | None = None
+    """With --rescore: the kept runs as comparisons of K blocks a side (consecutive blocks of
+    consecutive rounds, each used once), as profiles alternating K times over run them."""
     volume: str = "loop"
     """loop (the emulated classes; root) or a directory (A/A only)."""
     volume_size: str = "1GiB"
@@ -720,10 +723,49 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def rescore(directory: Path, use_repeats: int | None, confidence: float | None) -> dict[str, Any]:
-    """Judge the kept runs of ``directory`` again. The scores and the verdicts go to a new
-    directory ``rescore-<time>`` beside the manifest, which keeps the scores (and the
-    verdicts) of the time the runs were made."""
+def _blocks(indices: list[int]) -> list[list[int]]:
+    """Runs with consecutive indices: one block of back-to-back runs."""
+    blocks: list[list[int]] = []
+    for i in indices:
+        if blocks and blocks[-1][-1] == i - 1:
+            blocks[-1].append(i)
+        else:
+            blocks.append([i])
+    return blocks
+
+
+def regroup(comparisons: list[dict[str, Any]], cycles: int) -> list[dict[str, Any]]:
+    """The kept comparisons as comparisons of ``cycles`` blocks a side: for each kind, each
+    profile's blocks in the order they ran, cut into consecutive groups of ``cycles``, every
+    block used once (a remainder is left out).
+
+    >>> kept = [{"kind": "aa", "profiles": {"a": [0, 1, 4, 5], "c": [2, 3, 6, 7]}},
+    ...         {"kind": "aa", "profiles": {"a": [8, 9, 12, 13], "c": [10, 11, 14, 15]}}]
+    >>> [c["profiles"] for c in regroup(kept, 3)]
+    [{'a': [0, 1, 4, 5, 8, 9], 'c': [2, 3, 6, 7, 10, 11]}]
+    """
+    out: list[dict[str, Any]] = []
+    for kind in dict.fromkeys(c["kind"] for c in comparisons):
+        mine = [c for c in comparisons if c["kind"] == kind]
+        names = list(mine[0]["profiles"])
+        blocks = {n: [b for c in mine for b in _blocks(c["profiles"][n])] for n in names}
+        for g in range(min(len(b) for b in blocks.values()) // cycles):
+            profiles = {n: [i for b in blocks[n][g * cycles : (g + 1) * cycles] for i in b]
+                        for n in names}  # fmt: skip
+            out.append({"index": len(out), "round": g, "kind": kind, "profiles": profiles})
+    return out
+
+
+def rescore(
+    directory: Path,
+    use_repeats: int | None,
+    confidence: float | None,
+    regroup_cycles: int | None = None,
+) -> dict[str, Any]:
+    """Judge the kept runs of ``directory`` again (with ``regroup_cycles``, regrouped: see
+    :func:`regroup`). The scores and the verdicts go to a new directory ``rescore-<time>``
+    beside the manifest, which keeps the scores (and the verdicts) of the time the runs were
+    made."""
     path = directory / "manifest.json"
     try:
         manifest = json.loads(path.read_text())
@@ -742,12 +784,14 @@ def rescore(directory: Path, use_repeats: int | None, confidence: float | None) 
         (into / workload).mkdir(parents=True)
         by_index = {r["index"]: PlannedRun(**r) for r in entry["runs"]}
         runs = _dense(by_index)
+        if regroup_cycles is not None:
+            entry["comparisons"] = regroup(entry["comparisons"], regroup_cycles)
         for c in entry["comparisons"]:
             comp = Comparison(**{**c, "score": None})
             c["score"] = score(comp, runs, directory, workload, confidence, use_repeats,
                                into / workload)  # fmt: skip
-    manifest["rescored_with"] = {"use_repeats": use_repeats, "confidence": confidence,
-                                 "revision": _revision()}  # fmt: skip
+    manifest["rescored_with"] = {"use_repeats": use_repeats, "regroup": regroup_cycles,
+                                 "confidence": confidence, "revision": _revision()}  # fmt: skip
     _write_json(into / "manifest.json", manifest)
     return manifest
 
@@ -855,7 +899,10 @@ def main(**options: Any) -> None:
     if command.rescore is not None:
         if command.out is not None:
             raise CalibrationError("--rescore and --out do not go together", 2)
-        click.echo(table(rescore(command.rescore, command.use_repeats, options["confidence"])))
+        if command.regroup is not None and command.regroup < 1:
+            raise CalibrationError(f"--regroup must be at least 1, not {command.regroup}", 2)
+        click.echo(table(rescore(command.rescore, command.use_repeats, options["confidence"],
+                                 command.regroup)))  # fmt: skip
         return
     _run(command, Settings(**options))
 
@@ -865,8 +912,8 @@ def _run(command: Command, s: Settings) -> None:
 
     if command.out is None:
         raise CalibrationError("--out DIR is needed (where the runs are kept)", 2)
-    if command.use_repeats is not None:
-        raise CalibrationError("--use-repeats goes with --rescore", 2)
+    if command.use_repeats is not None or command.regroup is not None:
+        raise CalibrationError("--use-repeats and --regroup go with --rescore", 2)
     if command.pairs < 1 or s.repeats < 1:
         raise CalibrationError("--pairs and --repeats must be at least 1", 2)
     if s.cycles < 1:

@@ -223,7 +223,8 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--use-repeats", "1", "--out", "{tmp}/new"], "--use-repeats goes with --rescore"),
+    [(["--use-repeats", "1", "--out", "{tmp}/new"], "--use-repeats and --regroup go with --rescore"),
+     (["--regroup", "3", "--out", "{tmp}/new"], "--use-repeats and --regroup go with --rescore"),
      (["--out", "{tmp}/full"], "exists and is not empty"),
      (["--pairs", "0", "--out", "{tmp}/new"], "--pairs and --repeats must be at least 1"),
      (["--cycles", "0", "--out", "{tmp}/new"], "--cycles must be at least 1, not 0"),
