@@ -32,13 +32,9 @@ from checkpoint_compare.figures import DEFAULT_WARMUP, ProfileFigures
 from checkpoint_compare.formatting import seconds
 from checkpoint_compare.intervals import Shift, run_level_shift
 from checkpoint_compare.records import RunRecord
+from checkpoint_compare.table import CHECKPOINT
 from checkpoint_storage_bench.config_cli import FiniteFloat, cli
-from checkpoint_storage_bench.contract import (
-    STAGES,
-    VERDICT_CONFIDENCE,
-    VERDICT_RUNS_PER_BLOCK,
-    WORKLOADS,
-)
+from checkpoint_storage_bench.contract import STAGES, VERDICT_CONFIDENCE
 
 
 class Outcome(enum.Enum):
@@ -225,10 +221,6 @@ class Comparison:
         return same_direction and abs(self.pause_delta_s) * checkpoints > self.runtime.floor
 
 
-RUNS_PER_BLOCK = VERDICT_RUNS_PER_BLOCK[WORKLOADS[0]]
-"""A training run's: the figures compared here are a checkpointing training run's."""
-
-
 def _blocks(base: ProfileFigures, cand: ProfileFigures) -> tuple[int, int] | None:
     """The candidate's and the baseline's blocks of back-to-back runs, when known."""
     if cand.blocks is None or base.blocks is None:
@@ -243,7 +235,7 @@ def _runtime_shift(base: ProfileFigures, cand: ProfileFigures, t: Thresholds) ->
     no interval."""
     return run_level_shift(
         [[r] for r in cand.runtimes], [[r] for r in base.runtimes], t.confidence,
-        _blocks(base, cand), RUNS_PER_BLOCK,
+        _blocks(base, cand), CHECKPOINT.runs_per_block,
     )  # fmt: skip
 
 
@@ -253,9 +245,8 @@ def _restore_difference(
     x, y = cand.restores, base.restores
     if not x or not y:
         return None
-    shift = run_level_shift(
-        [[v] for v in x], [[v] for v in y], t.confidence, _blocks(base, cand), RUNS_PER_BLOCK
-    )
+    blocks, per_block = _blocks(base, cand), CHECKPOINT.runs_per_block
+    shift = run_level_shift([[v] for v in x], [[v] for v in y], t.confidence, blocks, per_block)
     return Difference.judge(shift, t.practical_floor_s, "restore")
 
 

@@ -239,7 +239,10 @@ def where_cpu_goes(collapsed: str, top: int = PROFILE_TOP) -> list[tuple[str, fl
     ...     "process 1:x;process 2:y;crc32 (dataset.py:9) 1\\nprocess 1:x;verify (d.py:2) 9")
     [('sleep (time.py)', 0.75), ('crc32 (dataset.py)', 0.25)]
     """
-    counts = _epoch_samples(collapsed)
+    return _shares(_epoch_samples(collapsed), top)
+
+
+def _shares(counts: collections.Counter[str], top: int) -> list[tuple[str, float]]:
     total = sum(counts.values())
     return [(name, n / total) for name, n in counts.most_common(top)] if total else []
 
@@ -268,14 +271,15 @@ def profile_line(fmt: str, loader: str, collapsed: str) -> str:
     >>> profile_line("files", "ours", "process 1:x;run_epoch (scan.py:5);sleep (t.py:1) 3")
     'where ours spends its CPU on files: too few samples (3 of 50) to say; scan more data (--dataset-size, --epochs)'
     """
-    samples = sum(_epoch_samples(collapsed).values())
+    counts = _epoch_samples(collapsed)
+    samples = sum(counts.values())
     head = f"where {loader} spends its CPU on {fmt}"
     if samples < PROFILE_MIN_SAMPLES:
         return (
             f"{head}: too few samples ({samples} of {PROFILE_MIN_SAMPLES}) to say; "
             "scan more data (--dataset-size, --epochs)"
         )
-    shares = ", ".join(f"{name} {share:.0%}" for name, share in where_cpu_goes(collapsed))
+    shares = ", ".join(f"{name} {share:.0%}" for name, share in _shares(counts, PROFILE_TOP))
     return f"{head} ({samples} samples): {shares}"
 
 

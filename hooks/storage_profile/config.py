@@ -550,8 +550,8 @@ def answerability(
 
     The verdict compares runs (docs/compare.md): a profile with one run has no between-run
     spread, so no difference from it counts; a profile's runs back to back are one block,
-    of which at most the workload's ``VERDICT_RUNS_PER_BLOCK`` count as independent; a pause budget is met when
-    every run's upper bound of its median pause is within it, which needs
+    of which at most the workload's ``VERDICT_RUNS_PER_BLOCK`` count as independent; a pause
+    budget is met when every run's upper bound of its median pause is within it, which needs
     ``MIN_BUDGET_CHECKPOINTS`` measured checkpoints a run (``checkpoints`` a run, less the
     ``warmup``; None: not known, not judged).
 
