@@ -79,7 +79,7 @@ DATA_DEMO_PARAMS = {
 
 # Materialize has one figure a run and the workspace a p99 per round, both moved by a busy
 # machine as much as by the class: their calibration (docs/compare.md) needed more runs a side
-# than one block of repeats counts (the workspace's counts one), so their demo runs the
+# than one block of repeats counts (each counts one), so their demo runs the
 # profiles several times over (A B C A B C ...), which the plan asks for before any switch;
 # materialize at the 128 MiB it was calibrated at, the workspace at the pipeline's
 # (calibrated) defaults.
