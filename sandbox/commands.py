@@ -81,7 +81,7 @@ DATA_DEMO_PARAMS = {
 # machine as much as by the class: their calibration (docs/compare.md) needed more runs a side
 # than one block of repeats counts (each counts one), so their demo runs the
 # profiles several times over (A B C A B C ...), which the plan asks for before any switch;
-# materialize at the 128 MiB it was calibrated at, the workspace at the pipeline's
+# materialize at the 128 MiB it was first calibrated at, the workspace at the pipeline's
 # (calibrated) defaults.
 DATA_DEMO_SIZES = {"materialize": {"dataset_size": "128MiB"}}
 DATA_DEMO_CYCLES = {"materialize": 3, "workspace": 4}

@@ -73,8 +73,8 @@ profiles that alternate (A B A B, 2 counted a side) detected it with a neighbour
 computing in half the runs, though (256 MiB) not on a machine whose two cores other work
 oversubscribed threefold, where the transform's CPU stretched either class's run
 (docs/compare.md). The workspace's p99 counts one run a block too: three passes (A B A B A B,
-3 counted a side) missed it, four passes detected it. A design measured to miss cannot reach a 95 % answer, so the
-plan says so before any switch."""
+3 counted a side) missed it, four passes detected it. A design measured to miss cannot reach
+a 95 % answer, so the plan says so before any switch."""
 
 DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
 """``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume

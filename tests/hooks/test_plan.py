@@ -495,7 +495,7 @@ def test_more_repeats_in_one_block_buy_a_steadier_estimate_not_a_narrower_interv
 @pytest.mark.parametrize(
     ("profiles", "extra", "short"),
     [
-        # Their runs back to back count as one.
+        # Materialize's runs back to back count as one.
         (PAIR, ("--workload", "materialize"), "checkpoint-baseline counts 1 run and "),
         # The return gives the baseline a second block; the candidate is still one.
         (PAIR, ("--workload", "materialize", "--return-to-first"), "checkpoint-throughput"),
