@@ -440,13 +440,11 @@ def test_the_two_profile_pipeline_keeps_its_name_and_inputs() -> None:
     assert {"baseline_class", "throughput_class", "restore_after", "switch_timeout"} <= own
     # Every input of the general pipeline, the two classes instead of the list, and the
     # controller set by the wrapper itself.
-    assert own == {io.name for io in general.inputs} - {"profiles", "controller"} | {
-        "baseline_class",
-        "throughput_class",
-    }
+    listed = {"baseline_class", "throughput_class", "passes"}  # the list, built by the wrapper
+    assert own == {io.name for io in general.inputs} - {"profiles", "controller"} | listed
     (op,) = wrapper.run.operations
     passed = {k for k, p in op.params.items() if not p.context_only}
-    assert passed == own - {"baseline_class", "throughput_class"} | {"controller"}
+    assert passed == own - listed | {"controller"}
     defaults = {io.name: io.value for io in wrapper.inputs}
     assert all(defaults[k] == io.value for io in general.inputs if (k := io.name) in defaults)
 
@@ -457,6 +455,10 @@ def test_the_two_profile_pipeline_compares_its_two_classes() -> None:
     (general,) = wrapper.children("comparison")
     assert general.inputs["profiles"] == ["gp3-slow", "gp3-fast"]
     assert [v["profile"] for v in general.mapping("stages")] == ["gp3-slow", "gp3-fast"]
+    # More passes alternate the two, each pass a block of its own.
+    params = {"baseline_class": "gp3-slow", "throughput_class": "gp3-fast", "passes": 2}
+    (general,) = load_dag(params=params).children("comparison")
+    assert general.inputs["profiles"] == ["gp3-slow", "gp3-fast"] * 2
     # Nested one level deeper, its runs' controller is the wrapper: the join looks there.
     assert general.inputs["controller"] == wrapper.uuid != general.uuid
     (runs, *_) = general.joins("compare")
