@@ -277,6 +277,10 @@ PLAN_ANSWERABLE_OUTPUT = "answerable"
 the verdict at its confidence (false: see :data:`PLAN_ANSWER_LIMITS_OUTPUT`)."""
 PLAN_ANSWER_LIMITS_OUTPUT = "answer_limits"
 """The plan op's output: why not, one sentence per limit, joined by ``"; "``."""
+PLAN_ANSWER_NOTES_OUTPUT = "answer_notes"
+"""The plan op's output: what the settings answer less well than they seem to (not a
+calibrated answer, repeats that buy a steadier estimate only), one sentence per note, joined
+by ``"; "``."""
 
 VERDICT_OUTPUT = "verdict"
 RECOMMENDED_PROFILE_OUTPUT = "recommended_profile"

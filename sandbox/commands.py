@@ -17,7 +17,12 @@ from typing import Any
 
 import yaml
 
-from checkpoint_storage_bench.contract import CADENCE_INPUT, WORKLOAD_BUDGETS
+from checkpoint_storage_bench.contract import (
+    CADENCE_INPUT,
+    PLAN_ANSWER_LIMITS_OUTPUT,
+    PLAN_ANSWER_NOTES_OUTPUT,
+    WORKLOAD_BUDGETS,
+)
 from sandbox.components import find_components, pipeline_twin, register
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.errors import ConfigError, ServerUnavailableError
@@ -236,9 +241,9 @@ COMPARE_FLAGS = {
 }
 
 
-def compare_op(ops: list[Any]) -> Any | None:
-    """The pipeline's verdict op (the last job named ``compare``), if it ran."""
-    found = [op for op in ops if op.kind == "job" and op.name == "compare"]
+def last_job(ops: list[Any], name: str) -> Any | None:
+    """The pipeline's last job named ``name`` (``plan``, ``compare``), if it ran."""
+    found = [op for op in ops if op.kind == "job" and op.name == name]
     return found[-1] if found else None
 
 
@@ -292,6 +297,15 @@ def recommendation_lines(compare: Any | None) -> list[str]:
     ]
 
 
+def plan_lines(plan: Any | None) -> list[str]:
+    """What the pipeline's plan op said its settings answer, before any switch: its limits
+    and notes (outputs), each joined by ``; ``; nothing when it said neither."""
+    out = (plan.outputs if plan is not None else None) or {}
+    keys = {"limits": PLAN_ANSWER_LIMITS_OUTPUT, "notes": PLAN_ANSWER_NOTES_OUTPUT}
+    said = [f"  {word}: {out[key]}" for word, key in keys.items() if out.get(key)]
+    return ["what the pipeline's plan said before any switch:", *said] if said else []
+
+
 def print_comparison(
     sb: Sandbox, project: str, pipeline: str, ops: list[Any], echo: Echo = print
 ) -> None:
@@ -301,9 +315,10 @@ def print_comparison(
     ``ops`` are every run below the pipeline (nested stages included), oldest first.
     """
     # The list of runs may leave out outputs and inputs: read the ones used in full.
-    compare = compare_op(ops)
-    if compare is not None:
-        compare = get_run(sb.client, DEFAULT_OWNER, project, compare.uuid)
+    compare, plan = (
+        op if op is None else get_run(sb.client, DEFAULT_OWNER, project, op.uuid)
+        for op in (last_job(ops, "compare"), last_job(ops, "plan"))
+    )
     args = verdict_args(compare) if compare is not None else None
     reported = False
     if args and importlib.util.find_spec("checkpoint_compare") is not None:
@@ -324,7 +339,7 @@ def print_comparison(
         ]
         echo(comparison(full))
     echo("")
-    for line in recommendation_lines(compare):
+    for line in [*recommendation_lines(compare), *plan_lines(plan)]:
         echo(line)
 
 

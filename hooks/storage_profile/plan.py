@@ -32,6 +32,7 @@ from checkpoint_storage_bench.contract import (
     LEDGER_ANNOTATION,
     MODIFICATION_WINDOWS,
     PLAN_ANSWER_LIMITS_OUTPUT,
+    PLAN_ANSWER_NOTES_OUTPUT,
     PLAN_ANSWERABLE_OUTPUT,
     LedgerEntry,
     parse_ledger,
@@ -292,6 +293,7 @@ class ModificationPlan:
                         **{
                             PLAN_ANSWERABLE_OUTPUT: self.answer.answerable,
                             PLAN_ANSWER_LIMITS_OUTPUT: "; ".join(self.answer.limits),
+                            PLAN_ANSWER_NOTES_OUTPUT: "; ".join(self.answer.notes),
                         }
                     )
                 reason = self.refusal()

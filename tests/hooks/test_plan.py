@@ -17,6 +17,7 @@ from checkpoint_storage_bench.contract import (
     LEDGER_ANNOTATION,
     MIN_BUDGET_CHECKPOINTS,
     PLAN_ANSWER_LIMITS_OUTPUT,
+    PLAN_ANSWER_NOTES_OUTPUT,
     PLAN_ANSWERABLE_OUTPUT,
     VERDICT_CONFIDENCE,
     VERDICT_RUNS_PER_BLOCK,
@@ -633,15 +634,21 @@ def test_inside_a_run_what_the_verdict_can_answer_is_logged(
     cluster(fake)
     monkeypatch.setattr(plan_module, "in_polyaxon_run", lambda: True)
     assert plan(PAIR, "--repeats", "1", "--max-pause-s", "0.6").exit_code == 0
-    (record,) = [
-        json.loads(p.read_text())
+    assert plan(PAIR, "--repeats", "2").exit_code == 0
+    records = {
+        record["inputs"]["repeats"]: record
         for p in (tmp_path / "plx-offline" / "runs").glob("*/run.plx.json")
-    ]
-    assert record["status"] == "succeeded"
-    assert record["inputs"]["repeats"] == 1 and record["inputs"]["workload"] == "checkpoint"
-    outputs = record["outputs"]
+        if (record := json.loads(p.read_text()))
+    }
+    assert {r["status"] for r in records.values()} == {"succeeded"}
+    assert records[1]["inputs"]["workload"] == "checkpoint"
+    outputs = records[1]["outputs"]
     assert outputs[PLAN_ANSWERABLE_OUTPUT] is False
     assert outputs[PLAN_ANSWER_LIMITS_OUTPUT].startswith("repeats 1: ")
+    # Back to back, two runs a side answer, but not as the calibrated design: a note.
+    outputs = records[2]["outputs"]
+    assert outputs[PLAN_ANSWERABLE_OUTPUT] is True and outputs[PLAN_ANSWER_LIMITS_OUTPUT] == ""
+    assert outputs[PLAN_ANSWER_NOTES_OUTPUT].endswith("not a calibrated answer either")
 
 
 def _pipeline_plan_argv(path: Path, params: dict) -> list[str]:

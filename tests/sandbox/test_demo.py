@@ -172,6 +172,9 @@ def test_the_demo_emulates_the_classes_and_the_verdict_names_the_faster_one():
         assert f"recommended profile: {verdict['recommended_profile']}" in out
         assert verdict["recommended_profile"] in [*profiles.profiles, "none"]
         assert "checkpoint-baseline" != verdict["recommended_profile"]  # misses 0.6 s
+        # Back to back is not the checkpoint's calibrated design: its plan said so, printed.
+        assert "what the pipeline's plan said before any switch:" in out
+        assert "not a calibrated answer either" in out and "  limits: " not in out
         # The verdict is the pipeline's readme too, so the pipeline's page shows it.
         readme = get_run(client, DEFAULT_OWNER, "demo", pipeline.uuid).readme
         assert readme and readme == jobs["compare"].readme, readme
@@ -227,6 +230,8 @@ def test_the_scan_demo_over_two_emulated_classes_speaks_epoch_time_and_au():
         reason = verdict["verdict_reason"]
         assert "AU" in reason and "epoch time" in reason, verdict
         assert f"recommended profile: {verdict['recommended_profile']}" in out
+        # Back to back is the scan's calibrated design: the plan had nothing to say.
+        assert "what the pipeline's plan said" not in out
     finally:
         stop = _stop_emulated(common, root, group, profiles)
     assert stop.returncode == 0, stop.stdout + stop.stderr

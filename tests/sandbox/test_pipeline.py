@@ -170,15 +170,15 @@ def test_the_comparison_pairs_each_training_run_with_its_stages_fio_sweep():
 
 
 def test_the_verdict_is_rerun_with_the_compare_ops_joined_runs_and_budget():
-    from sandbox.commands import compare_op, recommendation_lines, verdict_args
+    from sandbox.commands import last_job, recommendation_lines, verdict_args
 
     compare = _run("c", "compare", "job", "r", inputs={
         "runs": [U("w0"), U("f0"), U("t00")], "profiles": ["a", "b", "c", "a"], "max_pause_s": 0.6,
         "checkpoints_per_month": 2000.0, "gpu_hourly": None, "allow_resumed": False},
         outputs={"verdict": "c is faster", "recommended_profile": "b",
                  "recommendation_reason": "b meets the budget and is the cheapest"})  # fmt: skip
-    assert compare_op([*NESTED[:-2], compare, NESTED[-1]]) is compare
-    assert compare_op(NESTED[:3]) is None
+    assert last_job([*NESTED[:-2], compare, NESTED[-1]], "compare") is compare
+    assert last_job(NESTED[:3], "compare") is None
     assert verdict_args(compare) == [
         f"--run={U('w0')}", f"--run={U('f0')}", f"--run={U('t00')}", "--baseline=a", "--expect=a", "--expect=b",
         "--expect=c", "--max-pause-s=0.6", "--checkpoints-per-month=2000.0",
@@ -191,3 +191,18 @@ def test_the_verdict_is_rerun_with_the_compare_ops_joined_runs_and_budget():
     lines = recommendation_lines(compare)
     assert "  recommended profile: b" in lines and any("cheapest" in line for line in lines)
     assert recommendation_lines(None) == ["the pipeline's compare op left no verdict"]
+
+
+def test_the_demo_prints_what_the_plan_said_before_any_switch():
+    from sandbox.commands import plan_lines
+
+    said = {"answerable": True, "answer_limits": "", "answer_notes": "not calibrated; steadier"}
+    plan = _run("p", "plan", "job", "r", outputs=said)
+    assert plan_lines(plan) == [
+        "what the pipeline's plan said before any switch:",
+        "  notes: not calibrated; steadier",
+    ]
+    limited = plan.model_copy(update={"outputs": {**said, "answer_limits": "repeats 1: one run"}})
+    assert plan_lines(limited)[1] == "  limits: repeats 1: one run"
+    quiet = plan.model_copy(update={"outputs": {"answer_limits": "", "answer_notes": ""}})
+    assert plan_lines(quiet) == [] and plan_lines(None) == []
