@@ -586,9 +586,14 @@ def answerability(
     limits: list[str] = []
     notes: list[str] = []
     level = f"{confidence:.0%}"
+    per_pass = min(repeats, per_block)  # runs a pass over the profiles counts a side
+
+    def alternation(runs_a_side: int) -> str:
+        """The profiles alternating often enough to count ``runs_a_side`` a side."""
+        return ",".join([*dict.fromkeys(profiles)] * -(-runs_a_side // per_pass))
+
     # Enough passes over the profiles to count more runs a side than the calibration missed.
-    distinct = [*dict.fromkeys(profiles)]
-    alternate = ",".join(distinct * (calibrated.missed // per_block + 1))
+    alternate = alternation(calibrated.missed + 1)
     missed = [c for c in paired if c not in differences]
     if missed:
         short = [p for p in (baseline, *missed) if counted[p] <= calibrated.missed]
@@ -606,10 +611,9 @@ def answerability(
         if calibrated.met is None:
             shown = f"with none of the designs measured (up to {calibrated.missed} a side)"
         else:
-            passes = -(-calibrated.met // min(repeats, per_block))
             shown = (
                 f"only with {calibrated.met} a side (profiles that alternate: "
-                f"{','.join(distinct * passes)})"
+                f"{alternation(calibrated.met)})"
             )
         notes.append(
             f"the {workload} workload: {_and(unproven)} and the baseline {baseline} count "
