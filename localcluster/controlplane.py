@@ -22,7 +22,6 @@ import datetime as dt
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -32,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
+
+from checkpoint_storage_bench.ports import free_port
 
 NODE_NAME = "node-1"
 DRIVER_NAME = "hostpath.csi.k8s.io"
@@ -75,12 +76,6 @@ APISERVER_KUBELET_CLIENT = "apiserver-kubelet-client"
 
 class ControlPlaneError(RuntimeError):
     """A process did not start or become ready; the message ends with its log's tail."""
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _proc_start_time(pid: int) -> str | None:

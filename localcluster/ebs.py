@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.ports import free_port
 from localcluster.client import AdminClient
 from localcluster.controlplane import (
     PIDS_FILE,
@@ -50,7 +51,6 @@ from localcluster.controlplane import (
     _http_ok,
     _proc_start_time,
     _stop_group,
-    free_port,
     tail,
     write_kubeconfig,
 )

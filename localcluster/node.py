@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.ports import free_port
 from localcluster.client import AdminClient
 from localcluster.controlplane import (
     DRIVER_NAME,
@@ -61,7 +62,6 @@ from localcluster.controlplane import (
     _http_ok,
     _proc_start_time,
     _stop_group,
-    free_port,
     stop_recorded,
     tail,
     write_kubeconfig,

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from checkpoint_storage_bench import kube
+from checkpoint_storage_bench.ports import free_port
 from checkpoint_storage_bench.retry import Deadline
-from localcluster.controlplane import ControlPlaneError, free_port
+from localcluster.controlplane import ControlPlaneError
 
 if TYPE_CHECKING:
     from localcluster.controlplane import Proc

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 import urllib.error
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checkpoint_storage_bench.ports import port_free
 from checkpoint_storage_bench.processes import stop_group
 from sandbox.config import (
     DEFAULT_HOST,
@@ -32,24 +32,6 @@ from sandbox.processes import read_pid, spawn, stop_recorded, tail
 # lets a runtime's agent end the runs it asked to stop.
 SERVER_START_TIMEOUT = 90.0
 RUNS_STOP_WAIT = 20.0
-
-
-def port_free(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be bound right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = DEFAULT_HOST) -> int:
-    """A port the OS considers free now (for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:

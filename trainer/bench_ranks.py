@@ -33,7 +33,6 @@ import multiprocessing as mp
 import queue
 import resource
 import shutil
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -41,16 +40,12 @@ from typing import Any
 
 import click
 
+from checkpoint_storage_bench.ports import free_port
+
 GB = 1e9
 MB = 1e6
 RESULT_TIMEOUT_S = 900.0  # one save of the whole state by N ranks
 CASES = ("ours", "ours-async", "dcp", "dcp-async")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_s(who: int = resource.RUSAGE_SELF) -> float:
@@ -160,7 +155,7 @@ class RankPool:
         self.ranks = ranks
         self.results = ctx.Queue()
         self.steps = [ctx.Queue() for _ in range(ranks)]
-        port = _free_port()
+        port = free_port()
         self.procs = [
             ctx.Process(
                 target=_worker,

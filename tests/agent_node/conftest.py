@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_storage_bench.ports import free_port
 from localcluster.node import Node
 from sandbox.commands import stop
 from sandbox.config import NODE_BRIDGE_ADDRESS, SandboxPaths
 from sandbox.on_node import NodeRuntime, server_settings
-from sandbox.server import Sandbox, free_port
+from sandbox.server import Sandbox
 from tests.agent_node.runs import OWNER, PROJECT
 from tests.node.conftest import skip_tier_unless_ready, started_node
 

@@ -211,7 +211,7 @@ def test_the_recommendation_is_the_one_the_measured_figures_support(
     print("median pause per checkpoint:", pause)
     # The emulation: a faster class writes the same checkpoints faster.
     assert pause["checkpoint-baseline"] > pause["checkpoint-throughput"] > 0, pause
-    compare = commands.compare_op(pipeline.ops)
+    compare = commands.last_job(pipeline.ops, "compare")
     verdict = outputs(sb, compare)
     assert verdict.get("verdict"), verdict
     budget = float(pipeline.params["max_pause_s"])
@@ -357,7 +357,7 @@ def test_the_scan_workload_runs_per_class_and_the_verdict_speaks_au(
     # here: 0.283 and 0.228 s, 61 and 81 % AU).
     assert epoch[cheap] > 1.1 * epoch[fast], epoch
     assert au[fast] > au[cheap], au
-    verdict = outputs(sb, commands.compare_op(scan_pipeline.ops))
+    verdict = outputs(sb, commands.last_job(scan_pipeline.ops, "compare"))
     assert verdict["workload"] == "scan", verdict
     # The verdict's word is a profile or "no measurable difference", as for checkpoints; its
     # reason speaks the scan's figures.

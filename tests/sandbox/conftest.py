@@ -15,12 +15,13 @@ import psutil
 import pytest
 import yaml
 
+from checkpoint_storage_bench.ports import free_port
 from localcluster.emulation import loop_volume
 from localcluster.emulation.io_limits import BlockDevice, Cgroup, ThrottleUnavailable, probe
 from sandbox.commands import stop
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.local import LocalRuntime
-from sandbox.server import Sandbox, free_port
+from sandbox.server import Sandbox
 
 
 def polyaxon_cli(args: list[str], host: str, home: Path) -> subprocess.CompletedProcess:

@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 
 from checkpoint_storage_bench.contract import SANDBOX_PROFILES_FILE
+from checkpoint_storage_bench.ports import free_port
 from localcluster.emulation.sandbox_profiles import load_sandbox_profiles
 from sandbox.commands import DEFAULT_PIPELINE
 from sandbox.components import api_client
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT
 from sandbox.pipeline import get_run, labels, list_runs, log_lines, pipeline_ops
-from sandbox.server import free_port
 from tests.browser import chromium, readme_on_page
 
 from .conftest import needs_throttle, shm_dir, sweep_emulation, wait_gone, write_profiles

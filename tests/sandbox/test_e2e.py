@@ -231,11 +231,12 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
     """``stop`` while a run is going: the run is stopped through the API (so it does not
     resume at the next start) and the agent ends its process group, then the agent and the
     server stop; nothing of this sandbox is left running."""
+    from checkpoint_storage_bench.ports import free_port
     from sandbox.commands import stop
     from sandbox.components import pipeline_twin
     from sandbox.config import SandboxPaths, load_agent_settings
     from sandbox.local import LocalRuntime
-    from sandbox.server import Sandbox, free_port
+    from sandbox.server import Sandbox
 
     from .conftest import shm_dir, wait_gone, write_profiles
 
@@ -267,8 +268,9 @@ def test_stopping_the_sandbox_ends_a_running_run(tmp_path):
 
 
 def test_starting_again_on_another_port_is_refused(sandbox):
+    from checkpoint_storage_bench.ports import free_port
     from sandbox.errors import PortInUseError
-    from sandbox.server import Sandbox, free_port
+    from sandbox.server import Sandbox
 
     other = Sandbox(sandbox.paths, sandbox.agent, port=free_port())
     with pytest.raises(PortInUseError, match=f"already runs on port {sandbox.port}"):

@@ -24,12 +24,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from checkpoint_storage_bench.ports import free_port
 from localcluster.emulation.io_limits import MIB, block_device
 from sandbox.commands import stop, submit_and_follow
 from sandbox.config import DEFAULT_OWNER, REPO_ROOT, SandboxPaths, load_agent_settings
 from sandbox.local import LocalRuntime
 from sandbox.pipeline import get_run, pipeline_ops, submit
-from sandbox.server import Sandbox, free_port
+from sandbox.server import Sandbox
 
 from .conftest import emulated_profiles, needs_throttle, sweep_emulation
 

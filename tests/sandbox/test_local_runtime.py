@@ -32,8 +32,8 @@ def test_the_agent_command_carries_the_agent_file(tmp_path):
 
 
 def test_start_agent_fails_with_the_agent_log_when_it_cannot_poll(tmp_path, monkeypatch):
+    from checkpoint_storage_bench.ports import free_port
     from localcluster.emulation.io_limits import Cgroup, ThrottleUnavailable, probe
-    from sandbox.server import free_port
 
     try:  # emulated where it can be: then the failed start must not leave a cgroup
         probe(tmp_path, "probe-only")

@@ -45,7 +45,7 @@ def test_start_refuses_a_taken_port(tmp_path):
 
 @pytest.mark.slow
 def test_a_server_that_cannot_start_shows_its_log(tmp_path):
-    from sandbox.server import free_port
+    from checkpoint_storage_bench.ports import free_port
 
     paths = SandboxPaths(tmp_path)
     # The server must create .polyaxon/ in its data dir: a file there makes it fail.
@@ -113,7 +113,7 @@ def test_sandbox_stop_ends_its_leftovers_but_not_a_stranger_group(tmp_path):
                                     str(HERE / "polyaxonfiles" / "components")]],
 )  # fmt: skip
 def test_commands_need_a_running_server_and_say_so_with_exit_6(tmp_path, args):
-    from sandbox.server import free_port
+    from checkpoint_storage_bench.ports import free_port
 
     done = subprocess.run(
         [sys.executable, "-m", "sandbox", *args, "--root", str(tmp_path),
