@@ -529,7 +529,44 @@ def _difference(
                 f"{cand.profile} ({seconds(shift.estimate, signed=True)} {row.unit}): the "
                 "difference may be drift, not the profile"
             )
-    return diff, notes
+    return diff, notes + _calibration_notes(row, base, cand, shift)
+
+
+def _calibration_notes(
+    row: WorkloadRow, base: ProfileVerdict, cand: ProfileVerdict, shift: Shift
+) -> list[str]:
+    """Whether the calibration (docs/compare.md) showed this comparison's design to mean its
+    95 %: with fewer runs counted a side than showed both goals, the report says it is not a
+    calibrated answer, and with no more than missed a factor of two, that a difference may
+    go unseen. Without an interval the shift itself says why (one run counted a side)."""
+    if shift.low is None:
+        return []
+
+    def counted(p: ProfileVerdict) -> int:
+        return min(sum(1 for s in p.run_samples if s), row.runs_per_block * (p.blocks or 1))
+
+    side, calibrated = min(counted(base), counted(cand)), row.calibrated
+    if calibrated.met is not None and side >= calibrated.met:
+        return []
+    if side <= calibrated.missed:
+        said = (
+            "the calibration detected a factor of two between classes in fewer than 95 % of "
+            f"comparisons with {calibrated.missed} counted a side: a difference may go unseen"
+        )
+    else:
+        shown = "none of the designs measured" if calibrated.met is None else (
+            f"{calibrated.met} counted a side (profiles that alternate count more)"
+        )  # fmt: skip
+        said = (
+            "the calibration showed both goals (a factor of two between classes detected in "
+            "at least 95 % of comparisons, one class under two names told apart in at most "
+            f"5 %) only with {shown}"
+        )
+    return [
+        f"{cand.profile} and the baseline {base.profile} count {side} runs a side (at most "
+        f"{row.runs_per_block} a block of back-to-back runs): {said} (docs/compare.md): not a "
+        "calibrated answer"
+    ]
 
 
 def build_verdict(

@@ -26,6 +26,7 @@ import click
 
 from checkpoint_storage_bench.config_cli import Output, cli, flag
 from checkpoint_storage_bench.contract import (
+    CALIBRATED_RUNS,
     MIN_BUDGET_CHECKPOINTS,
     VERDICT_CONFIDENCE,
     VERDICT_RUNS_PER_BLOCK,
@@ -44,43 +45,6 @@ SETTLE_MODES: tuple[str, ...] = get_args(Settle)
 INFEASIBLE_ACTIONS: tuple[str, ...] = get_args(OnInfeasible)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 
-
-@dataclass(frozen=True)
-class CalibratedRuns:
-    """What the calibration (docs/compare.md, "Calibration") measured for a workload, in runs
-    a side of a comparison as the verdict counts them (at most ``VERDICT_RUNS_PER_BLOCK`` a
-    block of back-to-back runs), a neighbour (a writer on the volume, or a busy core) beside
-    half the runs: how often the verdict detected a factor of two between classes (A/B), and
-    how often it claimed a difference between one class under two names (A/A)."""
-
-    missed: int
-    """The most runs a side measured that detected it in fewer than 95 % of comparisons
-    (0: no design missed)."""
-    met: int | None
-    """The fewest runs a side that showed both goals: detections at least 95 % and false
-    claims at most 5 %, each beyond its 95 % interval (None: no design measured did)."""
-
-
-CALIBRATED_RUNS: dict[str, CalibratedRuns] = {
-    "checkpoint": CalibratedRuns(missed=0, met=4),
-    "scan": CalibratedRuns(missed=0, met=2),
-    "materialize": CalibratedRuns(missed=1, met=2),
-    "workspace": CalibratedRuns(missed=3, met=4),
-}
-"""A storage-bound scan's epochs give every run several samples, and two runs a side, back to
-back, showed both goals. So did a checkpoint's pauses with the profiles alternating (A B A B,
-4 counted a side); back to back (2 counted) their rates met the goals without showing them
-(a slower-class run whose checkpoints the emulated throttle let through in a burst looks like
-the faster class), so the plan says such a comparison is not a calibrated answer, before any
-switch, and names the alternation. Materialize has one figure a run, moved by a busy machine
-as much as by the class, and counts one run a block: with one block a side, or the return to
-the first profile (the candidate still one block, 1 run counted), it missed it; profiles that
-alternate (A B A B, 2 counted a side) showed both goals with a neighbour writing or computing
-in half the runs, though (256 MiB) not on a machine whose two cores other work
-oversubscribed threefold, where the transform's CPU stretched either class's run. The
-workspace's p99 counts one run a block too: three passes (A B A B A B, 3 counted a side)
-missed it, four passes showed both. A design measured to miss cannot reach a 95 % answer,
-so the plan refuses it before any switch."""
 
 DEFAULT_TIMEOUT = {"kubernetes": 1800.0, "provider": 4 * 3600.0}
 """``--timeout`` by ``--settle``: Kubernetes settles in seconds to minutes; an EBS volume

@@ -14,6 +14,7 @@ import pytest
 from checkpoint_compare.intervals import median_upper_bound
 from checkpoint_compare.table import ROWS, Budget
 from checkpoint_storage_bench.contract import (
+    CALIBRATED_RUNS,
     LEDGER_ANNOTATION,
     MIN_BUDGET_CHECKPOINTS,
     PLAN_ANSWER_LIMITS_OUTPUT,
@@ -375,7 +376,7 @@ def test_the_pipelines_defaults_answer_and_say_only_alternating_is_calibrated(
     assert data["answerable"] is True and data["answer_limits"] == []
     assert data["repeats"] == 2
     (note,) = data["answer_notes"]
-    met = config.CALIBRATED_RUNS["checkpoint"].met
+    met = CALIBRATED_RUNS["checkpoint"].met
     assert note.startswith("the checkpoint workload: checkpoint-throughput and the baseline ")
     assert "count 2 runs a side" in note and f"only with {met} a side" in note
     assert f"(profiles that alternate: {PAIR},{PAIR})" in note
@@ -550,7 +551,7 @@ def test_a_data_workload_short_of_its_calibrated_runs_is_refused_before_anything
     (line,) = [ln for ln in result.stderr.splitlines() if "could say nothing" in ln]
     workload = extra[1]
     assert f"the {workload} workload: " in line and short in line
-    missed = config.CALIBRATED_RUNS[workload].missed
+    missed = CALIBRATED_RUNS[workload].missed
     assert f"with {missed} a side the calibration detected a factor of two" in line
     assert "in fewer than 95% of comparisons (docs/compare.md)" in line
     assert f"profiles that alternate: {','.join([PAIR] * passes(workload))})" in line
@@ -563,7 +564,7 @@ def test_a_data_workload_with_its_calibrated_runs_answers(fake: FakeKube, tmp_pa
     out = tmp_path / "plan.json"
     for workload in ("materialize", "workspace"):
         # One pass more than the most the calibration measured to miss: 2 runs a side each.
-        calibrated = config.CALIBRATED_RUNS[workload]
+        calibrated = CALIBRATED_RUNS[workload]
         profiles = ",".join([PAIR] * passes(workload))
         result = plan(profiles, "--repeats", "2", "--workload", workload, summary=out)
         assert result.exit_code == 0, result.output
@@ -584,15 +585,15 @@ def test_a_data_workload_with_its_calibrated_runs_answers(fake: FakeKube, tmp_pa
     # checkpoint with the profiles alternating.
     for workload, profiles in (("scan", PAIR), ("checkpoint", f"{PAIR},{PAIR}")):
         blocks = len(profiles.split(",")) // 2  # a side
-        assert config.CALIBRATED_RUNS[workload].met == blocks * VERDICT_RUNS_PER_BLOCK[workload]
+        assert CALIBRATED_RUNS[workload].met == blocks * VERDICT_RUNS_PER_BLOCK[workload]
         args = ("--repeats", "2", "--workload", workload)
         assert plan(profiles, *args, summary=out).exit_code == 0
         assert load(out)["answer_limits"] == [] and load(out)["answer_notes"] == []
 
 
 def test_every_workload_has_its_calibrated_runs() -> None:
-    assert tuple(config.CALIBRATED_RUNS) == WORKLOADS
-    for calibrated in config.CALIBRATED_RUNS.values():
+    assert tuple(CALIBRATED_RUNS) == WORKLOADS
+    for calibrated in CALIBRATED_RUNS.values():
         # Below 2 runs a side there is no interval at all: nothing to calibrate.
         assert calibrated.met is None or calibrated.met > max(1, calibrated.missed)
 
@@ -666,7 +667,7 @@ AGENT_TIER = {"repeats": 1, **{k: DEMO_PARAMS[k] for k in ("steps", "checkpoint_
 
 def passes(workload: str) -> int:
     """Passes over the profiles that count more runs a side than the calibration missed."""
-    return config.CALIBRATED_RUNS[workload].missed // VERDICT_RUNS_PER_BLOCK[workload] + 1
+    return CALIBRATED_RUNS[workload].missed // VERDICT_RUNS_PER_BLOCK[workload] + 1
 
 
 @pytest.mark.parametrize(
