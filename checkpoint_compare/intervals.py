@@ -263,6 +263,16 @@ def _run_summaries(runs: Sequence[Sequence[float]], side: str) -> list[float]:
     return summaries
 
 
+def counted_runs(runs: int, blocks: int | None, runs_per_block: int) -> int:
+    """How many of a side's ``runs`` count as independent: at most ``runs_per_block`` a block
+    of back-to-back runs (a side's runs make at least one block).
+
+    >>> counted_runs(4, 1, 2), counted_runs(4, 2, 2), counted_runs(3, None, 1)
+    (2, 4, 1)
+    """
+    return min(runs, runs_per_block * max(1, blocks or 0))
+
+
 def run_level_shift(
     runs_x: Sequence[Sequence[float]],
     runs_y: Sequence[Sequence[float]],
@@ -303,8 +313,8 @@ def run_level_shift(
     )
     e_x, e_y = n_x, n_y
     if blocks is not None and runs_per_block is not None:
-        e_x = min(n_x, runs_per_block * max(1, blocks[0]))
-        e_y = min(n_y, runs_per_block * max(1, blocks[1]))
+        e_x = counted_runs(n_x, blocks[0], runs_per_block)
+        e_y = counted_runs(n_y, blocks[1], runs_per_block)
     if e_x < 2 or e_y < 2:
         return Shift(
             estimate, None, None, None, n_x, n_y,

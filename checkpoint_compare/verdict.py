@@ -48,7 +48,7 @@ from checkpoint_compare.grouping import (
     pick_baseline,
     run_time,
 )
-from checkpoint_compare.intervals import Shift, run_level_shift
+from checkpoint_compare.intervals import Shift, counted_runs, run_level_shift
 from checkpoint_compare.recommendation import Recommendation, recommend
 from checkpoint_compare.records import RunKind, RunRecord
 from checkpoint_compare.switches import check_switches
@@ -543,7 +543,7 @@ def _calibration_notes(
         return []
 
     def counted(p: ProfileVerdict) -> int:
-        return min(sum(1 for s in p.run_samples if s), row.runs_per_block * (p.blocks or 1))
+        return counted_runs(sum(1 for s in p.run_samples if s), p.blocks, row.runs_per_block)
 
     side, calibrated = min(counted(base), counted(cand)), row.calibrated
     if calibrated.met is not None and side >= calibrated.met:

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from checkpoint_compare.cli import main
+from checkpoint_storage_bench.ports import free_port
 from tests.checkpoint_compare.recorded import (
     write_fio_run,
     write_hook_run,
@@ -34,16 +34,10 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     """A Polyaxon CE server with one project; yields its URL."""
-    port, root = _free_port(), tmp_path / "server"
+    port, root = free_port(), tmp_path / "server"
     (root / "home").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYAXON_")}
     env |= {
